@@ -1,0 +1,15 @@
+"""gradtool: verify the gradients of custom torch.autograd Functions (public API only)."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+__all__ = ["__version__", "assert_gradients", "check"]
+
+
+def __getattr__(name: str):
+    # Lazy: importing gradtool must not import torch (the CLI's --help stays fast).
+    if name in ("check", "assert_gradients"):
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'gradtool' has no attribute {name!r}")

@@ -1,0 +1,5 @@
+"""python -m gradtool."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,46 @@
+"""Library API: gradtool.check returns a Report (never prints, never exits); assert_gradients raises."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .config import CheckConfig
+from .errors import GradtoolError
+from .inputs import InputSpec, parse_input
+from .results import Report
+from .runner import CaseSpec, Job, run
+from .targets import make_target, resolve
+
+
+def check(target: Any, inputs: Sequence[InputSpec | str] | None = None, **settings: Any
+          ) -> Report:
+    """Check a target (an object, or a 'module:Name' / 'file.py:Name' string).
+
+    inputs: one per forward argument, as InputSpec objects or --input strings ('3x4',
+    '5', 'None'); omitted, they are inferred. settings: any CheckConfig field (seed, dtype,
+    eps, atol, rtol, nondet_tol, checks, mode, probes, ...).
+    """
+    config = CheckConfig(**{k: (tuple(v) if k == "checks" else v) for k, v in settings.items()})
+    specs = None if inputs is None else [parse_input(i) if isinstance(i, str) else i
+                                         for i in inputs]
+    if isinstance(target, str):
+        targets = resolve(target)
+    else:
+        name = f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', type(target).__name__)}"
+        targets = [make_target(target, name)]
+    if specs is not None and len(targets) > 1:
+        raise GradtoolError(f"{target} holds {len(targets)} targets; inputs apply to one")
+    jobs = [Job(t, [CaseSpec("case 0", specs, config.seed)], config) for t in targets]
+    return run(jobs, config)
+
+
+def assert_gradients(target: Any, inputs: Sequence[InputSpec | str] | None = None,
+                     **settings: Any) -> Report:
+    """Like check, but raise AssertionError with the plain-text report when anything fails."""
+    from .render.terminal import render_plain
+
+    report = check(target, inputs, **settings)
+    if not report.ok(bool(settings.get("strict", False))):
+        raise AssertionError("gradtool found gradient problems:\n" + render_plain(report, quiet=True))
+    return report

@@ -1,0 +1,1 @@
+"""The checks: one module per property, each returning a CheckResult."""

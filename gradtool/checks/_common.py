@@ -1,0 +1,26 @@
+"""Shared pieces of the checks: turning a user exception into an error result, call counts."""
+
+from __future__ import annotations
+
+import time
+
+from ..problem import Problem
+from ..results import CheckResult, Outcome
+from ..targets import Target
+from ..tracebacks import innermost_user_frame, trim
+
+
+def calls_since(problem: Problem, before: dict[str, int]) -> dict[str, int]:
+    """Forward/backward calls made since `before` was taken from problem.calls."""
+    return {k: v - before.get(k, 0) for k, v in problem.calls.items() if v - before.get(k, 0)}
+
+
+def error_result(name: str, exc: BaseException, target: Target, start: float,
+                 problem: Problem, before: dict[str, int]) -> CheckResult:
+    """An exception raised inside the user's code is an `error` outcome, not a crash."""
+    where = innermost_user_frame(exc) or target.source
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return CheckResult(
+        name, Outcome.ERROR, f"{type(exc).__name__} raised: {first}"[:300],
+        source=where, traceback=trim(exc), calls=calls_since(problem, before),
+        duration_s=time.perf_counter() - start)

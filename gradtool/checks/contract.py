@@ -1,0 +1,235 @@
+"""contract: forward and backward keep autograd's rules (arity, shapes, linearity, purity)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..cases import Case
+from ..config import CheckConfig
+from ..problem import Problem, tensor_outputs
+from ..results import CheckResult, Outcome
+from ..targets import Target
+from ._common import calls_since, error_result
+
+LEAF_INPLACE = "leaf Variable that requires grad is being used in an in-place operation"
+
+
+def check_contract(case: Case, target: Target, config: CheckConfig) -> CheckResult:
+    """Run forward and backward once or twice and list every broken rule."""
+    start = time.perf_counter()
+    problem = case.problem
+    before = dict(problem.calls)
+    try:
+        violations, notes = _violations(case, target, config)
+    except Exception as exc:  # the user's forward or backward raised
+        return error_result("contract", exc, target, start, problem, before)
+    outcome = Outcome.FAILED if violations else Outcome.PASSED
+    summary = violations[0] if violations else "forward and backward keep autograd's contract"
+    return CheckResult(
+        "contract", outcome, summary, tuple(violations[1:] + notes),
+        source=target.source if violations else None,
+        calls=calls_since(problem, before), duration_s=time.perf_counter() - start,
+        tolerance={"nondet_tol": config.nondet_tol})
+
+
+def _violations(case: Case, target: Target, config: CheckConfig) -> tuple[list[str], list[str]]:
+    problem = case.problem
+    notes = _detect_stochastic(case, config)
+    violations = _forward_purity(problem, target)
+    leaves, result = _forward(problem)
+    outs = [t for t in tensor_outputs(result) if t.is_floating_point() or t.is_complex()]
+    violations += _finite("forward output", outs)
+    diff_outs = [o for o in outs if o.requires_grad]
+    if not diff_outs:
+        return violations + ["no output requires grad: forward detaches its result from the "
+                             "inputs (or marks every output non-differentiable)"], notes
+    backward = _backward_caller(problem, target, leaves, result, violations)
+    if backward is None:
+        return violations, notes
+    gen = torch.Generator().manual_seed(case.seed + 101)
+    g1 = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in diff_outs]
+    g2 = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in diff_outs]
+    violations += _grad_output_untouched(backward, g1)
+    r1 = backward(g1)
+    violations += _finite("gradient", [r for r in r1 if r is not None])
+    violations += _linearity(backward, g1, g2, r1, problem, config)
+    violations += _deterministic(backward, g1, r1, problem, config)
+    return violations, notes
+
+
+def _forward(problem: Problem) -> tuple[list[torch.Tensor], Any]:
+    """A graph forward returning the raw result; learns whether forward writes to its inputs."""
+    leaves = [v.detach().clone().requires_grad_(True) for v in problem.inputs]
+    for attempt in range(2):
+        passed = [leaf.clone() for leaf in leaves] if problem.mutates else leaves
+        try:
+            with torch.enable_grad(), problem.rng():
+                problem.calls["forward"] += 1
+                return leaves, problem.fn(*problem.with_inputs(passed))
+        except RuntimeError as exc:
+            if LEAF_INPLACE not in str(exc) or attempt:
+                raise
+            problem.mutates = True  # mark_dirty Functions need non-leaf inputs
+    raise AssertionError("unreachable")
+
+
+def _forward_purity(problem: Problem, target: Target) -> list[str]:
+    """An input changed by forward must be marked dirty (and so returned as an output)."""
+    originals = [a.detach().clone() if isinstance(a, torch.Tensor) else None for a in problem.args]
+    args = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in problem.args]
+    with torch.no_grad(), problem.rng():
+        problem.calls["forward"] += 1
+        result = problem.fn(*args)
+    returned = {id(t) for t in tensor_outputs(result)}
+    problems = []
+    for name, arg, original in zip(problem.names, args, originals):
+        if original is None or torch.equal(arg, original) or _both_nan(arg, original):
+            continue
+        problem.mutates = True
+        if id(arg) not in returned:
+            problems.append(f"forward modifies input '{name}' in place without "
+                            f"ctx.mark_dirty({name}) (and without returning it)")
+    return problems
+
+
+def _both_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(torch.equal(torch.isnan(a), torch.isnan(b))) and \
+        bool(torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))
+
+
+def _detect_stochastic(case: Case, config: CheckConfig) -> list[str]:
+    """Same inputs, different outputs: freeze the RNG around every evaluation from now on."""
+    problem = case.problem
+    first = problem.outputs(problem.inputs)
+    second = problem.outputs(problem.inputs)
+    if all(torch.equal(a, b) for a, b in zip(first, second)):
+        return []
+    problem.freeze_seed = case.seed
+    return [f"forward is stochastic (two calls on the same inputs differ): torch's RNG is "
+            f"re-seeded with {case.seed} before every evaluation"]
+
+
+def _finite(what: str, tensors: Sequence[torch.Tensor]) -> list[str]:
+    bad = sum(int((~torch.isfinite(t)).sum()) for t in tensors)
+    return [f"{what} has {bad} NaN/Inf value(s) on finite inputs"] if bad else []
+
+
+def _backward_caller(problem: Problem, target: Target, leaves: list[torch.Tensor], result: Any,
+                     violations: list[str]):
+    """A function grad_outputs -> one gradient per differentiable input."""
+    tensors = tensor_outputs(result)
+    diff_outs = [t for t in tensors if (t.is_floating_point() or t.is_complex()) and t.requires_grad]
+    node = diff_outs[0].grad_fn
+    if target.kind == "function" and getattr(type(node), "_forward_cls", None) is target.obj:
+        raw_call = _raw_backward(node, tensors, diff_outs)
+        violations += _arity_and_shapes(problem, target, raw_call)
+        if any("gradient" in v and ("returned" in v or "shape" in v) for v in violations):
+            return None  # the rest would only repeat the engine's error
+        return lambda grads: _positions(problem, raw_call(grads))
+    return lambda grads: problem.vjp(leaves, diff_outs, grads)
+
+
+def _raw_backward(node: Any, tensors: list[torch.Tensor], diff_outs: list[torch.Tensor]):
+    """Call the user's backward directly (via its node), bypassing the engine's fix-ups."""
+    def call(grads: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+        it = iter(grads)
+        full = [next(it) if any(t is d for d in diff_outs) else torch.zeros_like(t)
+                for t in tensors]
+        out = node.apply(*full)
+        return out if isinstance(out, tuple) else (out,)
+    return call
+
+
+def _positions(problem: Problem, raw: tuple[Any, ...]) -> list[torch.Tensor | None]:
+    return [raw[p] if p < len(raw) else None for p in problem.diff]
+
+
+def _arity_and_shapes(problem: Problem, target: Target, raw_call) -> list[str]:
+    probe = raw_call([torch.ones_like(t) for t in _diff_outputs(problem)])
+    n_args = len(problem.args)
+    names = ", ".join(problem.names)
+    problems = []
+    extra = probe[n_args:]
+    if len(probe) < n_args or any(g is not None for g in extra):
+        problems.append(f"backward returned {len(probe)} gradient(s); forward takes {n_args} "
+                        f"input(s) ({names}) — return exactly one per input, None for "
+                        f"non-tensors")
+    for name, arg, grad in zip(problem.names, problem.args, probe):
+        problems += _one_gradient(name, arg, grad)
+    return problems
+
+
+def _diff_outputs(problem: Problem) -> list[torch.Tensor]:
+    _, outs = problem.graph()
+    return [o for o in outs if (o.is_floating_point() or o.is_complex()) and o.requires_grad]
+
+
+def _one_gradient(name: str, arg: Any, grad: Any) -> list[str]:
+    if grad is None:
+        return []
+    if not isinstance(arg, torch.Tensor):
+        return [f"backward returned a gradient for '{name}', which is not a tensor "
+                f"({type(arg).__name__}) — return None in its place"]
+    if not isinstance(grad, torch.Tensor):
+        return [f"backward returned a {type(grad).__name__} for '{name}', not a tensor or None"]
+    if grad.shape != arg.shape:
+        how = "is broadcastable to it, so the engine would silently sum it" \
+            if _broadcastable(grad.shape, arg.shape) else "does not match it"
+        return [f"gradient for '{name}' has shape {tuple(grad.shape)}, but '{name}' has shape "
+                f"{tuple(arg.shape)}: it {how} — reduce it to the input's shape"]
+    if grad.dtype != arg.dtype:
+        return [f"gradient for '{name}' has dtype {grad.dtype}, but '{name}' is {arg.dtype}"]
+    if grad.device != arg.device:
+        return [f"gradient for '{name}' is on {grad.device}, but '{name}' is on {arg.device}"]
+    return []
+
+
+def _broadcastable(src: torch.Size, dst: torch.Size) -> bool:
+    try:
+        return torch.broadcast_shapes(src, dst) == dst or \
+            torch.broadcast_shapes(src, dst) == src
+    except RuntimeError:
+        return False
+
+
+def _grad_output_untouched(backward, grads: list[torch.Tensor]) -> list[str]:
+    copies = [g.clone() for g in grads]
+    given = [g.clone() for g in grads]
+    backward(given)
+    if all(torch.equal(a, b) for a, b in zip(given, copies)):
+        return []
+    return ["backward modifies grad_output in place — use out-of-place ops "
+            "(grad_output * c, not grad_output.mul_(c))"]
+
+
+def _linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> list[str]:
+    r2 = backward(g2)
+    mixed = backward([2 * a + 3 * b for a, b in zip(g1, g2)])
+    atol, rtol = config.tolerance("atol"), config.tolerance("rtol")
+    for name, a, b, m in zip(problem.input_names, r1, r2, mixed):
+        if a is None or b is None or m is None or a.shape != m.shape:
+            continue
+        expected = 2 * a + 3 * b
+        if not torch.allclose(m, expected, atol=atol, rtol=rtol, equal_nan=True):
+            diff = (m - expected).abs().max().item()
+            return [f"backward is not linear in grad_output: for '{name}', "
+                    f"backward(2·g1 + 3·g2) differs from 2·backward(g1) + 3·backward(g2) by "
+                    f"{diff:.3g} — the gradient must be a linear map of grad_output"]
+    return []
+
+
+def _deterministic(backward, g1, r1, problem: Problem, config: CheckConfig) -> list[str]:
+    again = backward(g1)
+    for name, a, b in zip(problem.input_names, r1, again):
+        if a is None or b is None or a.shape != b.shape:
+            continue
+        diff = (a - b).abs().max().item() if a.numel() else 0.0
+        if diff > config.nondet_tol:
+            return [f"backward is nondeterministic: two calls with the same grad_output give "
+                    f"'{name}' gradients differing by {diff:.3g} (> nondet_tol "
+                    f"{config.nondet_tol:g}; raise --nondet-tol if this is expected)"]
+    return []

@@ -1,0 +1,81 @@
+"""double_backward: the gradient check applied to backward itself (what gradgradcheck does)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..cases import Case
+from ..config import CheckConfig
+from ..jacobian import Verdict
+from ..problem import Problem, select_outputs, vjp
+from ..results import Block, CheckResult, Outcome
+from ..targets import Target
+from .gradient import jacobian_result
+
+ONCE = "once_differentiable"
+
+
+def check_double_backward(case: Case, target: Target, config: CheckConfig) -> CheckResult:
+    """Check the Jacobian of (inputs, grad_outputs) -> backward's gradients."""
+    if target.once_differentiable:
+        return CheckResult(
+            "double_backward", Outcome.SKIPPED,
+            f"backward is decorated with @once_differentiable ({target.source}): "
+            "double backward is unsupported by design", source=target.source)
+    problem = backward_problem(case.problem, case.seed)
+    if problem is None:
+        return CheckResult("double_backward", Outcome.SKIPPED, "no differentiable output")
+    result = jacobian_result("double_backward", problem, target, config, case.seed, None, None,
+                             _diagnose)
+    case.problem.calls.update(problem.calls)
+    if result.outcome is Outcome.ERROR and ONCE in (result.traceback or ""):
+        return CheckResult("double_backward", Outcome.SKIPPED,
+                           "a Function inside is decorated with @once_differentiable: "
+                           "double backward is unsupported by design")
+    return result
+
+
+def backward_problem(problem: Problem, seed: int) -> Problem | None:
+    """G(x..., v...) = vᵀ∂f/∂x: a problem whose Jacobian is the second derivative."""
+    with torch.enable_grad():
+        leaves, outs = problem.graph()
+    outs = [o for o in outs if (o.is_floating_point() or o.is_complex()) and o.requires_grad]
+    if not outs:
+        return None
+    gen = torch.Generator().manual_seed(seed + 202)
+    grads = [torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device) for o in outs]
+    n = len(leaves)
+
+    def g(*xv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        xs, vs = xv[:n], xv[n:]
+        graph_mode = torch.is_grad_enabled() and any(t.requires_grad for t in xv)
+        with torch.enable_grad():
+            inner = [x if x.requires_grad else x.detach().requires_grad_(True) for x in xs]
+            passed = [x.clone() for x in inner] if problem.mutates else inner
+            result = problem.fn(*problem.with_inputs(passed))
+            fouts = [t for t in select_outputs(result, problem.output_mask) if t.requires_grad]
+            return tuple(vjp(fouts, inner, vs, create_graph=graph_mode))
+
+    names = problem.input_names + [_grad_name(name) for name in problem.output_names or
+                                   [f"output {k}" for k in range(len(outs))]]
+    derived = Problem(g, [x.detach() for x in leaves] + grads, names,
+                      list(range(n + len(grads))), freeze_seed=problem.freeze_seed,
+                      mutates=False)
+    derived.output_labels = [f"grad of {name}" for name in problem.input_names]
+    derived.batched_fn = None  # autograd inside vmap is not reliable: finite differences loop
+    return derived
+
+
+def _grad_name(output: str) -> str:
+    return "grad_output" if output == "output" else output.replace("output", "grad_output")
+
+
+def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
+              config: CheckConfig) -> str | None:
+    if (i, o) not in verdict.dense:
+        return None
+    from ..diagnose import diagnose_double_backward
+
+    analytical, numerical = verdict.dense[(i, o)]
+    return diagnose_double_backward(analytical.numpy(), numerical.numpy(),
+                                    atol=config.tolerance("atol"), rtol=config.tolerance("rtol"))

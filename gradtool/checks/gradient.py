@@ -1,0 +1,101 @@
+"""gradient: the analytical Jacobian (from backward) against finite differences, block by block."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ..cases import Case
+from ..config import CheckConfig
+from ..jacobian import Reference, Verdict, check_full, choose_mode, prime
+from ..problem import Problem
+from ..probe import check_probe
+from ..results import Block, CheckResult, Outcome
+from ..targets import Target
+from ._common import calls_since, error_result
+
+Diagnoser = Callable[[Problem, Verdict, Block, int, int, CheckConfig], "str | None"]
+
+
+def check_gradient(case: Case, target: Target, config: CheckConfig,
+                   reference: Reference | None = None, surrogate: str | None = None) -> CheckResult:
+    """First-order check of every (input, output) pair."""
+    return jacobian_result("gradient", case.problem, target, config, case.seed, reference,
+                           surrogate, diagnose_first_order)
+
+
+def jacobian_result(name: str, problem: Problem, target: Target, config: CheckConfig, seed: int,
+                    reference: Reference | None, surrogate: str | None,
+                    diagnoser: Diagnoser) -> CheckResult:
+    """Run the engine on a problem and turn its Verdict into a CheckResult."""
+    start = time.perf_counter()
+    before = dict(problem.calls)
+    if not problem.diff:
+        return CheckResult(name, Outcome.SKIPPED, "no differentiable inputs to check")
+    try:
+        leaves, outs = prime(problem)
+        if not outs:
+            return CheckResult(name, Outcome.SKIPPED, "forward returns no differentiable output")
+        mode, reason = choose_mode(problem, config, leaves, outs)
+        if mode == "full":
+            verdict = check_full(problem, config, leaves, outs, reference, reason)
+        else:
+            verdict = check_probe(problem, config, leaves, outs, reference, reason, seed)
+    except MemoryError as exc:
+        return CheckResult(name, Outcome.ERROR, str(exc),
+                           details=("use --mode probe, or raise --max-memory",))
+    except Exception as exc:  # the user's forward or backward raised
+        return error_result(name, exc, target, start, problem, before)
+    blocks = [_with_diagnosis(problem, verdict, b, k, config, diagnoser)
+              for k, b in enumerate(verdict.blocks)]
+    return CheckResult(
+        name, verdict.outcome, _summary(verdict, blocks, surrogate), tuple(verdict.details),
+        tuple(blocks), verdict.mode, verdict.mode_reason,
+        tolerance={k: config.tolerance(k) for k in ("eps", "atol", "rtol")},
+        calls=calls_since(problem, before), duration_s=time.perf_counter() - start,
+        source=target.source if verdict.outcome is not Outcome.PASSED else None)
+
+
+def _with_diagnosis(problem: Problem, verdict: Verdict, block: Block, k: int,
+                    config: CheckConfig, diagnoser: Diagnoser) -> Block:
+    if not block.mismatched:
+        return block
+    n_outputs = len(problem.output_names)
+    i, o = divmod(k, n_outputs)
+    text = diagnoser(problem, verdict, block, i, o, config)
+    if text is None:
+        return block
+    return Block(**{**block.__dict__, "diagnosis": text})
+
+
+def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
+                         config: CheckConfig) -> str | None:
+    """Name the kind of mistake from the dense blocks (full mode only)."""
+    if (i, o) not in verdict.dense:
+        return None
+    from ..diagnose import diagnose_block
+
+    analytical, numerical = verdict.dense[(i, o)]
+    others = {problem.input_names[j]: verdict.dense[(j, o)][1].numpy()
+              for j in range(len(problem.input_names)) if j != i and (j, o) in verdict.dense}
+    return diagnose_block(
+        analytical.numpy(), numerical.numpy(), input_name=block.input,
+        input_shape=block.input_shape, output_shape=block.output_shape,
+        input_values=problem.inputs[i].detach().reshape(-1).numpy(),
+        atol=config.tolerance("atol"), rtol=config.tolerance("rtol"), other_inputs=others)
+
+
+def _summary(verdict: Verdict, blocks: list[Block], surrogate: str | None) -> str:
+    against = f"the declared surrogate ({surrogate})" if surrogate else "finite differences"
+    bad = [b for b in blocks if b.mismatched]
+    if not bad:
+        checked = sum(b.checked for b in blocks)
+        unit = "probes" if verdict.mode == "probe" else "elements"
+        worst = max((b.max_abs_diff for b in blocks), default=0.0)
+        return f"matches {against}: {checked} {unit}, max abs diff {worst:.2g}"
+    first = bad[0]
+    count = (f"{first.mismatched} / {first.checked} elements" if first.exhaustive
+             else f"{first.mismatched} located element(s)")
+    more = f" (and {len(bad) - 1} more pair(s))" if len(bad) > 1 else ""
+    word = "disagrees with" if verdict.outcome is Outcome.FAILED else "unclear against"
+    return f"'{first.input}' -> {first.output}: {count} {word} {against}{more}"

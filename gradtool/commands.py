@@ -1,0 +1,188 @@
+"""The bodies of the CLI commands (imported lazily, so `gradtool --help` never loads torch)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .config import CheckConfig
+from .errors import GradtoolError, NothingToCheck
+from .inputs import parse_input
+from .results import Report
+
+
+def settings_from(kw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Merge the command line over [tool.gradtool] over the defaults."""
+    from .pyconfig import discover, merge
+
+    cli = {
+        "seed": kw.get("seed"), "dtype": kw.get("dtype"), "device": kw.get("device"),
+        "eps": kw.get("eps"), "atol": kw.get("atol"), "rtol": kw.get("rtol"),
+        "nondet_tol": kw.get("nondet_tol"), "mode": kw.get("mode"),
+        "checks": list(kw.get("checks") or []) or None, "strict": kw.get("strict"),
+        "probes": kw.get("probes"), "max_memory": kw.get("max_memory"),
+        "format": kw.get("fmt") if kw.get("fmt") in ("terminal", "json") else None,
+        "junit_xml": kw.get("junit_xml"), "annotations": kw.get("annotations"),
+        "paths": list(kw.get("targets") or []) or None,
+    }
+    return merge(discover(Path.cwd()), cli)
+
+
+def config_from(settings: dict[str, Any], resample: int | None = None) -> CheckConfig:
+    from .pyconfig import check_config_kwargs
+
+    kwargs = check_config_kwargs(settings)
+    kwargs["checks"] = tuple(kwargs.get("checks") or ())
+    return CheckConfig(**kwargs, resample=resample or 0)
+
+
+def parse_inputs(raw: tuple[str, ...] | list[str]) -> list[Any] | None:
+    return [parse_input(text) for text in raw] if raw else None
+
+
+def run_check(kw: dict[str, Any]) -> int:
+    settings, sources = settings_from(kw)
+    if kw.get("show_config"):
+        from .pyconfig import render_effective
+
+        click.echo(render_effective(settings, sources))
+        return 0
+    config = config_from(settings, kw.get("resample"))
+    targets = list(settings.get("paths") or [])
+    if not targets:
+        raise NothingToCheck("nothing to check: give a target (module:Name, file.py:Name, a "
+                             "spec file or folder), or set paths in [tool.gradtool]")
+    jobs, rejected = _collect(targets, config, parse_inputs(kw.get("inputs") or ()))
+    report = _run(jobs, rejected, config, quiet=kw.get("quiet", False))
+    _emit(report, settings, kw)
+    if report.rejected:
+        return 2
+    return 0 if report.ok(config.strict) else 1
+
+
+def _collect(targets: list[str], config: CheckConfig, inputs: list[Any] | None):
+    from .collect import collect_one
+    from .results import Rejected
+
+    jobs, rejected, errors = [], [], []
+    for arg in targets:
+        try:
+            found, bad = collect_one(arg, config, inputs)
+        except GradtoolError as exc:
+            errors.append(exc)
+            rejected.append(Rejected(arg, str(exc)))
+            continue
+        jobs += found
+        rejected += bad
+    if not jobs and errors and len(errors) == len(rejected):
+        raise errors[0]  # one bad target alone: a short error, exit 2
+    if not jobs and not rejected:
+        raise NothingToCheck(f"nothing to check in {', '.join(targets)}")
+    return jobs, rejected
+
+
+def _run(jobs: list[Any], rejected: list[Any], config: CheckConfig, quiet: bool) -> Report:
+    from . import runner
+
+    if quiet or not sys.stderr.isatty() or len(jobs) < 2:
+        return runner.run(jobs, config, rejected)
+    from rich.progress import Progress
+
+    with Progress(transient=True, console=_console(sys.stderr, "auto")) as bar:
+        task = bar.add_task("checking", total=len(jobs))
+
+        def step(name: str) -> None:
+            bar.update(task, advance=1, description=name[-50:])
+
+        return runner.run(jobs, config, rejected, step)
+
+
+def _console(stream: Any, color: str):
+    from rich.console import Console
+
+    from .cli import use_color
+
+    colored = use_color(color, stream)
+    return Console(file=stream, no_color=not colored, highlight=False, soft_wrap=True,
+                   force_terminal=colored if color == "always" else None,
+                   color_system="auto" if colored else None)
+
+
+def _emit(report: Report, settings: dict[str, Any], kw: dict[str, Any]) -> None:
+    from .render.json import render_json
+
+    fmt = settings.get("format") or "terminal"
+    if fmt == "json":
+        click.echo(render_json(report))
+    else:
+        _print_terminal(report, kw)
+    if kw.get("json_path"):
+        Path(kw["json_path"]).write_text(render_json(report) + "\n", encoding="utf-8")
+    if settings.get("junit_xml"):
+        from .render.junit import render_junit
+        from .render.terminal import check_text
+
+        Path(settings["junit_xml"]).write_text(render_junit(report, check_text), encoding="utf-8")
+    from .render.annotations import annotations_enabled, render_github
+
+    if annotations_enabled(settings.get("annotations"), os.environ):
+        text = render_github(report, Path(os.environ.get("GITHUB_WORKSPACE") or Path.cwd()))
+        if text:
+            click.echo(text, err=fmt == "json")
+
+
+def _print_terminal(report: Report, kw: dict[str, Any]) -> None:
+    from .render.terminal import report_lines
+
+    console = _console(sys.stdout, kw.get("color") or "auto")
+    for text, style in report_lines(report, kw.get("verbose", False), kw.get("quiet", False)):
+        console.print(text, style=style or None, markup=False)
+
+
+def run_list(kw: dict[str, Any]) -> int:
+    """What check would run: targets, their kinds and inputs (inferred ones are inferred)."""
+    settings, _ = settings_from(kw)
+    config = config_from(settings)
+    targets = list(settings.get("paths") or [])
+    if not targets:
+        raise NothingToCheck("nothing to list: give a target, spec file or folder")
+    jobs, rejected = _collect(targets, config, parse_inputs(kw.get("inputs") or ()))
+    from .listing import list_lines
+
+    for line in list_lines(jobs, rejected, config):
+        click.echo(line)
+    return 2 if rejected else 0
+
+
+def run_graph(kw: dict[str, Any]) -> int:
+    """Record the forward of one target and render its autograd graph."""
+    from .graph import record
+    from .render.graph import render
+
+    settings, _ = settings_from(kw)
+    config = config_from(settings)
+    jobs, rejected = _collect([kw["target"]], config, parse_inputs(kw.get("inputs") or ()))
+    if rejected:
+        raise GradtoolError(rejected[0].message)
+    if len(jobs) != 1:
+        raise GradtoolError(f"{kw['target']} holds {len(jobs)} targets; graph shows one",
+                            "name one: " + ", ".join(j.target.name for j in jobs[:4]))
+    from .runner import case_for
+
+    job = jobs[0]
+    case = case_for(job, job.cases[0])
+    problem = case.problem
+    args = [a.detach().requires_grad_(True) if i in problem.diff else a
+            for i, a in enumerate(problem.args)]
+    graph = record(problem.fn, args, problem.names, grads=kw.get("grads", False),
+                   seed=case.seed)
+    text = render(graph, kw.get("fmt") or "tree", kw.get("depth"))
+    if kw.get("output"):
+        Path(kw["output"]).write_text(text + "\n", encoding="utf-8")
+    else:
+        click.echo(text)
+    return 0

@@ -1,0 +1,57 @@
+"""User-facing errors: each carries the exit code it maps to and a message that names the fix."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class GradtoolError(Exception):
+    """A mistake in what the user asked for (not a gradient failure, not a gradtool bug)."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class TargetError(GradtoolError):
+    """A target string that cannot be resolved to something checkable."""
+
+
+class InputError(GradtoolError):
+    """An --input value (or a spec's input) that cannot be parsed or sampled."""
+
+
+class SpecError(GradtoolError):
+    """An invalid YAML op spec; names file:line and the key path."""
+
+    def __init__(self, message: str, path: str | None = None, line: int | None = None,
+                 key: str | None = None, hint: str | None = None) -> None:
+        where = path or ""
+        if path and line is not None:
+            where = f"{path}:{line}"
+        prefix = ": ".join(p for p in (where, key) if p)
+        super().__init__(f"{prefix}: {message}" if prefix else message, hint)
+        self.path, self.line, self.key = path, line, key
+
+
+class ConfigError(GradtoolError):
+    """A bad option value or [tool.gradtool] setting."""
+
+
+class NothingToCheck(GradtoolError):
+    """The targets resolved to nothing checkable."""
+
+    exit_code = 5
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
+    """Return 'did you mean X?' for the closest candidate, or None."""
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else None

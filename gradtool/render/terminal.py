@@ -1,0 +1,143 @@
+"""The human report: one line per passing check, detail only for what did not pass."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ..results import Block, CaseResult, CheckResult, Element, Outcome, Report, TargetResult
+
+Line = tuple[str, str]  # (text, rich style name)
+
+LABELS = {
+    Outcome.PASSED: ("PASS ", "green"), Outcome.FAILED: ("FAIL ", "bold red"),
+    Outcome.ERROR: ("ERROR", "bold red"), Outcome.SKIPPED: ("SKIP ", "yellow"),
+    Outcome.INCONCLUSIVE: ("INCONCLUSIVE", "bold yellow"), Outcome.XFAILED: ("XFAIL", "yellow"),
+    Outcome.XPASSED: ("XPASS", "bold red"),
+}
+
+
+def report_lines(report: Report, verbose: bool = False, quiet: bool = False) -> list[Line]:
+    """All lines of the report, each with a style; plain text is just the first items."""
+    lines: list[Line] = []
+    for target in report.targets:
+        for case in target.cases:
+            lines += _case_lines(target, case, verbose, quiet)
+    for rejected in report.rejected:
+        lines.append((f"REJECTED {rejected.source}", "bold red"))
+        lines += [(f"  {line}", "") for line in rejected.message.splitlines()]
+    lines.append(("", ""))
+    lines.append(summary_line(report))
+    return lines
+
+
+def render_plain(report: Report, verbose: bool = False, quiet: bool = False) -> str:
+    return "\n".join(text for text, _ in report_lines(report, verbose, quiet))
+
+
+def summary_line(report: Report) -> Line:
+    counts = report.counts()
+    order = ["failed", "error", "xpassed", "inconclusive", "passed", "xfailed", "skipped"]
+    parts = [f"{counts[k]} {k}" for k in order if counts.get(k)]
+    if report.rejected:
+        parts.insert(0, f"{len(report.rejected)} rejected")
+    n_checks = sum(counts.values())
+    text = (f"{len(report.targets)} target(s), {n_checks} check(s): "
+            f"{', '.join(parts) or 'nothing run'} in {report.duration_s:.2f}s")
+    strict = bool(report.config.get("strict"))
+    return text, "bold green" if report.ok(strict) else "bold red"
+
+
+def _case_lines(target: TargetResult, case: CaseResult, verbose: bool, quiet: bool
+                ) -> Iterator[Line]:
+    label = target.target + ("" if case.label == "case 0" else f" [{case.label}]")
+    shown_inputs = False
+    for check in case.checks:
+        passing = check.outcome in (Outcome.PASSED, Outcome.SKIPPED, Outcome.XFAILED)
+        if quiet and passing:
+            continue
+        word, style = LABELS[check.outcome]
+        timing = f"  ({check.duration_s * 1000:.0f} ms)" if verbose else ""
+        tail = f"  {_short(check)}" if passing else ""
+        yield f"{word} {label}   {check.name}{tail}{timing}", style
+        if passing:
+            continue
+        if not shown_inputs:
+            yield from _inputs_lines(case)
+            shown_inputs = True
+        yield from (("  " + line, "") for line in check_body(check))
+        yield f"  reproduce: {case.reproduce}", "cyan"
+
+
+def _short(check: CheckResult) -> str:
+    if check.outcome is Outcome.SKIPPED:
+        return f"— {check.summary}"
+    if check.outcome is Outcome.XFAILED:
+        return f"— expected: {check.expected_failure}"
+    if check.mode:
+        return f"— {check.mode} mode, {check.summary.split(': ', 1)[-1]}"
+    return ""
+
+
+def _inputs_lines(case: CaseResult) -> Iterator[Line]:
+    how = "inferred" if case.inferred else "given"
+    inputs = ", ".join(f"{i.name} {i.description}" for i in case.inputs)
+    yield f"  inputs ({how}, seed {case.seed}): {inputs}", "dim"
+    for note in case.notes:
+        yield f"  note: {note}", "dim"
+
+
+def check_body(check: CheckResult) -> list[str]:
+    """The detail of a check that did not pass, without the header line."""
+    lines = [check.summary]
+    if check.expected_failure and check.outcome is Outcome.XPASSED:
+        lines.append(f"declared expected failure: {check.expected_failure}")
+    for block in check.blocks:
+        if block.mismatched:
+            lines += block_lines(block, check.tolerance)
+    lines += list(check.details)
+    if check.mode:
+        lines.append(f"mode: {check.mode} ({check.mode_reason})")
+    if check.source:
+        lines.append(f"look at: {check.source}")
+    if check.traceback:
+        lines += ["traceback (user code):", *("  " + t for t in check.traceback.splitlines())]
+    return lines
+
+
+def block_lines(block: Block, tolerance: dict[str, float]) -> list[str]:
+    count = (f"mismatched elements {block.mismatched} / {block.checked}" if block.exhaustive
+             else f"located {block.mismatched} mismatched element(s) by bisection")
+    lines = [f"input '{block.input}' {_shape(block.input_shape)} -> {block.output} "
+             f"{_shape(block.output_shape)}   {count}"]
+    tol = f"(atol {tolerance.get('atol', 0):g}, rtol {tolerance.get('rtol', 0):g})"
+    if block.worst:
+        first = block.worst[0]
+        lines.append(f"max abs diff {block.max_abs_diff:.3g} at {element_text(first)}   {tol}")
+        lines += [f"  also {element_text(e)}" for e in block.worst[1:]]
+    if block.diagnosis:
+        lines.append(f"diagnosis: {block.diagnosis}")
+    return lines
+
+
+def element_text(e: Element) -> str:
+    where = f"{_index(e.input_index)}->{_index(e.output_index)}"
+    mark = "  (finite differences disagree here)" if e.inconclusive else ""
+    return f"{where}: analytical {e.analytical:.6g}, numerical {e.numerical:.6g}{mark}"
+
+
+def check_text(target: TargetResult, case: CaseResult, check: CheckResult) -> str:
+    """Plain text of one check, as failures carry it in JUnit and assert_gradients."""
+    word = LABELS[check.outcome][0].strip()
+    lines = [f"{word} {target.target}   {check.name}"]
+    lines += [text for text, _ in _inputs_lines(case)]
+    lines += ["  " + line for line in check_body(check)]
+    lines.append(f"  reproduce: {case.reproduce}")
+    return "\n".join(lines)
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _index(index: tuple[int, ...]) -> str:
+    return "(" + ",".join(map(str, index)) + ")"

@@ -1,0 +1,183 @@
+"""The result model: frozen dataclasses of plain values (no torch) that every renderer reads."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class Outcome(str, Enum):
+    """pytest's words, plus inconclusive (finite differences unreliable) and the xfail pair."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+    SKIPPED = "skipped"
+    INCONCLUSIVE = "inconclusive"
+    XFAILED = "xfailed"   # declared expected to fail, and it did
+    XPASSED = "xpassed"   # declared expected to fail, but it passed: the declaration is stale
+
+    def is_bad(self, strict: bool = False) -> bool:
+        """Whether this outcome fails the run (inconclusive only under --strict)."""
+        if self is Outcome.INCONCLUSIVE:
+            return strict
+        return self in (Outcome.FAILED, Outcome.ERROR, Outcome.XPASSED)
+
+
+# Worst first: the order used to summarise several outcomes into one.
+SEVERITY = (Outcome.ERROR, Outcome.FAILED, Outcome.XPASSED, Outcome.INCONCLUSIVE,
+            Outcome.PASSED, Outcome.XFAILED, Outcome.SKIPPED)
+
+
+def worst(outcomes: list[Outcome]) -> Outcome:
+    """The most severe of several outcomes (skipped when there are none)."""
+    return min(outcomes, key=SEVERITY.index) if outcomes else Outcome.SKIPPED
+
+
+@dataclass(frozen=True)
+class Element:
+    """One Jacobian entry that disagrees: where it is and both values."""
+
+    input: str
+    input_index: tuple[int, ...]
+    output: str
+    output_index: tuple[int, ...]
+    analytical: float
+    numerical: float
+    abs_diff: float
+    rel_diff: float
+    inconclusive: bool = False
+
+
+@dataclass(frozen=True)
+class Block:
+    """The comparison of one (input, output) pair of the Jacobian."""
+
+    input: str
+    input_shape: tuple[int, ...]
+    output: str
+    output_shape: tuple[int, ...]
+    checked: int            # elements compared (probe mode: probes)
+    mismatched: int         # elements (or probes) beyond tolerance
+    max_abs_diff: float
+    max_rel_diff: float
+    worst: tuple[Element, ...] = ()
+    diagnosis: str | None = None
+    exhaustive: bool = True  # False when elements were found by localisation, not a full sweep
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One property verified on one case."""
+
+    name: str
+    outcome: Outcome
+    summary: str = ""
+    details: tuple[str, ...] = ()
+    blocks: tuple[Block, ...] = ()
+    mode: str | None = None
+    mode_reason: str | None = None
+    tolerance: dict[str, float] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)
+    duration_s: float = 0.0
+    source: str | None = None       # file:line of the code to look at
+    traceback: str | None = None    # trimmed, for error outcomes
+    expected_failure: str | None = None  # the declared reason, for xfailed / xpassed
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    """How one forward argument was made: name, description, whether it was inferred."""
+
+    name: str
+    description: str
+    differentiable: bool
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One set of sampled inputs for a target, and the checks run on it."""
+
+    label: str
+    seed: int
+    inputs: tuple[InputInfo, ...]
+    checks: tuple[CheckResult, ...]
+    inferred: bool = False
+    notes: tuple[str, ...] = ()
+    reproduce: str = ""
+
+    @property
+    def outcome(self) -> Outcome:
+        return worst([c.outcome for c in self.checks])
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    """Everything checked for one target."""
+
+    target: str
+    kind: str
+    qualname: str
+    source: str | None
+    cases: tuple[CaseResult, ...]
+    spec: str | None = None
+
+    @property
+    def outcome(self) -> Outcome:
+        return worst([c.outcome for c in self.cases])
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A target or spec file that could not be loaded; the run still checks the others."""
+
+    source: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Report:
+    """A whole run: the result of gradtool.check and the input of every renderer."""
+
+    targets: tuple[TargetResult, ...]
+    config: dict[str, Any]
+    versions: dict[str, str]
+    rejected: tuple[Rejected, ...] = ()
+    duration_s: float = 0.0
+    schema_version: int = SCHEMA_VERSION
+
+    def checks(self) -> list[tuple[TargetResult, CaseResult, CheckResult]]:
+        """Every (target, case, check) triple, in run order."""
+        return [(t, c, k) for t in self.targets for c in t.cases for k in c.checks]
+
+    def counts(self) -> Counter[str]:
+        """How many checks ended with each outcome."""
+        return Counter(k.outcome.value for _, _, k in self.checks())
+
+    def ok(self, strict: bool = False) -> bool:
+        """True when nothing fails the run (a rejected spec or target fails it too)."""
+        if self.rejected:
+            return False
+        return not any(k.outcome.is_bad(strict) for _, _, k in self.checks())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data (enums as their string values)."""
+        return _plain(asdict(self))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and value != value:
+        return "nan"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return "inf" if value > 0 else "-inf"
+    return value
