@@ -1,0 +1,228 @@
+"""JUnit XML: one testcase per (target, case, check), in the Ant/Jenkins format CI systems read."""
+
+from __future__ import annotations
+
+import math
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from typing import Any
+
+from ..results import Block, CaseResult, CheckResult, Element, Outcome, Report, TargetResult
+
+PlainText = Callable[[TargetResult, CaseResult, CheckResult], str]
+
+# XML 1.0 allows only these characters (tab, newline, carriage return and the printable planes);
+# anything else, lone surrogates included, makes the whole file unparseable by CI.
+_ILLEGAL_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+# Attribute values are meant for one-line summaries; the full text lives in the element body.
+_MAX_MESSAGE = 1000
+
+_LABELS = {
+    Outcome.PASSED: "PASS", Outcome.FAILED: "FAIL", Outcome.ERROR: "ERROR",
+    Outcome.SKIPPED: "SKIP", Outcome.INCONCLUSIVE: "INCONCLUSIVE",
+    Outcome.XFAILED: "XFAIL", Outcome.XPASSED: "XPASS",
+}
+
+
+def xml_safe(text: Any) -> str:
+    """Text with the characters XML 1.0 forbids replaced by a visible #xNN marker (as pytest)."""
+    return _ILLEGAL_XML.sub(lambda m: f"#x{ord(m.group()):02X}", str(text))
+
+
+def render_junit(report: Report, plain_text: PlainText | None = None) -> str:
+    """The whole report as a JUnit XML document (deterministic: no timestamp, no hostname)."""
+    describe = plain_text or check_text
+    strict = bool(report.config.get("strict"))
+    root = ET.Element("testsuites", name="gradtool")
+    for target in report.targets:
+        suite = _suite(root, target.target, _properties(report, target))
+        for case in target.cases:
+            for check in case.checks:
+                _add_check(suite, target, case, check, describe, strict)
+    if report.rejected:
+        suite = _suite(root, "rejected", _properties(report, None))
+        for rejected in report.rejected:
+            case = _testcase(suite, rejected.source, "load", 0.0)
+            _child(case, "error", rejected.message.splitlines()[0] if rejected.message else "",
+                   f"could not load {rejected.source}\n{rejected.message}")
+    if len(root) == 0:
+        # An empty <testsuites/> confuses some CI readers; an empty suite reads as "0 tests".
+        _suite(root, "gradtool", _properties(report, None))
+    _total(root, report.duration_s)
+    ET.indent(root, space="  ")
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _suite(root: ET.Element, name: str, properties: dict[str, str]) -> ET.Element:
+    suite = ET.SubElement(root, "testsuite", name=xml_safe(name))
+    if properties:
+        props = ET.SubElement(suite, "properties")
+        for key, value in properties.items():
+            ET.SubElement(props, "property", name=xml_safe(key), value=xml_safe(value))
+    return suite
+
+
+def _properties(report: Report, target: TargetResult | None) -> dict[str, str]:
+    """Config and versions as suite properties, so a CI page says how to repeat the run."""
+    props: dict[str, str] = {}
+    if target is not None:
+        props["kind"] = target.kind
+        if target.source:
+            props["source"] = target.source
+        if target.spec:
+            props["spec"] = target.spec
+    for key in sorted(report.config):
+        props[f"config.{key}"] = _plain_value(report.config[key])
+    for key in sorted(report.versions):
+        props[f"version.{key}"] = str(report.versions[key])
+    return props
+
+
+def _plain_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _add_check(suite: ET.Element, target: TargetResult, case: CaseResult, check: CheckResult,
+               describe: PlainText, strict: bool) -> None:
+    testcase = _testcase(suite, target.target, f"{case.label}::{check.name}", check.duration_s)
+    outcome = check.outcome
+    if outcome is Outcome.PASSED:
+        return
+    if outcome in (Outcome.SKIPPED, Outcome.XFAILED):
+        _child(testcase, "skipped", _skip_message(check), None)
+        return
+    text = describe(target, case, check)
+    if outcome is Outcome.INCONCLUSIVE and not strict:
+        # Not a failure of the run, but it must not vanish into a green tick either.
+        out = ET.SubElement(testcase, "system-out")
+        out.text = xml_safe(text)
+        return
+    tag = "error" if outcome is Outcome.ERROR else "failure"
+    _child(testcase, tag, _message(check), text)
+
+
+def _testcase(suite: ET.Element, classname: str, name: str, time: float) -> ET.Element:
+    return ET.SubElement(suite, "testcase", classname=xml_safe(classname), name=xml_safe(name),
+                         time=_seconds(time))
+
+
+def _child(testcase: ET.Element, tag: str, message: str, text: str | None) -> None:
+    element = ET.SubElement(testcase, tag, message=xml_safe(_clip(message)))
+    if text:
+        element.text = xml_safe(text)
+
+
+def _message(check: CheckResult) -> str:
+    summary = check.summary or check.outcome.value
+    if check.outcome is Outcome.XPASSED:
+        reason = f" ({check.expected_failure})" if check.expected_failure else ""
+        return f"xpassed: declared expected to fail{reason} but passed; {summary}"
+    if check.outcome is Outcome.INCONCLUSIVE:
+        return f"inconclusive (--strict): {summary}"
+    return summary
+
+
+def _skip_message(check: CheckResult) -> str:
+    if check.outcome is Outcome.XFAILED:
+        reason = check.expected_failure or "declared expected failure"
+        return f"xfailed: {reason}" + (f"; {check.summary}" if check.summary else "")
+    return check.summary or check.mode_reason or "skipped"
+
+
+def _clip(message: str) -> str:
+    return message if len(message) <= _MAX_MESSAGE else message[: _MAX_MESSAGE - 3] + "..."
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3f}" if isinstance(value, (int, float)) and math.isfinite(value) \
+        and value >= 0 else "0.000"
+
+
+def _total(root: ET.Element, duration_s: float) -> None:
+    """Write the count attributes of every suite and of the root from the elements themselves."""
+    totals = dict.fromkeys(("tests", "failures", "errors", "skipped"), 0)
+    time_total = 0.0
+    for suite in root:
+        counts = _counts(suite)
+        for key, value in counts.items():
+            suite.set(key, str(value))
+            totals[key] += value
+        suite_time = sum(float(c.get("time", "0")) for c in suite.iter("testcase"))
+        suite.set("time", _seconds(suite_time))
+        time_total += suite_time
+    for key, value in totals.items():
+        root.set(key, str(value))
+    root.set("time", _seconds(duration_s if duration_s else time_total))
+
+
+def _counts(suite: ET.Element) -> dict[str, int]:
+    cases = list(suite.iter("testcase"))
+    return {
+        "tests": len(cases),
+        "failures": sum(1 for c in cases if c.find("failure") is not None),
+        "errors": sum(1 for c in cases if c.find("error") is not None),
+        "skipped": sum(1 for c in cases if c.find("skipped") is not None),
+    }
+
+
+def check_text(target: TargetResult, case: CaseResult, check: CheckResult) -> str:
+    """A compact plain-text report of one check, used when no terminal renderer is supplied."""
+    lines = [f"{_LABELS[check.outcome]}  {target.target}   {check.name}"]
+    if check.summary:
+        lines.append(f"  {check.summary}")
+    if check.expected_failure:
+        lines.append(f"  expected failure: {check.expected_failure}")
+    lines += [f"  {d}" for d in check.details]
+    for block in check.blocks:
+        lines += ["  " + line for line in block_lines(block)]
+    if check.tolerance:
+        lines.append("  tolerance: " + ", ".join(f"{k} {v:g}" for k, v in
+                                                  sorted(check.tolerance.items())))
+    if check.mode:
+        lines.append(f"  mode: {check.mode}" + (f" ({check.mode_reason})" if check.mode_reason
+                                                 else ""))
+    lines.append(f"  case: {case.label}, seed {case.seed}")
+    if check.source:
+        lines.append(f"  look at: {check.source}")
+    if check.traceback:
+        lines += ["  " + line for line in check.traceback.rstrip().splitlines()]
+    if case.reproduce:
+        lines.append(f"  reproduce: {case.reproduce}")
+    return "\n".join(lines)
+
+
+def block_lines(block: Block, max_worst: int = 5) -> list[str]:
+    """The mismatch of one Jacobian block: counts, worst elements, diagnosis — never the matrix."""
+    lines = [f"{block.input} {_shape(block.input_shape)} -> {block.output} "
+             f"{_shape(block.output_shape)}   mismatched {block.mismatched} / {block.checked}"
+             + ("" if block.exhaustive else " (localised)"),
+             f"max abs diff {block.max_abs_diff:.6g}, max rel diff {block.max_rel_diff:.6g}"]
+    lines += ["  " + element_line(e) for e in block.worst[:max_worst]]
+    if len(block.worst) > max_worst:
+        lines.append(f"  ... {len(block.worst) - max_worst} more")
+    if block.diagnosis:
+        lines.append(f"diagnosis: {block.diagnosis}")
+    return lines
+
+
+def element_line(element: Element) -> str:
+    """One Jacobian entry: where it is, both values, and how far apart they are."""
+    flag = "  (inconclusive: step sizes disagree)" if element.inconclusive else ""
+    return (f"{element.input}{_index(element.input_index)} -> "
+            f"{element.output}{_index(element.output_index)}: "
+            f"analytical {element.analytical:.6g}, numerical {element.numerical:.6g} "
+            f"(abs {element.abs_diff:.3g}, rel {element.rel_diff:.3g}){flag}")
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _index(index: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(i) for i in index) + "]"
