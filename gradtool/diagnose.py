@@ -1,0 +1,400 @@
+"""Turn a Jacobian mismatch into a one-line cause with its evidence, in the user's terms."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import comb
+from typing import Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+# Deliberately numpy only: the renderer and the CLI import this without paying for torch.
+
+_MAX_LISTED = 5  # elements named in a "few elements wrong" message
+_MIN_FIT = 2  # nonzero elements a structural fit (factor, transpose, shift) must rest on
+_MIN_SIDE = 3  # input elements needed on each side of a sign split
+_MIN_SPLITS = 100  # same-size column sets a sign split must be one of: chance match under 1%
+_MAX_DENOMINATOR = 12  # simplest fractions tried when rounding a factor (0.2000001 -> 1/5)
+
+
+def _close(a: np.ndarray, n: np.ndarray, atol: float, rtol: float) -> np.ndarray:
+    """Torch's per-element test |a - n| <= atol + rtol * |n|; NaN never passes."""
+    return np.abs(a - n) <= atol + rtol * np.abs(n)
+
+
+def _num(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _index(flat: int, shape: tuple[int, ...]) -> str:
+    return "(" + ",".join(str(int(i)) for i in np.unravel_index(int(flat), shape)) + ")"
+
+
+@dataclass
+class _Block:
+    """One (input, output) Jacobian block with the masks every detector needs."""
+
+    a: np.ndarray
+    n: np.ndarray
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    atol: float
+    rtol: float
+    name: str = ""
+    x: np.ndarray | None = None
+    others: Mapping[str, np.ndarray] = field(default_factory=dict)
+    mis: np.ndarray = field(init=False)
+    sig: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.mis = ~_close(self.a, self.n, self.atol, self.rtol)
+        # "nonzero" means above atol: finite-difference noise on structural zeros sits far below it.
+        self.sig = np.abs(self.n) > self.atol
+
+    def label(self, row: int, col: int) -> str:
+        """Element as 'input index -> output index', unravelled with the user's shapes."""
+        return f"{_index(col, self.in_shape)}->{_index(row, self.out_shape)}"
+
+    def nonzero(self) -> str:
+        return f"{int(self.sig.sum())} nonzero of {self.a.size}"
+
+    def matches(self, candidate: np.ndarray) -> bool:
+        """Analytical equals `candidate` at every element, on enough nonzero ones to mean it."""
+        enough = int((np.abs(candidate) > self.atol).sum()) >= _MIN_FIT
+        return enough and bool(np.all(_close(self.a, candidate, self.atol, self.rtol)))
+
+
+def _make_block(analytical: np.ndarray, numerical: np.ndarray, in_shape: tuple[int, ...] | None,
+                out_shape: tuple[int, ...] | None, **extra: object) -> _Block:
+    a = np.asarray(analytical, dtype=np.float64)
+    n = np.asarray(numerical, dtype=np.float64)
+    if a.ndim != 2 or a.shape != n.shape:
+        raise ValueError(f"analytical {a.shape} and numerical {n.shape} must be the same 2-D block")
+    in_shape = tuple(in_shape) if in_shape is not None else (a.shape[1],)
+    out_shape = tuple(out_shape) if out_shape is not None else (a.shape[0],)
+    if (int(np.prod(out_shape)), int(np.prod(in_shape))) != a.shape:
+        raise ValueError(f"block {a.shape} does not fit output {out_shape} x input {in_shape}")
+    return _Block(a, n, in_shape, out_shape, **extra)  # type: ignore[arg-type]
+
+
+def _listing(b: _Block, mask: np.ndarray) -> str:
+    """The worst few elements of `mask`, shown in index order, then how many were left out."""
+    rows, cols = np.nonzero(mask)
+    diff = np.abs(b.a - b.n)[rows, cols]
+    keep = np.sort(np.argsort(-diff, kind="stable")[:_MAX_LISTED])
+    items = [f"{b.label(r, c)} analytical {_num(b.a[r, c])} vs numerical {_num(b.n[r, c])}"
+             for r, c in zip(rows[keep], cols[keep])]
+    more = len(rows) - len(keep)
+    return "; ".join(items) + (f"; and {more} more" if more else "")
+
+
+# --- constant factors, shared by blocks, probes and second derivatives -------------------------
+
+def _simple_values(k: float) -> Iterator[float]:
+    """Simple numbers near k, simplest first: m, 1/m, then p/q."""
+    yield float(round(k))
+    if round(1 / k):
+        yield 1 / round(1 / k)
+    for q in range(2, _MAX_DENOMINATOR + 1):
+        yield round(k * q) / q
+
+
+def _fit_factor(a: np.ndarray, n: np.ndarray, atol: float, rtol: float) -> float | None:
+    """k with a = k * n within tolerance at EVERY element (a simple k if one fits), else None."""
+    sig = np.abs(n) > atol
+    if int(sig.sum()) < _MIN_FIT:
+        return None
+    k = float(np.dot(a[sig], n[sig]) / np.dot(n[sig], n[sig]))
+    if not np.isfinite(k) or abs(k) * float(np.abs(n).max()) <= atol:
+        return None  # a zero factor is a missing gradient, told apart elsewhere
+    for cand in (*_simple_values(k), k):
+        # k near 1 is a tolerance matter, not a factor the user could have written.
+        if cand and abs(cand - 1) > rtol and np.all(_close(a, cand * n, atol, rtol)):
+            return cand
+    return None
+
+
+def _factor_phrase(k: float) -> str:
+    mag = abs(k)
+    if abs(mag - 1) <= 1e-12:
+        return "sign flipped"
+    part = f"backward misses a factor {_num(1 / mag)}" if mag < 1 else f"extra factor {_num(mag)}"
+    return part if k > 0 else f"sign flipped and {part}"
+
+
+def _size_hint(k: float, n_out: int, n_in: int) -> str:
+    """A factor equal to the broadcast/reduction size usually means mean and sum mixed up."""
+    r, rem = divmod(max(n_out, n_in), min(n_out, n_in))
+    if rem or r == 1 or k < 0:
+        return ""
+    if abs(k - 1 / r) <= 1e-9 and n_out > n_in:
+        return f" (= {r}, the broadcast size: mean instead of sum over the broadcast dims?)"
+    if abs(k - r) <= 1e-9 * r and n_out < n_in:
+        return f" (= {r}, the reduction size: a sum's gradient for a mean, missing 1/{r}?)"
+    return ""
+
+
+# --- first-order detectors, tried in order; each returns a message or None ----------------------
+
+_NONFINITE = (("numerical", "the forward is not finite near these inputs (outside its domain?)"),
+              ("analytical", "backward produces NaN/inf (division by zero, log or sqrt of 0?)"))
+_DD_NONFINITE = (("numerical second derivative", "backward is not finite near these inputs"),
+                 ("second derivative", "backward's formula is not differentiable there (sqrt, "
+                  "log or division at 0 inside backward?)"))
+
+
+def _nonfinite(b: _Block, texts: tuple[tuple[str, str], ...] = _NONFINITE) -> str | None:
+    # Numerical first: when the forward itself is not finite, backward cannot be judged.
+    for arr, (what, why) in zip((b.n, b.a), texts):
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            r, c = np.argwhere(bad)[0]
+            return (f"{what} is NaN/inf at {int(bad.sum())} of {b.a.size} elements, "
+                    f"first {b.label(r, c)}: {why}")
+    return None
+
+
+def _missing(b: _Block) -> str | None:
+    if not np.all(np.abs(b.a) <= b.atol) or not (b.mis & b.sig).any():
+        return None
+    return (f"analytical is zero for all {b.a.size} elements while numerical is not "
+            f"({b.nonzero()}, max |numerical| {_num(np.abs(b.n).max())}): gradient missing, "
+            f"backward returns zero or None for '{b.name}'")
+
+
+def _swapped(b: _Block) -> str | None:
+    for other, block in b.others.items():
+        block = np.asarray(block, dtype=np.float64)
+        if other != b.name and block.shape == b.a.shape and b.matches(block):
+            return (f"analytical matches the numerical gradient of input '{other}' at all "
+                    f"{b.a.size} elements: looks like the gradient of input '{other}': gradients "
+                    f"swapped?")
+    return None
+
+
+def _factor(b: _Block, subject: str = "analytical", second_order: bool = False) -> str | None:
+    k = _fit_factor(b.a, b.n, b.atol, b.rtol)
+    if k is None:
+        return None
+    tail = " in the derivative of backward" if second_order else _size_hint(k, *b.a.shape)
+    return (f"{subject} = {_num(k)} × numerical for every element ({b.nonzero()}): "
+            f"{_factor_phrase(k)}{tail}")
+
+
+def _transposed(b: _Block) -> str | None:
+    for side, shape in (("input", b.in_shape), ("output", b.out_shape)):
+        if len(shape) != 2 or shape[0] != shape[1] or shape[0] < 2:
+            continue
+        perm = np.arange(shape[0] * shape[1]).reshape(shape).T.ravel()
+        cand = b.n[:, perm] if side == "input" else b.n[perm, :]
+        if b.matches(cand):
+            what = "returns the gradient" if side == "input" else "uses grad_output"
+            return (f"analytical = numerical with {side} indices transposed, (i,j) <-> (j,i), "
+                    f"for every element ({b.nonzero()}): backward {what} transposed (a .t() "
+                    f"too many or too few?)")
+    return None
+
+
+def _shift(arr: np.ndarray, step: int, axis: int, wrap: bool) -> np.ndarray:
+    """arr moved by `step` along `axis`: rolled round, or with zeros coming in at the edge."""
+    out = np.roll(arr, step, axis=axis)
+    if not wrap:
+        edge = [slice(None)] * arr.ndim
+        edge[axis] = slice(0, step) if step > 0 else slice(step, None)
+        out[tuple(edge)] = 0.0
+    return out
+
+
+def _shift_views(b: _Block) -> Iterator[tuple[str, str, np.ndarray, int]]:
+    """(side, where, view of numerical, axis) for each axis an off-by-one index could run along."""
+    n_out, n_in = b.n.shape
+    multi_in, multi_out = len(b.in_shape) >= 2, len(b.out_shape) >= 2
+    yield "input", "the flattened input" if multi_in else "the input", b.n, 1
+    if multi_in:
+        yield "input", "the last input axis", b.n.reshape(n_out, *b.in_shape), -1
+    yield "output", "the flattened output" if multi_out else "the output", b.n, 0
+    if multi_out:
+        yield "output", "the last output axis", b.n.reshape(*b.out_shape, n_in), -2
+
+
+def _shifted(b: _Block) -> str | None:
+    for side, where, view, axis in _shift_views(b):
+        for step in (1, -1):
+            for wrap in (False, True):
+                if b.matches(_shift(view, step, axis, wrap).reshape(b.n.shape)):
+                    rolled, sign = (", wrapping round" if wrap else ""), ("-" if step > 0 else "+")
+                    return (f"analytical at {side} index i equals numerical at i{sign}1 along "
+                            f"{where}{rolled}, for every element ({b.nonzero()}): shifted by one "
+                            f"element, an off-by-one index in backward")
+    return None
+
+
+def _ignores_grad_output(b: _Block) -> str | None:
+    # Row k is the VJP with one-hot e_k; rows that never change mean grad_output is not used.
+    if b.a.shape[0] < 2 or not (np.abs(b.a) > b.atol).any():
+        return None
+    same = [np.all(_close(m, m[:1], b.atol, b.rtol)) for m in (b.a, b.n)]
+    if not same[0] or same[1]:
+        return None
+    return (f"analytical is the same for all {b.a.shape[0]} output elements while numerical is "
+            f"not: backward ignores grad_output (or uses only its sum); multiply by grad_output")
+
+
+def _branch(b: _Block) -> str | None:
+    if b.x is None or np.size(b.x) != b.a.shape[1]:
+        return None
+    x = np.asarray(b.x, dtype=np.float64).ravel()
+    bad_cols = b.mis.any(axis=0)
+    for sign, side in (("< 0", x < 0), ("> 0", x > 0)):
+        rest, k = ~side, int(side.sum())
+        if (not np.array_equal(bad_cols, side) or min(k, x.size - k) < _MIN_SIDE
+                or comb(x.size, k) < _MIN_SPLITS or not b.sig[:, rest].any()):
+            continue
+        f = _fit_factor(b.a[:, side], b.n[:, side], b.atol, b.rtol)
+        there = f"; there analytical = {_num(f)} × numerical" if f is not None else ""
+        return (f"a branch: wrong only where input '{b.name}' {sign} (all {k} such "
+                f"elements differ, the other {int(rest.sum())} agree{there}): check backward's "
+                f"'{b.name}' {sign} case")
+    return None
+
+
+def _few(b: _Block) -> str | None:
+    nm = int(b.mis.sum())
+    # "The rest agree" must mean something: at least as many right nonzero elements as wrong ones.
+    if nm > max(3, 0.05 * b.a.size) or int((b.sig & ~b.mis).sum()) < nm:
+        return None
+    return f"{nm} of {b.a.size} elements wrong, the rest agree: {_listing(b, b.mis)}"
+
+
+def _diagonal_only(b: _Block) -> str | None:
+    n_out, n_in = b.a.shape
+    if n_out != n_in or n_in < 2:
+        return None
+    off = ~np.eye(n_in, dtype=bool)
+    diag_ok = np.all(_close(np.diag(b.a), np.diag(b.n), b.atol, b.rtol))
+    missed = b.sig & off
+    if not diag_ok or not missed.any() or not np.all(np.abs(b.a[off]) <= b.atol):
+        return None
+    r, c = np.argwhere(missed)[0]
+    return (f"analytical is diagonal and right on the diagonal, but numerical has "
+            f"{int(missed.sum())} nonzero off-diagonal elements (e.g. {b.label(r, c)} numerical "
+            f"{_num(b.n[r, c])}): backward uses an elementwise formula for an op that is not "
+            f"elementwise")
+
+
+def _broadcast_not_reduced(b: _Block) -> str | None:
+    n_out, n_in = b.a.shape
+    if n_out <= n_in:
+        return None
+    row_ok = ~b.mis.any(axis=1)
+    row_zero = np.all(np.abs(b.a) <= b.atol, axis=1)
+    used, dropped = row_ok & b.sig.any(axis=1), ~row_ok
+    # Every input element must still get some of its gradient; one that gets none is a few
+    # elements wrong, not a reduction over too few broadcast copies.
+    fed = (b.sig & used[:, None]).any(axis=0) | ~b.sig.any(axis=0)
+    if not np.all(row_ok | row_zero) or not used.any() or not fed.all():
+        return None
+    first = _index(int(np.argmax(dropped)), b.out_shape)
+    return (f"analytical matches numerical for {int(used.sum())} of {n_out} output elements and "
+            f"is zero for {int(dropped.sum())} where numerical is not (e.g. output {first}): "
+            f"backward uses only part of grad_output; a broadcast not reduced (sum every copy)?")
+
+
+def _no_pattern(b: _Block) -> str:
+    diff = np.where(b.mis, np.nan_to_num(np.abs(b.a - b.n), nan=np.inf), -1.0)
+    r, c = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    return (f"no simple pattern: {int(b.mis.sum())} of {b.a.size} elements differ; worst at "
+            f"{b.label(r, c)}: analytical {_num(b.a[r, c])}, numerical {_num(b.n[r, c])}")
+
+
+# Whole-block structural fits first (they rest on every element); then sign splits and short
+# lists, which rest on fewer; factor and few are exclusive anyway (a factor leaves no agreeing
+# nonzero element, "few" needs as many of those as wrong ones). Diagonal-only comes last: with a
+# handful of missed off-diagonal elements the list of those elements says more.
+_FIRST_ORDER: tuple[Callable[[_Block], str | None], ...] = (
+    _nonfinite, _missing, _swapped, _factor, _transposed, _shifted, _ignores_grad_output,
+    _broadcast_not_reduced, _branch, _few, _diagonal_only,
+)
+
+
+def _first_found(b: _Block, detectors: Sequence[Callable[[_Block], str | None]]) -> str | None:
+    """None when the block agrees, else the first detector's message, else 'no simple pattern'."""
+    if not b.mis.any():
+        return None
+    for detect in detectors:
+        found = detect(b)
+        if found:
+            return found
+    return _no_pattern(b)
+
+
+def diagnose_block(analytical: np.ndarray, numerical: np.ndarray, *, input_name: str,
+                   input_shape: tuple[int, ...], output_shape: tuple[int, ...],
+                   input_values: np.ndarray | None = None, atol: float = 1e-5, rtol: float = 1e-3,
+                   other_inputs: Mapping[str, np.ndarray] | None = None) -> str | None:
+    """One-line cause of a first-order mismatch in an (n_out, n_in) block, or None if it agrees.
+
+    Rows are flattened output elements (row k = VJP with one-hot e_k), columns flattened input
+    elements. Returns a string starting 'no simple pattern' when no pattern fits every element.
+    """
+    b = _make_block(analytical, numerical, input_shape, output_shape, atol=atol, rtol=rtol,
+                    name=input_name, x=input_values, others=dict(other_inputs or {}))
+    return _first_found(b, _FIRST_ORDER)
+
+
+def diagnose_probe(analytical: Sequence[float] | np.ndarray,
+                   numerical: Sequence[float] | np.ndarray, *, atol: float = 1e-5,
+                   rtol: float = 1e-3) -> str | None:
+    """One-line cause from probe values v_p^T J u_p (analytical[p] vs numerical[p]), or None.
+
+    Only what a few numbers can show: NaN/inf, a zero gradient, or one ratio shared by every probe
+    (two nonzero at least). None otherwise: localise the block and call diagnose_block.
+    """
+    a = np.asarray(analytical, dtype=np.float64).ravel()
+    n = np.asarray(numerical, dtype=np.float64).ravel()
+    if a.shape != n.shape:
+        raise ValueError(f"{a.size} analytical probe values but {n.size} numerical ones")
+    if np.all(_close(a, n, atol, rtol)):
+        return None
+    bad = ~(np.isfinite(a) & np.isfinite(n))
+    if bad.any():
+        i = int(np.argmax(bad))
+        return (f"NaN/inf on {int(bad.sum())} of {a.size} probes, first probe {i}: analytical "
+                f"{_num(a[i])}, numerical {_num(n[i])}")
+    if np.all(np.abs(a) <= atol) and (np.abs(n) > atol).any():
+        return f"analytical is zero on all {a.size} probes while numerical is not: gradient missing"
+    k = _fit_factor(a, n, atol, rtol)
+    if k is None:
+        return None
+    return f"analytical = {_num(k)} × numerical on all {a.size} probes: {_factor_phrase(k)}"
+
+
+# --- second order -------------------------------------------------------------------------------
+
+_UNTRACKED = ("backward likely uses a tensor saved on ctx that is neither an input nor an output, "
+              "or detaches / uses no_grad")
+
+
+def _dd_zero(b: _Block) -> str | None:
+    if not (b.mis & b.sig).any() or not np.all(np.abs(b.a[b.mis]) <= b.atol):
+        return None
+    if np.all(np.abs(b.a) <= b.atol):
+        return (f"second derivative is zero for all {b.a.size} elements while numerical is not "
+                f"({b.nonzero()}): {_UNTRACKED}")
+    if not (b.sig & ~b.mis).any():  # nothing right: no evidence of a *partial* loss
+        return None
+    return (f"second derivative is zero at {int(b.mis.sum())} of {b.a.size} elements where "
+            f"numerical is not, the rest agree: part of backward is not tracked; {_UNTRACKED}")
+
+
+_SECOND_ORDER: tuple[Callable[[_Block], str | None], ...] = (
+    lambda b: _nonfinite(b, _DD_NONFINITE), _dd_zero, _few,
+    lambda b: _factor(b, "second derivative", second_order=True),
+)
+
+
+def diagnose_double_backward(analytical: np.ndarray, numerical: np.ndarray, *, atol: float = 1e-5,
+                             rtol: float = 1e-3) -> str | None:
+    """One-line cause of a mismatch in a second-order block (the Jacobian of backward), or None."""
+    return _first_found(_make_block(analytical, numerical, None, None, atol=atol, rtol=rtol),
+                        _SECOND_ORDER)
