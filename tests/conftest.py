@@ -1,0 +1,39 @@
+"""Shared test helpers: load fixture modules by path, run checks, pick outcomes."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+EXAMPLES = ROOT / "specs" / "examples"
+
+
+def load_fixture(name: str):
+    """Import tests/fixtures/<name>.py once (registered in sys.modules)."""
+    module_name = f"gradtool_fixture_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, FIXTURES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def outcomes(report) -> dict[str, str]:
+    """{check name: outcome} for a one-target, one-case report."""
+    return {check.name: check.outcome.value for _, _, check in report.checks()}
+
+
+def result(report, name: str):
+    return next(check for _, _, check in report.checks() if check.name == name)
+
+
+@pytest.fixture
+def contract_cases():
+    return load_fixture("contract_cases")

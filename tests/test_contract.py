@@ -1,0 +1,78 @@
+"""contract: every rule fails on a deliberately broken Function and passes on its correct twin."""
+
+from __future__ import annotations
+
+import pytest
+
+import gradtool
+from conftest import outcomes, result
+
+
+def contract(target, inputs, **kw):
+    return result(gradtool.check(target, inputs, checks=("contract",), **kw), "contract")
+
+
+@pytest.mark.parametrize("broken, twin, inputs, phrase", [
+    ("ScaleTooFewGrads", "Scale", ["3x4", "2.5"],
+     "backward returned 1 gradient(s); forward takes 2 input(s) (x, c)"),
+    ("ScaleGradForConstant", "Scale", ["3x4", "2.5"],
+     "backward returned a gradient for 'c', which is not a tensor"),
+    ("AddBiasUnreduced", "AddBias", ["3x4", "(4,)"],
+     "engine would silently sum it"),
+    ("SquareWrongDtype", "Square", ["3x4"], "has dtype torch.float32"),
+    ("SquareIgnoresGradOutput", "Square", ["3x4"], "not linear in grad_output"),
+    ("SquareInplaceGradOutput", "Square", ["3x4"], "modifies grad_output in place"),
+    ("SquareNoisyBackward", "Square", ["3x4"], "backward is nondeterministic"),
+    ("SquareNaNBackward", "Square", ["3x4"], "gradient has 12 NaN/Inf value(s)"),
+    ("ExpInplaceUndeclared", "ExpInplace", ["3x4"], "without ctx.mark_dirty(x)"),
+])
+def test_rule_fails_on_broken_and_passes_on_twin(contract_cases, broken, twin, inputs, phrase):
+    bad = contract(getattr(contract_cases, broken), inputs)
+    assert bad.outcome.value == "failed", bad
+    assert phrase in " ".join((bad.summary, *bad.details))
+    assert bad.source and bad.source.endswith(str(_backward_line(contract_cases, broken)))
+    good = contract(getattr(contract_cases, twin), inputs)
+    assert good.outcome.value == "passed", good
+
+
+def _backward_line(module, name):
+    import inspect
+
+    return inspect.getsourcelines(inspect.unwrap(getattr(module, name).backward))[1]
+
+
+def test_nondet_tol_allows_noise(contract_cases):
+    check = contract(contract_cases.SquareNoisyBackward, ["3x4"], nondet_tol=1e-2)
+    assert check.outcome.value == "passed"
+
+
+def test_forward_producing_inf_fails():
+    import torch
+
+    class Recip(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return 1 / (x - x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    check = contract(Recip, ["3x4"])
+    assert check.outcome.value == "failed"
+    assert "forward output has 12 NaN/Inf" in check.summary
+
+
+def test_exception_in_backward_is_an_error_outcome(contract_cases):
+    report = gradtool.check(contract_cases.SquareRaises, ["3x4"])
+    got = outcomes(report)
+    assert got["contract"] == "error" and got["gradient"] == "error"
+    check = result(report, "gradient")
+    assert "ValueError raised: deliberate failure inside backward" in check.summary
+    assert "contract_cases.py" in check.traceback
+
+
+def test_mark_dirty_function_passes_every_check(contract_cases):
+    report = gradtool.check(contract_cases.ExpInplace, ["3x4"])
+    assert set(outcomes(report).values()) == {"passed"}
