@@ -56,7 +56,7 @@ def _case_lines(target: TargetResult, case: CaseResult, verbose: bool, quiet: bo
         if quiet and passing:
             continue
         word, style = LABELS[check.outcome]
-        timing = f"  ({check.duration_s * 1000:.0f} ms)" if verbose else ""
+        timing = f"  ({_timing(check)})" if verbose else ""
         tail = f"  {_short(check)}" if passing else ""
         yield f"{word} {label}   {check.name}{tail}{timing}", style
         if passing:
@@ -66,6 +66,11 @@ def _case_lines(target: TargetResult, case: CaseResult, verbose: bool, quiet: bo
             shown_inputs = True
         yield from (("  " + line, "") for line in check_body(check))
         yield f"  reproduce: {case.reproduce}", "cyan"
+
+
+def _timing(check: CheckResult) -> str:
+    calls = ", ".join(f"{n} {k}" for k, n in sorted(check.calls.items()))
+    return f"{check.duration_s * 1000:.0f} ms" + (f", {calls} calls" if calls else "")
 
 
 def _short(check: CheckResult) -> str:
