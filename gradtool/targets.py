@@ -235,9 +235,12 @@ def source_of(fn: Any) -> str | None:
     try:
         fn = inspect.unwrap(fn)
         path = inspect.getsourcefile(fn)
-        _, line = inspect.getsourcelines(fn)
+        lines, line = inspect.getsourcelines(fn)
     except (TypeError, OSError):
         return None
+    # Point at the `def` line, not at a decorator above it.
+    line += next((k for k, text in enumerate(lines)
+                  if text.lstrip().startswith(("def ", "async def "))), 0)
     if path is None:
         return None
     return f"{display_path(path)}:{line}"
