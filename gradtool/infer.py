@@ -26,9 +26,10 @@ NUMBER_GUESS = {int: 2, float: 2.5, bool: True}
 def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
     """The first candidate input set that forward accepts; InputError when none does."""
     slots = _slots(target)
+    hinted = _parameter_shapes(target, seed)
     tried = 0
     last_error: BaseException | None = None
-    for specs in _candidates(slots):
+    for specs in _candidates(slots, hinted):
         tried += 1
         if tried > MAX_ATTEMPTS:
             break
@@ -77,11 +78,28 @@ def eval_number(name: str) -> type:
     return {"int": int, "float": float, "bool": bool}[name]
 
 
-def _candidates(slots: list[list[Any]]) -> Iterator[list[InputSpec]]:
+def _parameter_shapes(target: Target, seed: int) -> list[tuple[int, ...]]:
+    """Shapes an nn.Module's parameters suggest: (n,) for a vector, (3, in) for a weight."""
+    if target.kind != "module":
+        return []
+    from .cases import instantiate
+
+    shapes: list[tuple[int, ...]] = []
+    for p in instantiate(target, seed).parameters():
+        shape = tuple(p.shape)
+        for guess in ([shape] if len(shape) == 1 else [(3, shape[-1]), shape]):
+            if guess not in shapes:
+                shapes.append(guess)
+    return shapes[:4]
+
+
+def _candidates(slots: list[list[Any]], hinted: list[tuple[int, ...]]
+                ) -> Iterator[list[InputSpec]]:
+    same, mixed = hinted + SAME_SHAPES, hinted + MIXED_SHAPES
     for choice in itertools.product(*slots):
         n_tensors = sum(1 for c in choice if c == "tensor")
-        shapes = itertools.chain(([s] * n_tensors for s in SAME_SHAPES),
-                                 itertools.product(MIXED_SHAPES, repeat=n_tensors))
+        shapes = itertools.chain(([s] * n_tensors for s in same),
+                                 itertools.product(mixed, repeat=n_tensors))
         seen = set()
         for shape_set in shapes:
             key = tuple(shape_set)

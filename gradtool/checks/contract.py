@@ -125,7 +125,7 @@ def _backward_caller(problem: Problem, target: Target, leaves: list[torch.Tensor
     diff_outs = [t for t in tensors if (t.is_floating_point() or t.is_complex()) and t.requires_grad]
     node = diff_outs[0].grad_fn
     if target.kind == "function" and getattr(type(node), "_forward_cls", None) is target.obj:
-        raw_call = _raw_backward(node, tensors, diff_outs)
+        raw_call = _raw_backward(problem, node, tensors, diff_outs)
         violations += _arity_and_shapes(problem, target, raw_call)
         if any("gradient" in v and ("returned" in v or "shape" in v) for v in violations):
             return None  # the rest would only repeat the engine's error
@@ -133,12 +133,14 @@ def _backward_caller(problem: Problem, target: Target, leaves: list[torch.Tensor
     return lambda grads: problem.vjp(leaves, diff_outs, grads)
 
 
-def _raw_backward(node: Any, tensors: list[torch.Tensor], diff_outs: list[torch.Tensor]):
+def _raw_backward(problem: Problem, node: Any, tensors: list[torch.Tensor],
+                  diff_outs: list[torch.Tensor]):
     """Call the user's backward directly (via its node), bypassing the engine's fix-ups."""
     def call(grads: Sequence[torch.Tensor]) -> tuple[Any, ...]:
         it = iter(grads)
         full = [next(it) if any(t is d for d in diff_outs) else torch.zeros_like(t)
                 for t in tensors]
+        problem.calls["backward"] += 1
         out = node.apply(*full)
         return out if isinstance(out, tuple) else (out,)
     return call
