@@ -179,10 +179,13 @@ def _one_gradient(name: str, arg: Any, grad: Any) -> list[str]:
     if not isinstance(grad, torch.Tensor):
         return [f"backward returned a {type(grad).__name__} for '{name}', not a tensor or None"]
     if grad.shape != arg.shape:
-        how = "is broadcastable to it, so the engine would silently sum it" \
-            if _broadcastable(grad.shape, arg.shape) else "does not match it"
-        return [f"gradient for '{name}' has shape {tuple(grad.shape)}, but '{name}' has shape "
-                f"{tuple(arg.shape)}: it {how} — reduce it to the input's shape"]
+        shapes = (f"gradient for '{name}' has shape {tuple(grad.shape)}, but '{name}' has shape "
+                  f"{tuple(arg.shape)}")
+        if _broadcastable(grad.shape, arg.shape):
+            return [f"{shapes}: the engine would silently sum it — reduce it to the input's shape"]
+        transposed = grad.dim() == 2 and tuple(grad.shape) == tuple(arg.shape)[::-1]
+        return [f"{shapes}{' (transposed?)' if transposed else ''} — return a gradient of the "
+                "input's shape"]
     if grad.dtype != arg.dtype:
         return [f"gradient for '{name}' has dtype {grad.dtype}, but '{name}' is {arg.dtype}"]
     if grad.device != arg.device:

@@ -94,8 +94,10 @@ def _summary(verdict: Verdict, blocks: list[Block], surrogate: str | None) -> st
         worst = max((b.max_abs_diff for b in blocks), default=0.0)
         return f"matches {against}: {checked} {unit}, max abs diff {worst:.2g}"
     first = bad[0]
-    count = (f"{first.mismatched} / {first.checked} elements" if first.exhaustive
+    where = (f"{first.mismatched} of {first.checked} elements" if first.exhaustive
              else f"{first.mismatched} located element(s)")
-    more = f" (and {len(bad) - 1} more pair(s))" if len(bad) > 1 else ""
-    word = "disagrees with" if verdict.outcome is Outcome.FAILED else "unclear against"
-    return f"'{first.input}' -> {first.output}: {count} {word} {against}{more}"
+    more = f", and {len(bad) - 1} more (input, output) pair(s)" if len(bad) > 1 else ""
+    if verdict.outcome is Outcome.FAILED:
+        return (f"gradient of {first.output} w.r.t. '{first.input}' disagrees with {against} "
+                f"at {where}{more}")
+    return f"finite differences are unreliable at {where} of '{first.input}'{more}"

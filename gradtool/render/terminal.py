@@ -104,7 +104,7 @@ def check_body(check: CheckResult) -> list[str]:
         lines.append(f"mode: {check.mode} ({check.mode_reason})")
     if check.source:
         lines.append(f"look at: {check.source}")
-    if check.traceback:
+    if check.traceback and "\n" in check.traceback:  # a lone exception line repeats the summary
         lines += ["traceback (user code):", *("  " + t for t in check.traceback.splitlines())]
     return lines
 
