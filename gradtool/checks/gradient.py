@@ -20,8 +20,13 @@ Diagnoser = Callable[[Problem, Verdict, Block, int, int, CheckConfig], "str | No
 def check_gradient(case: Case, target: Target, config: CheckConfig,
                    reference: Reference | None = None, surrogate: str | None = None) -> CheckResult:
     """First-order check of every (input, output) pair."""
-    return jacobian_result("gradient", case.problem, target, config, case.seed, reference,
-                           surrogate, diagnose_first_order)
+    result = jacobian_result("gradient", case.problem, target, config, case.seed, reference,
+                             surrogate, diagnose_first_order)
+    if target.kind in ("module", "callable") and surrogate is None:
+        from ..locate import annotate  # on a failure only: each custom Function's own verdict
+
+        result = annotate(result, case.problem, config)
+    return result
 
 
 def jacobian_result(name: str, problem: Problem, target: Target, config: CheckConfig, seed: int,
