@@ -161,12 +161,15 @@ def check(**kw: Any) -> int:
               default="tree", help="Output format [tree].")
 @click.option("--grads", is_flag=True,
               help="Run backward and annotate each node with gradient norms (flags NaN/Inf/zero).")
-@click.option("--depth", type=int, default=None, help="Show at most N levels.")
+@click.option("--depth", type=click.IntRange(min=0), default=None,
+              help="Show at most N levels below the outputs.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write to this file instead of stdout.")
 @guarded
 def graph(**kw: Any) -> int:
-    """Show the autograd graph that TARGET's forward records (what backward will walk)."""
+    """Show the autograd graph that TARGET's forward records (what backward will walk).
+
+    Exit code 1 with --grads when a gradient turns NaN/Inf or dies (all zero) at some node."""
     from .commands import run_graph
 
     return run_graph(kw)
@@ -195,9 +198,11 @@ def config() -> int:
 
 
 def use_color(choice: str, stream: Any) -> bool:
-    """--color always/never win; auto means a TTY and no NO_COLOR."""
+    """--color always/never win; auto means a TTY (or FORCE_COLOR) and no NO_COLOR."""
     if choice == "always":
         return True
     if choice == "never" or os.environ.get("NO_COLOR"):
         return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
     return bool(getattr(stream, "isatty", lambda: False)())

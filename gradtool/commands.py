@@ -90,15 +90,39 @@ def _run(jobs: list[Any], rejected: list[Any], config: CheckConfig, quiet: bool)
 
     if quiet or not sys.stderr.isatty() or len(jobs) < 2:
         return runner.run(jobs, config, rejected)
-    from rich.progress import Progress
+    progress = LateProgress(len(jobs))
+    try:
+        return runner.run(jobs, config, rejected, progress.step)
+    finally:
+        progress.stop()
 
-    with Progress(transient=True, console=_console(sys.stderr, "auto")) as bar:
-        task = bar.add_task("checking", total=len(jobs))
 
-        def step(name: str) -> None:
-            bar.update(task, advance=1, description=name[-50:])
+class LateProgress:
+    """A progress bar on stderr that appears only once a run has taken about a second."""
 
-        return runner.run(jobs, config, rejected, step)
+    def __init__(self, total: int, delay: float = 1.0) -> None:
+        import time
+
+        self.total, self.done, self.delay = total, 0, delay
+        self.start = time.perf_counter()
+        self.bar: Any = None
+
+    def step(self, name: str) -> None:
+        import time
+
+        if self.bar is None and time.perf_counter() - self.start > self.delay:
+            from rich.progress import Progress
+
+            self.bar = Progress(transient=True, console=_console(sys.stderr, "auto"))
+            self.bar.start()
+            self.task = self.bar.add_task("checking", total=self.total, completed=self.done)
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.done - 1, description=name[-50:])
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
 
 
 def _console(stream: Any, color: str):
@@ -121,18 +145,29 @@ def _emit(report: Report, settings: dict[str, Any], kw: dict[str, Any]) -> None:
     else:
         _print_terminal(report, kw)
     if kw.get("json_path"):
-        Path(kw["json_path"]).write_text(render_json(report) + "\n", encoding="utf-8")
+        write_file(kw["json_path"], render_json(report) + "\n", "JSON report")
     if settings.get("junit_xml"):
         from .render.junit import render_junit
         from .render.terminal import check_text
 
-        Path(settings["junit_xml"]).write_text(render_junit(report, check_text), encoding="utf-8")
+        write_file(settings["junit_xml"], render_junit(report, check_text), "JUnit XML report")
     from .render.annotations import annotations_enabled, render_github
 
     if annotations_enabled(settings.get("annotations"), os.environ):
         text = render_github(report, Path(os.environ.get("GITHUB_WORKSPACE") or Path.cwd()))
         if text:
-            click.echo(text, err=fmt == "json")
+            click.echo(text.rstrip("\n"), err=fmt == "json")
+
+
+def write_file(path: str, text: str, what: str) -> None:
+    """Write a report file, creating its folder (as pytest's --junitxml does)."""
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise GradtoolError(f"cannot write the {what} to {path}: {exc.strerror or exc}",
+                            "check that the folder exists and is writable") from None
 
 
 def _print_terminal(report: Report, kw: dict[str, Any]) -> None:
@@ -174,15 +209,28 @@ def run_graph(kw: dict[str, Any]) -> int:
     from .runner import case_for
 
     job = jobs[0]
-    case = case_for(job, job.cases[0])
-    problem = case.problem
-    args = [a.detach().requires_grad_(True) if i in problem.diff else a
-            for i, a in enumerate(problem.args)]
-    graph = record(problem.fn, args, problem.names, grads=kw.get("grads", False),
-                   seed=case.seed)
-    text = render(graph, kw.get("fmt") or "tree", kw.get("depth"))
+    try:
+        case = case_for(job, job.cases[0])
+        problem = case.problem
+        args = [a.detach().requires_grad_(True) if i in problem.diff else a
+                for i, a in enumerate(problem.args)]
+        graph = record(problem.fn, args, problem.names, grads=kw.get("grads", False),
+                       seed=case.seed)
+    except GradtoolError:
+        raise
+    except Exception as exc:  # the user's forward raised: report it, like a check error
+        from .tracebacks import trim
+
+        click.echo(f"gradtool: {job.target.name}: forward raised\n{trim(exc)}", err=True)
+        return 1
+    fmt = kw.get("fmt") or "tree"
     if kw.get("output"):
-        Path(kw["output"]).write_text(text + "\n", encoding="utf-8")
+        write_file(kw["output"], render(graph, fmt, kw.get("depth")), "graph")
+    elif fmt == "tree":
+        from .render.graph import styled_tree
+
+        _console(sys.stdout, "auto").print(styled_tree(graph, kw.get("depth")))
     else:
-        click.echo(text)
-    return 0
+        click.echo(render(graph, fmt, kw.get("depth")), nl=False)
+    # --grads is a diagnosis: a gradient that dies or explodes fails the command.
+    return 1 if kw.get("grads") and (graph.problems or graph.backward_error) else 0
