@@ -229,7 +229,9 @@ def run_graph(kw: dict[str, Any]) -> int:
     elif fmt == "tree":
         from .render.graph import styled_tree
 
-        _console(sys.stdout, "auto").print(styled_tree(graph, kw.get("depth")))
+        tree = styled_tree(graph, kw.get("depth"))
+        tree.rstrip()
+        _console(sys.stdout, kw.get("color") or "auto").print(tree)
     else:
         click.echo(render(graph, fmt, kw.get("depth")), nl=False)
     # --grads is a diagnosis: a gradient that dies or explodes fails the command.

@@ -90,7 +90,9 @@ def _load_path(path: Path) -> ModuleType:
         raise TargetError(f"{path} is not a Python file", "a target file must end in .py")
     resolved = path.resolve()
     for module in list(sys.modules.values()):
-        if getattr(module, "__file__", None) and Path(module.__file__).resolve() == resolved:
+        file = getattr(module, "__file__", None)
+        # Compare names first: resolving all ~1,000 of torch's module paths costs ~0.2 s.
+        if file and os.path.basename(file) == resolved.name and Path(file).resolve() == resolved:
             return module
     name = _free_module_name(path.stem)
     spec = importlib.util.spec_from_file_location(name, resolved)

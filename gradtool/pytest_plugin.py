@@ -1,0 +1,230 @@
+"""pytest plugin: YAML op specs as test items (opt-in), and the gradtool_check fixture.
+
+Loaded in every pytest run once installed (entry point ``pytest11: gradtool``), so importing it
+must stay cheap: no torch, no gradtool internals at module level; everything is imported lazily
+and only when a run opts in (``--gradtool`` or the ini option ``gradtool = true``) or a test asks
+for the fixture.
+
+Collection: every *.yaml / *.yml file that is a gradtool spec file (a mapping with a top-level
+``specs:`` key, or only ``version:``/``specs:`` keys) becomes a ``SpecFile``; each spec in it a
+``SpecNode`` named after the spec; each (case, check) of the spec one ``SpecItem`` named
+``check[case label]`` (just ``check`` for a spec with one unnamed case), e.g.
+``specs/linear.yaml::LinearFunction::gradient[with bias]``. One item per check keeps outcomes
+precise (an expected-failure gradient is one xfailed item, its contract still passes) and spreads
+well over pytest-xdist workers. Settings come from [tool.gradtool] as for ``gradtool check``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from gradtool.results import CaseResult, CheckResult, Report, TargetResult
+    from gradtool.runner import Job
+    from gradtool.specs import Spec
+
+SPEC_SUFFIXES = (".yaml", ".yml")
+FILE_KEYS = frozenset({"version", "specs"})  # gradtool.specs.FILE_KEYS, without importing it
+_TOP_LEVEL_SPECS = re.compile(r"^specs\s*:", re.MULTILINE)
+
+_settings_key = pytest.StashKey[dict[str, Any]]()
+
+
+class GradtoolInconclusive(UserWarning):
+    """A check whose finite differences were unreliable: shown, but it fails only when strict."""
+
+
+class CheckFailed(Exception):
+    """Raised by a SpecItem whose check failed; its message is the CLI's plain report."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("gradtool", "gradient checks of YAML op specs")
+    group.addoption("--gradtool", action="store_true", default=False,
+                    help="collect gradtool YAML spec files (*.yaml, *.yml) as test items")
+    parser.addini("gradtool", type="bool", default=False,
+                  help="collect gradtool YAML spec files as test items (like --gradtool)")
+
+
+def enabled(config: pytest.Config) -> bool:
+    """Whether this run opted in to spec collection."""
+    return bool(config.getoption("gradtool", False) or config.getini("gradtool"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Validate [tool.gradtool] up front, so a typo is one usage error rather than N failures.
+    if enabled(config):
+        project_settings(config)
+
+
+def project_settings(config: pytest.Config) -> dict[str, Any]:
+    """CheckConfig keyword arguments from [tool.gradtool] (defaults where unset), cached per run."""
+    if _settings_key not in config.stash:
+        from gradtool.errors import GradtoolError
+        from gradtool.pyconfig import check_config_kwargs, discover
+
+        try:
+            project = discover(config.rootpath)
+        except GradtoolError as exc:
+            raise pytest.UsageError(f"gradtool: {exc}") from None
+        config.stash[_settings_key] = check_config_kwargs(project.settings)
+    return config.stash[_settings_key]
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> SpecFile | None:
+    if file_path.suffix in SPEC_SUFFIXES and enabled(parent.config) and is_spec_file(file_path):
+        return SpecFile.from_parent(parent, path=file_path)
+    return None
+
+
+def is_spec_file(path: Path) -> bool:
+    """A gradtool spec file, as opposed to CI configs, docker-compose files and other YAML."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    if "specs" not in text and "version" not in text:
+        return False  # the common case, decided without parsing
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        # Broken YAML that declares specs is ours: collection then reports the syntax error.
+        return bool(_TOP_LEVEL_SPECS.search(text))
+    return isinstance(data, dict) and bool(data) and ("specs" in data or set(data) <= FILE_KEYS)
+
+
+class SpecFile(pytest.File):
+    """One YAML spec file; an invalid file is one collection error with every SpecError in it."""
+
+    def collect(self) -> Iterator[SpecNode]:
+        from gradtool.errors import GradtoolError
+        from gradtool.specs import load_file
+
+        try:
+            specs = load_file(display_path(self.path))
+        except GradtoolError as exc:
+            raise self.CollectError(str(exc)) from None
+        for spec in specs:
+            yield SpecNode.from_parent(self, name=node_name(spec.name), spec=spec)
+
+
+class SpecNode(pytest.Collector):
+    """One spec: resolves its target (a bad one fails this spec only) and yields its checks."""
+
+    def __init__(self, *, spec: Spec, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.spec = spec
+
+    def collect(self) -> Iterator[SpecItem]:
+        from dataclasses import replace
+
+        from gradtool.collect import spec_jobs
+        from gradtool.config import CheckConfig
+        from gradtool.errors import GradtoolError
+
+        try:
+            [job] = spec_jobs(self.spec, CheckConfig(**project_settings(self.config)))
+        except GradtoolError as exc:
+            raise self.CollectError(str(exc)) from None
+        single = len(job.cases) == 1 and job.cases[0].label == "case 0"
+        for case in job.cases:
+            for check in job.config.checks:
+                name = check if single else f"{check}[{node_name(case.label)}]"
+                one = replace(job, cases=[case], config=job.config.with_(checks=(check,)))
+                yield SpecItem.from_parent(self, name=name, job=one)
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.path, self.spec.line - 1, self.spec.name
+
+
+class SpecItem(pytest.Item):
+    """One check on one case of a spec; outcomes map to pytest's (xfail, skip, fail)."""
+
+    def __init__(self, *, job: Job, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.job = job
+
+    def runtest(self) -> None:
+        from gradtool.errors import GradtoolError
+        from gradtool.runner import run_job
+
+        try:
+            target = run_job(self.job)
+        except GradtoolError as exc:  # e.g. inputs that cannot be built for this case
+            raise CheckFailed(f"ERROR {self.job.target.name}\n  {exc}") from None
+        case = target.cases[0]
+        settle(target, case, case.checks[0], self.job.config.strict)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: Any = None) -> str | Any:
+        if isinstance(excinfo.value, CheckFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        spec = self.parent.spec if isinstance(self.parent, SpecNode) else None
+        line = spec.line - 1 if spec else 0
+        return self.path, line, f"{self.job.target.name} {self.name}"
+
+
+def settle(target: TargetResult, case: CaseResult, check: CheckResult, strict: bool) -> None:
+    """Turn one gradtool outcome into pytest's: return (pass), skip, xfail, warn, or raise."""
+    from gradtool.render.terminal import check_text
+    from gradtool.results import Outcome
+
+    outcome = check.outcome
+    if outcome is Outcome.SKIPPED:
+        pytest.skip(check.summary or "skipped by gradtool")
+    if outcome is Outcome.XFAILED:
+        pytest.xfail(check.expected_failure or "declared expected to fail")
+    if outcome is Outcome.INCONCLUSIVE and not strict:
+        warnings.warn(GradtoolInconclusive(check_text(target, case, check)), stacklevel=1)
+        return
+    if outcome.is_bad(strict):
+        raise CheckFailed(check_text(target, case, check))
+
+
+def display_path(path: Path) -> str:
+    """Relative to the current folder when inside it, so reports read like the CLI's."""
+    try:
+        return Path(os.path.relpath(path)).as_posix() if path.is_relative_to(Path.cwd()) \
+            else str(path)
+    except ValueError:  # another drive on Windows
+        return str(path)
+
+
+def node_name(text: str) -> str:
+    # '::' separates node ids; a spec named 'a::b' must not read as two nodes.
+    return " ".join(text.split()).replace("::", ":")
+
+
+@pytest.fixture
+def gradtool_check(request: pytest.FixtureRequest) -> Callable[..., Report]:
+    """check(target, inputs=None, **settings) -> Report; fails the test with the plain report.
+
+    Settings default to [tool.gradtool] (the ones `gradtool check` uses); keyword arguments
+    override them (any CheckConfig field: seed, atol, rtol, mode, checks, strict, ...).
+    """
+    defaults = project_settings(request.config)
+
+    def check(target: Any, inputs: Any = None, **settings: Any) -> Report:
+        __tracebackhide__ = True
+        from gradtool.api import check as run_checks
+        from gradtool.render.terminal import render_plain
+
+        merged = {**defaults, **settings}
+        report = run_checks(target, inputs, **merged)
+        if not report.ok(bool(merged.get("strict"))):
+            pytest.fail("gradtool found gradient problems:\n" + render_plain(report, quiet=True))
+        return report
+
+    return check
