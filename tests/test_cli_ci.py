@@ -266,13 +266,44 @@ def run_in_terminal(args: list[str], env: Mapping[str, str], cwd: Path) -> tuple
     return got[out_fd].decode("utf-8", "replace"), got[err_fd].decode("utf-8", "replace")
 
 
+SLOW_MODULE = """
+import time
+import torch
+
+_slept = []
+
+
+class SlowSquare(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        if not _slept:  # once: makes the run last past the progress bar's one-second delay
+            _slept.append(True)
+            time.sleep(1.5)
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+class Square(SlowSquare):
+    pass
+"""
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX only")
 def test_terminal_colour_progress_and_no_color(project):
-    command = [sys.executable, "-m", "gradtool", "check", FAILING, "--color", "auto"]
+    (project / "slow.py").write_text(SLOW_MODULE)
     env = {"TERM": "xterm-256color"}
-    out, err = run_in_terminal(command, env, project)
+    out, err = run_in_terminal([sys.executable, "-m", "gradtool", "check", "slow.py",
+                                "--color", "auto"], env, project)
     assert ANSI.search(out), out       # a terminal gets colour
-    assert "━" in err, err              # and a progress bar on stderr (two targets)
+    assert "━" in err, err              # and, past a second, a progress bar on stderr
+    command = [sys.executable, "-m", "gradtool", "check", FAILING, "--color", "auto"]
+    out, err = run_in_terminal(command, env, project)
+    assert "━" not in err, err          # a run shorter than a second shows no bar
     out, err = run_in_terminal([*command, "--quiet"], {**env, "NO_COLOR": "1"}, project)
     assert "FAIL" in out and not ANSI.search(out), out
     assert "━" not in err, err
