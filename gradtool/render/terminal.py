@@ -66,11 +66,18 @@ def _case_lines(target: TargetResult, case: CaseResult, verbose: bool, quiet: bo
             shown_inputs = True
         yield from (("  " + line, "") for line in check_body(check))
         yield f"  reproduce: {case.reproduce}", "cyan"
+    if case.inferred and not shown_inputs and not quiet:
+        yield from _inputs_lines(case)  # inferred inputs are shown so they can be pinned
 
 
 def _timing(check: CheckResult) -> str:
     calls = ", ".join(f"{n} {k}" for k, n in sorted(check.calls.items()))
     return f"{check.duration_s * 1000:.0f} ms" + (f", {calls} calls" if calls else "")
+
+
+def _pin(description: str) -> str:
+    text = description.replace(":float64", "")
+    return f"'{text}'" if any(c in text for c in "()[] '") else text
 
 
 def _short(check: CheckResult) -> str:
@@ -87,6 +94,10 @@ def _inputs_lines(case: CaseResult) -> Iterator[Line]:
     how = "inferred" if case.inferred else "given"
     inputs = ", ".join(f"{i.name} {i.description}" for i in case.inputs)
     yield f"  inputs ({how}, seed {case.seed}): {inputs}", "dim"
+    if case.inferred:
+        pins = " ".join(f"-i {_pin(i.description)}" for i in case.inputs
+                        if not i.description.startswith("parameter"))
+        yield f"  pin them with: {pins}", "dim"
     for note in case.notes:
         yield f"  note: {note}", "dim"
 
