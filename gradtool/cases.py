@@ -30,6 +30,23 @@ class Case:
     notes: list[str] = field(default_factory=list)
 
 
+def check_device(device: str) -> None:
+    """A device torch knows and can use here; ConfigError (exit 2) naming the fix otherwise."""
+    from .errors import ConfigError
+
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"--device {device!r} is not a torch device",
+                          "use cpu, cuda, cuda:1 or mps") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device!r}: this torch build has no usable CUDA "
+                          "(torch.cuda.is_available() is False)",
+                          "use --device cpu, or install a CUDA build of torch")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"--device {device!r}: MPS is not available here", "use --device cpu")
+
+
 def build_case(target: Target, specs: Sequence[InputSpec], config: CheckConfig, seed: int,
                label: str = "case 0", inferred: bool = False) -> Case:
     """Sample the arguments and bind the target (an nn.Module's parameters become inputs)."""

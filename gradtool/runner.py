@@ -43,6 +43,10 @@ class Job:
 def run(jobs: Sequence[Job], config: CheckConfig, rejected: Sequence[Rejected] = (),
         progress: Progress | None = None) -> Report:
     """Run every job; a failure in one never stops the others."""
+    from .cases import check_device
+
+    for device in {config.device, *(job.config.device for job in jobs)}:
+        check_device(device)
     start = time.perf_counter()
     results = []
     more_rejected = list(rejected)

@@ -116,3 +116,13 @@ def test_no_sympy_import_during_a_check():
             "assert r.ok(); print('sympy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_unusable_device_is_a_usage_error():
+    import torch
+
+    result = run("check", f"{EXAMPLES}/legendre.py:LegendrePolynomial3", "--device", "bogus")
+    assert result.exit_code == 2 and "'bogus' is not a torch device" in result.output
+    if not torch.cuda.is_available():
+        result = run("check", f"{EXAMPLES}/legendre.py:LegendrePolynomial3", "--device", "cuda")
+        assert result.exit_code == 2 and "no usable CUDA" in result.output
