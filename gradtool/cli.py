@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -195,14 +194,3 @@ def config() -> int:
     settings, sources = merge(discover(Path.cwd()), {})
     click.echo(render_effective(settings, sources))
     return ExitCode.OK
-
-
-def use_color(choice: str, stream: Any) -> bool:
-    """--color always/never win; auto means a TTY (or FORCE_COLOR) and no NO_COLOR."""
-    if choice == "always":
-        return True
-    if choice == "never" or os.environ.get("NO_COLOR"):
-        return False
-    if os.environ.get("FORCE_COLOR"):
-        return True
-    return bool(getattr(stream, "isatty", lambda: False)())

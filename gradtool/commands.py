@@ -128,8 +128,6 @@ class LateProgress:
 def _console(stream: Any, color: str):
     from rich.console import Console
 
-    from .cli import use_color
-
     colored = use_color(color, stream)
     return Console(file=stream, no_color=not colored, highlight=False, soft_wrap=True,
                    force_terminal=colored if color == "always" else None,
@@ -236,3 +234,14 @@ def run_graph(kw: dict[str, Any]) -> int:
         click.echo(render(graph, fmt, kw.get("depth")), nl=False)
     # --grads is a diagnosis: a gradient that dies or explodes fails the command.
     return 1 if kw.get("grads") and (graph.problems or graph.backward_error) else 0
+
+
+def use_color(choice: str, stream: Any) -> bool:
+    """--color always/never win; auto means a TTY (or FORCE_COLOR) and no NO_COLOR."""
+    if choice == "always":
+        return True
+    if choice == "never" or os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return bool(getattr(stream, "isatty", lambda: False)())
