@@ -1,4 +1,4 @@
-"""Element-wise comparison of Jacobian blocks: |a - n| <= atol + rtol * |n|, and the worst elements."""
+"""Element-wise comparison of Jacobian blocks: |a - n| <= atol + rtol * |n|, and the worst ones."""
 
 from __future__ import annotations
 
@@ -27,8 +27,15 @@ class BlockTally:
     # (excess over tolerance, output flat index, input flat index, analytical, numerical)
     worst: list[tuple[float, int, int, float, float]] = field(default_factory=list)
 
-    def add(self, analytical: torch.Tensor, numerical: torch.Tensor, col_offset: int = 0) -> None:
-        """Compare a (n_out, n_cols) chunk whose first column is input element col_offset."""
+    def note(self, checked: int, max_abs: float) -> None:
+        """Elements compared elsewhere (a compressed sweep) that all passed."""
+        self.checked += checked
+        self.max_abs = max(self.max_abs, max_abs)
+
+    def add(self, analytical: torch.Tensor, numerical: torch.Tensor, col_offset: int = 0,
+            cols: torch.Tensor | None = None) -> None:
+        """Compare a (n_out, n_cols) chunk: its columns are input elements `cols`, or
+        col_offset, col_offset + 1, ... when cols is None."""
         diff = (analytical - numerical).abs()
         diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
         tol = self.atol + self.rtol * numerical.abs()
@@ -36,18 +43,19 @@ class BlockTally:
         self.checked += diff.numel()
         if diff.numel():
             self.max_abs = max(self.max_abs, diff.max().item())
-            rel = diff / numerical.abs().clamp_min(1e-300)
-            self.max_rel = max(self.max_rel, torch.where(bad, rel, 0 * rel).max().item())
         n_bad = int(bad.sum())
         if not n_bad:
             return
+        rel = diff / numerical.abs().clamp_min(1e-300)
+        self.max_rel = max(self.max_rel, torch.where(bad, rel, 0 * rel).max().item())
         self.mismatched += n_bad
         excess = torch.where(bad, diff - tol, torch.full_like(diff, -1.0)).reshape(-1)
         top = torch.topk(excess, min(self.keep, n_bad)).indices
         n_cols = diff.shape[1]
         for flat in top.tolist():
             r, c = divmod(flat, n_cols)
-            self.worst.append((excess[flat].item(), r, c + col_offset,
+            col = int(cols[c]) if cols is not None else c + col_offset
+            self.worst.append((excess[flat].item(), r, col,
                                analytical[r, c].item(), numerical[r, c].item()))
         self.worst = sorted(self.worst, key=lambda w: -w[0])[: self.keep]
 

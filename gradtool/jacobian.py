@@ -1,4 +1,4 @@
-"""Jacobian comparison engine: full mode (every element) and probe mode (random projections)."""
+"""Jacobian comparison engine: mode choice, and full mode (every element, block by block)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,19 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .columns import Sweep, sweep_coloured, sweep_dense
 from .compare import BlockTally
+from .compress import (AnalyticalJacobian, Strides, Trials, analytical_jacobian,
+                       colour_columns, find_strides)
 from .config import CheckConfig
-from .numerics import analytical_rows, numerical_columns, one_sided, vjp_rows
+from .numerics import analytical_rows, numerical_columns, one_sided
 from .problem import Problem, output_names
 from .results import Block, Outcome
 
 # A reference gives the intended VJP rows (B, n_out) -> (B, n_in) instead of finite differences.
 Reference = Callable[[torch.Tensor], torch.Tensor]
-DENSE_LIMIT = 2_000_000  # keep whole blocks for diagnosis up to this many elements
-FINITE_MACHINE = {torch.float64: 2.2e-16, torch.float32: 1.2e-7, torch.float16: 9.8e-4,
-                  torch.bfloat16: 7.8e-3}
+DENSE_LIMIT = 2_000_000  # dense blocks for diagnosis, on failure, up to this many elements
+SMALL = 4096             # Jacobians this small go to full mode without a prediction
 
 
 @dataclass
@@ -34,10 +36,32 @@ class Verdict:
     dense: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
+@dataclass
+class Plan:
+    """What full mode would cost, from a few timed rows and columns; reused by check_full."""
+
+    seconds: float
+    memory: float
+    forwards: int
+    backwards: int
+    strides: Strides           # per output: row stride of the grouped VJPs, or None (one-hot)
+    trials: Trials = field(default_factory=dict)  # groups decoded while searching
+
+    def describe(self) -> str:
+        grouped = [m for m in self.strides if m]
+        rows = (f"rows grouped by stride {', '.join(map(str, grouped))}" if grouped
+                else "one-hot rows")
+        return (f"predicted {self.seconds:.2g} s, ~{self.forwards} forward and "
+                f"~{self.backwards} backward evaluations, ~{_bytes(self.memory)}, {rows}")
+
+
 def prime(problem: Problem) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Run the forward once with a graph; fix which outputs are differentiable and their names."""
     problem.output_mask = None
+    problem.plan = None
+    start = time.perf_counter()
     leaves, outs = problem.graph()
+    problem.forward_seconds = time.perf_counter() - start  # for plan_full's prediction
     problem.output_mask = [o.is_floating_point() or o.is_complex() for o in outs]
     labels = problem.output_labels or output_names(len(outs))
     problem.output_names = [n for n, keep in zip(labels, problem.output_mask) if keep]
@@ -49,31 +73,62 @@ def choose_mode(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Te
     """full while predicted to take about config.full_budget_s and fit in memory, else probe."""
     n_in = sum(v.numel() for v in leaves)
     n_out = sum(o.numel() for o in outs)
-    memory = 8.0 * n_in * n_out
-    if config.mode != "auto":
-        if config.mode == "full" and memory > config.max_memory:
-            raise MemoryError(f"full mode needs ~{_bytes(memory)} for the Jacobian "
-                              f"({n_out} x {n_in}), above --max-memory {_bytes(config.max_memory)}")
-        return config.mode, f"--mode {config.mode}"
-    if memory > config.max_memory:
-        return "probe", f"the {n_out} x {n_in} Jacobian needs ~{_bytes(memory)}"
-    seconds = _predict_full_seconds(problem, leaves, outs, n_in, n_out)
-    if seconds <= config.full_budget_s:
-        return "full", f"{n_out} x {n_in} Jacobian, predicted {seconds:.2g} s"
-    return "probe", f"full mode predicted {seconds:.2g} s for a {n_out} x {n_in} Jacobian"
+    size = f"{n_out} x {n_in} Jacobian"
+    if config.mode == "probe":
+        return "probe", "--mode probe"
+    dense_seconds = problem.forward_seconds * (2 * n_in + n_out)
+    if n_in * n_out <= SMALL and dense_seconds <= config.full_budget_s / 4:
+        return "full", f"small {size}: full mode predicted well under {config.full_budget_s:g} s"
+    plan = problem.plan = plan_full(problem, leaves, outs)
+    if config.mode == "full":
+        if plan.memory > config.max_memory:
+            raise MemoryError(f"full mode needs ~{_bytes(plan.memory)} for the {size}, "
+                              f"above --max-memory {_bytes(config.max_memory)}")
+        return "full", f"--mode full: {size}, {plan.describe()}"
+    if plan.memory > config.max_memory:
+        return "probe", f"full mode would need ~{_bytes(plan.memory)} for the {size}"
+    if plan.seconds <= config.full_budget_s:
+        return "full", f"{size}, {plan.describe()}"
+    return "probe", f"full mode {plan.describe()} for the {size}"
 
 
-def _predict_full_seconds(problem: Problem, leaves: Sequence[torch.Tensor],
-                          outs: Sequence[torch.Tensor], n_in: int, n_out: int) -> float:
-    sample_cols = torch.arange(min(16, leaves[0].numel()))
+def plan_full(problem: Problem, leaves: Sequence[torch.Tensor],
+              outs: Sequence[torch.Tensor]) -> Plan:
+    """Time two one-hot rows (they also show how sparse rows are), look for a row grouping,
+    and extrapolate; a forward's cost is the priming forward's."""
+    n_out = sum(o.numel() for o in outs)
+    in_sizes = [v.numel() for v in leaves]
+    sample = torch.tensor(sorted({0, n_out // 2}))
     start = time.perf_counter()
-    numerical_columns(problem, problem.inputs, 0, sample_cols, 1e-6)
-    per_col = (time.perf_counter() - start) / max(1, len(sample_cols))
-    rows = torch.arange(min(16, n_out))
-    start = time.perf_counter()
-    analytical_rows(problem, leaves, outs, rows)
-    per_row = (time.perf_counter() - start) / max(1, len(rows))
-    return per_col * n_in + per_row * n_out + 2e-9 * n_in * n_out
+    rows = analytical_rows(problem, leaves, outs, sample)
+    per_row = (time.perf_counter() - start) / len(sample)
+    sparse = float((rows != 0).sum()) / len(sample) * 8 <= sum(in_sizes)
+    strides, trials = (find_strides(problem, leaves, outs) if sparse
+                       else ([None] * len(outs), {}))
+    per_eval = problem.forward_seconds or per_row
+    return _predict(rows, in_sizes, outs, strides, per_row, per_eval, trials)
+
+
+def _predict(rows: torch.Tensor, in_sizes: Sequence[int], outs: Sequence[torch.Tensor],
+             strides: Strides, per_row: float, per_eval: float, trials: Trials) -> Plan:
+    """Seconds, bytes and evaluations: grouped or one-hot rows, coloured or column-by-column
+    differences."""
+    n_in, n_out = sum(in_sizes), sum(o.numel() for o in outs)
+    nnz = float((rows != 0).sum()) / max(1, len(rows)) * n_out
+    backwards = sum(2 * m if m else o.numel() for o, m in zip(outs, strides))
+    forwards, offset = 0, 0
+    for size in in_sizes:
+        widest = int((rows[:, offset:offset + size] != 0).sum(1).max()) if len(rows) else 0
+        # a colouring needs at least `widest` colours; twice that is the usual outcome
+        colours = 2 * max(1, widest)
+        forwards += 4 * colours if colours * 8 <= size else 2 * size
+        offset += size
+    seconds = per_row * backwards + per_eval * forwards
+    if any(strides):  # entries kept sparse (values and indices)
+        seconds, memory = seconds + 2e-7 * nnz, 48.0 * nnz + 64 * 2**20
+    else:
+        seconds, memory = seconds + 3e-9 * n_in * n_out, 8.0 * n_in * n_out + 64 * 2**20
+    return Plan(seconds, memory, forwards, backwards, strides, trials)
 
 
 def _bytes(n: float) -> str:
@@ -86,35 +141,91 @@ def _bytes(n: float) -> str:
 
 def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
                outs: Sequence[torch.Tensor], reference: Reference | None, reason: str) -> Verdict:
-    """Every element: analytical rows once, numerical (or reference) columns chunk by chunk."""
-    atol, rtol, h = config.tolerance("atol"), config.tolerance("rtol"), config.tolerance("eps")
-    n_out = sum(o.numel() for o in outs)
-    in_sizes = [v.numel() for v in leaves]
-    out_sizes = [o.numel() for o in outs]
-    analytical = analytical_rows(problem, leaves, outs, torch.arange(n_out))
-    expected = reference(torch.eye(n_out, dtype=outs[0].dtype)) if reference else None
-    tallies = _tallies(problem, leaves, outs, atol, rtol, config.max_worst)
-    dense = {}
-    keep_dense = n_out * sum(in_sizes) <= DENSE_LIMIT
-    in_off = 0
-    for i, size in enumerate(in_sizes):
-        cols_all = torch.arange(size)
-        if expected is not None:
-            numerical = expected[:, in_off:in_off + size]
+    """Every element: the analytical Jacobian (grouped rows where possible), then each input's
+    numerical columns (coloured where the pattern allows) compared chunk by chunk."""
+    tallies = _tallies(problem, leaves, outs, config.tolerance("atol"),
+                       config.tolerance("rtol"), config.max_worst)
+    if reference is not None:
+        return _check_reference(problem, config, leaves, outs, reference, tallies, reason)
+    plan = problem.plan
+    jac = (analytical_jacobian(problem, leaves, outs, plan.strides, plan.trials)
+           if plan is not None else analytical_jacobian(problem, leaves, outs))
+    n_out = jac.n_out
+    bounds = [0]
+    for o in outs:
+        bounds.append(bounds[-1] + o.numel())
+    offset = 0
+    for i, leaf in enumerate(leaves):
+        size = leaf.numel()
+        sweep = Sweep(problem, problem.inputs, i, offset, size, tallies[i], bounds,
+                      config.tolerance("eps"))
+        rows, cols, _ = jac.entries(offset, offset + size)
+        colour = colour_columns(rows, cols, n_out, tuple(leaf.shape))
+        if colour is not None:
+            sweep_coloured(sweep, jac, colour, config.seed)
         else:
-            numerical = numerical_columns(problem, problem.inputs, i, cols_all, h)
-        block_a = analytical[:, in_off:in_off + size]
-        out_off = 0
-        for o, out_size in enumerate(out_sizes):
-            rows = slice(out_off, out_off + out_size)
-            tallies[i][o].add(block_a[rows], numerical[rows])
-            if keep_dense:
-                dense[(i, o)] = (block_a[rows].clone(), numerical[rows].clone())
-            out_off += out_size
-        in_off += size
-    verdict = _finish(problem, config, tallies, reference is not None, "full", reason)
+            sweep_dense(sweep, jac)
+        offset += size
+    dense = {}
+    if any(t.mismatched for row in tallies for t in row) and _affordable(problem, jac):
+        # Whole blocks: for the diagnosis, and exact counts where the sweep only had bounds.
+        dense = _dense_blocks(problem, config, jac, leaves, bounds)
+        tallies = _tallies(problem, leaves, outs, config.tolerance("atol"),
+                           config.tolerance("rtol"), config.max_worst)
+        for (i, o), (analytical, numerical) in dense.items():
+            tallies[i][o].add(analytical, numerical)
+    verdict = _finish(problem, config, tallies, False, "full", reason)
     verdict.dense = dense
     return verdict
+
+
+def _affordable(problem: Problem, jac: AnalyticalJacobian) -> bool:
+    """Dense blocks on failure: small Jacobians, and few evaluations when they are a loop."""
+    evaluations = 2 * jac.n_in
+    return (jac.n_out * jac.n_in <= DENSE_LIMIT
+            and evaluations <= (20_000 if problem.vmap_ok else 1_000))
+
+
+def _check_reference(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+                     outs: Sequence[torch.Tensor], reference: Reference,
+                     tallies: list[list[BlockTally]], reason: str) -> Verdict:
+    """A declared surrogate: its intended rows against the analytical ones, densely."""
+    n_out = sum(o.numel() for o in outs)
+    analytical = analytical_rows(problem, leaves, outs, torch.arange(n_out))
+    expected = reference(torch.eye(n_out, dtype=outs[0].dtype))
+    dense, in_off = {}, 0
+    keep = n_out * analytical.shape[1] <= DENSE_LIMIT
+    for i, leaf in enumerate(leaves):
+        out_off = 0
+        for o, out in enumerate(outs):
+            rows = slice(out_off, out_off + out.numel())
+            block_a = analytical[rows, in_off:in_off + leaf.numel()]
+            block_e = expected[rows, in_off:in_off + leaf.numel()]
+            tallies[i][o].add(block_a, block_e)
+            if keep:
+                dense[(i, o)] = (block_a.clone(), block_e.clone())
+            out_off += out.numel()
+        in_off += leaf.numel()
+    verdict = _finish(problem, config, tallies, True, "full", reason)
+    verdict.dense = dense
+    return verdict
+
+
+def _dense_blocks(problem: Problem, config: CheckConfig, jac: AnalyticalJacobian,
+                  leaves: Sequence[torch.Tensor], bounds: Sequence[int]
+                  ) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+    """Whole blocks for the diagnosis of a failure (small problems only)."""
+    dense, offset = {}, 0
+    h = config.tolerance("eps")
+    for i, leaf in enumerate(leaves):
+        cols = torch.arange(leaf.numel())
+        numerical = numerical_columns(problem, problem.inputs, i, cols, h)
+        analytical = jac.columns(cols + offset, numerical.dtype)
+        for o in range(len(bounds) - 1):
+            rows = slice(bounds[o], bounds[o + 1])
+            dense[(i, o)] = (analytical[rows].clone(), numerical[rows].clone())
+        offset += leaf.numel()
+    return dense
 
 
 def _tallies(problem: Problem, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
@@ -151,6 +262,8 @@ def _confirm(problem: Problem, config: CheckConfig, tally: BlockTally, i: int, o
     elements = []
     if has_reference:  # a declared surrogate is exact: nothing to re-estimate
         return [tally.element(r, c, a, n) for _, r, c, a, n in tally.worst], False
+    if not tally.worst:  # failures counted past the budget of exact columns: no values
+        return [], False
     h = config.tolerance("eps")
     cache: dict[int, dict[str, torch.Tensor]] = {}
     for _, r, c, a, n in tally.worst:

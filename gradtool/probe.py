@@ -1,68 +1,104 @@
 """Probe mode: vᵀ(J u) by finite differences against (vᵀJ) u by backward, then localisation."""
 
+# Cost is fixed whatever the size: P directions u over all inputs at once (3 forwards each, at
+# x + h u, x - h u, x + 2h u; f(x) comes from the forward that built the graph) and Q cotangents
+# v over all outputs (one VJP each); every (u, v) pair is a test, so the default P = 1, Q = 2
+# gives two tests for 3 forwards and 2 backwards. Blocks are separated
+# only when a test fails. u and v are ±[1, 2) per element: never a tiny step or weight, never an
+# exact cancellation between two elements. The tolerance comes from the finite-difference error
+# measured between steps h and 2h, and is never multiplied by the number of elements.
+
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from .compare import BlockTally, within
+from .compare import BlockTally
 from .config import CheckConfig
-from .jacobian import FINITE_MACHINE, Reference, Verdict, _kink_note, _tallies
-from .numerics import directional, one_sided, vjp_rows
+from .jacobian import Reference, Verdict, _tallies
+from .localise import Locator, Test, Tests
+from .numerics import FINITE_MACHINE, directional, vjp_rows
 from .problem import Problem, flat_cat
-from .results import Element, Outcome
+from .results import Outcome
+
+
+@dataclass
+class Probes:
+    """The random vectors of one probe run and what backward and the forward made of them."""
+
+    u: list[list[torch.Tensor]]      # P directions, one tensor per input
+    v: torch.Tensor                  # (Q, n_out) cotangents
+    grads: torch.Tensor              # (Q, n_in): vᵀJ from backward
+    diffs: torch.Tensor              # (2, P, n_out): J u at steps h and 2h
+    f0: torch.Tensor
+    in_slices: list[slice]
+    out_slices: list[slice]
 
 
 def check_probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
                 outs: Sequence[torch.Tensor], reference: Reference | None, reason: str,
                 seed: int) -> Verdict:
     """A fixed number of calls whatever the size; tolerance from the measured FD error."""
-    gen = torch.Generator().manual_seed(seed + 7919)
-    values = [v.detach() for v in problem.inputs]
-    k, n_in_tensors = config.probes, len(values)
-    u = [[_rademacher(v.shape, gen, v.dtype) for v in values] for _ in range(k)]
-    v = _rademacher((k, sum(o.numel() for o in outs)), gen, outs[0].dtype)
-    out_slices = _slices([o.numel() for o in outs])
-    in_slices = _slices([x.numel() for x in values])
-    # v restricted to each output in turn: one VJP row per (probe, output).
-    rows = torch.zeros(k * len(outs), v.shape[1], dtype=v.dtype)
-    for p in range(k):
-        for o, sl in enumerate(out_slices):
-            rows[p * len(outs) + o, sl] = v[p, sl]
-    grads = vjp_rows(problem, leaves, outs, rows)
     tallies = _tallies(problem, leaves, outs, config.tolerance("atol"), config.tolerance("rtol"),
                        config.max_worst)
     if reference is not None:
-        return _against_reference(problem, config, tallies, grads, reference(rows), in_slices,
-                                  reason)
-    h = config.tolerance("eps")
-    # One direction per (probe, input): u restricted to that input, so blocks stay separate.
-    directions = [[u[p][i] if j == i else torch.zeros_like(values[j]) for j in range(n_in_tensors)]
-                  for p in range(k) for i in range(n_in_tensors)]
-    diffs = directional(problem, values, directions, h)        # (2, k * n_in_tensors, n_out)
+        v = _vectors(problem, outs, config, seed)[1]
+        return _against_reference(problem, leaves, outs, tallies, v, reference,
+                                  _slices([x.numel() for x in problem.inputs]),
+                                  _slices([o.numel() for o in outs]), reason)
+    probes, failing = screen(problem, config, leaves, outs, seed, tallies)
+    if not failing:
+        return Verdict(Outcome.PASSED, [t.to_block(exhaustive=False) for row in tallies
+                                        for t in row], "probe", reason)
+    return _localise(problem, config, leaves, outs, tallies, probes, failing, reason)
+
+
+def screen(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+           outs: Sequence[torch.Tensor], seed: int,
+           tallies: list[list[BlockTally]] | None = None
+           ) -> tuple[Probes, list[tuple[int, int]]]:
+    """The fixed-cost part: P directions, Q cotangents, every pair tested; the failing pairs."""
+    values = [v.detach() for v in problem.inputs]
+    u, v = _vectors(problem, outs, config, seed)
+    grads = vjp_rows(problem, leaves, outs, v)
     f0 = flat_cat(outs).detach()
-    eps_m = FINITE_MACHINE.get(values[0].dtype, 2.2e-16)
-    failing = set()
-    for p in range(k):
-        for i, isl in enumerate(in_slices):
-            d = diffs[:, p * n_in_tensors + i]
-            for o, osl in enumerate(out_slices):
-                g = grads[p * len(outs) + o, isl]
-                a = float(g @ u[p][i].reshape(-1))
-                n, tol = _estimate(v[p, osl], d[:, osl], f0[osl], g, u[p][i], h, eps_m)
-                tally = tallies[i][o]
-                tally.checked += 1
-                tally.max_abs = max(tally.max_abs, abs(a - n))
-                if abs(a - n) > tol:
-                    failing.add((i, o, p))
-    return _localise_all(problem, config, tallies, failing, u, v, grads, out_slices, in_slices,
-                         reason)
+    diffs = directional(problem, values, u, config.tolerance("eps"), f0)
+    probes = Probes(u, v, grads, diffs, f0, _slices([x.numel() for x in values]),
+                    _slices([o.numel() for o in outs]))
+    if tallies is None:
+        tallies = _tallies(problem, leaves, outs, config.tolerance("atol"),
+                           config.tolerance("rtol"), config.max_worst)
+    return probes, _screen(probes, tallies, config, values[0].dtype)
 
 
-def _rademacher(shape: Sequence[int], gen: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
-    """±1 entries: a single wrong element shifts vᵀJu by exactly its error, never less."""
-    return (torch.randint(0, 2, tuple(shape), generator=gen) * 2 - 1).to(dtype)
+def _vectors(problem: Problem, outs: Sequence[torch.Tensor], config: CheckConfig, seed: int
+             ) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
+    """Seeded directions u and cotangents v, every entry in ±[1, 2): no tiny entry that would
+    hide an element, and continuous, so no exact cancellation between two elements."""
+    gen = torch.Generator().manual_seed(seed + 7919)
+    # One direction already makes an exact cancellation a probability-0 event; two cotangents
+    # square the chance of a near one. More probes, more directions.
+    n_dirs, n_cots = max(1, config.probes // 4), min(config.probes, 2)
+    values = [x.detach() for x in problem.inputs]
+    sizes = [x.numel() for x in values]
+    n_in, n_out = sum(sizes), sum(o.numel() for o in outs)
+    # The generator costs more than a forward at 1e5 elements, so one draw serves u and v:
+    # v is the draw read from an offset (rotated), so each output weight comes from another
+    # position than the input weights it meets in an elementwise op, and stays independent.
+    drawn = _uniform(max(n_dirs * n_in, n_out + 1), gen, values[0].dtype)
+    u = [[d.view(x.shape) for d, x in zip(drawn[k * n_in:(k + 1) * n_in].split(sizes), values)]
+         for k in range(n_dirs)]
+    shift = max(1, n_out // 2)
+    v = torch.stack([drawn.roll(shift + k)[:n_out] for k in range(n_cots)])
+    return u, v
+
+
+def _uniform(size: int, gen: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """±[1, 2), from float32 draws (half the generator's and the memory's work of float64)."""
+    r = torch.rand(size, generator=gen, dtype=torch.float32).mul_(2)   # [0, 2)
+    return torch.where(r < 1, r - 2, r).to(dtype)                   # [-2, -1) ∪ [1, 2)
 
 
 def _slices(sizes: Sequence[int]) -> list[slice]:
@@ -73,161 +109,106 @@ def _slices(sizes: Sequence[int]) -> list[slice]:
     return out
 
 
-def _estimate(v: torch.Tensor, d: torch.Tensor, f0: torch.Tensor, g: torch.Tensor,
-              u: torch.Tensor, h: float, eps_m: float) -> tuple[float, float]:
-    """(Richardson estimate of vᵀJu, tolerance) from differences at steps h and 2h."""
-    d_h, d_2h = d[0], d[1]
-    numerical = float(v @ (4 * d_h - d_2h)) / 3
-    truncation = abs(float(v @ (d_h - d_2h)))          # measured: shrinks as h², grows with noise
-    rounding = 10 * eps_m * float((v * f0).norm()) / h   # random-walk rounding of the quotient
-    floor = 100 * eps_m * (float((g * u.reshape(-1)).abs().sum()) + float((v * d_h).abs().sum()))
-    return numerical, 3 * truncation + rounding + floor
+def _screen(probes: Probes, tallies: list[list[BlockTally]], config: CheckConfig,
+            dtype: torch.dtype) -> list[tuple[int, int]]:
+    """Every (direction, cotangent) pair over all blocks at once; the failing pairs."""
+    u = torch.stack([flat_cat(d) for d in probes.u])                  # (P, n_in)
+    tests = Tests(probes.v, probes.diffs, probes.f0, probes.grads, u, config.tolerance("eps"),
+                  FINITE_MACHINE.get(dtype, 2.2e-16), config.tolerance("atol"))
+    worst = float(tests.difference.max()) if tests.difference.size else 0.0
+    for row in tallies:
+        for tally in row:
+            tally.checked += tests.difference.size
+            tally.max_abs = max(tally.max_abs, worst)
+    return [(int(p), int(q)) for p, q in zip(*tests.fails.nonzero())]
 
 
-def _against_reference(problem: Problem, config: CheckConfig, tallies: list[list[BlockTally]],
-                       grads: torch.Tensor, expected: torch.Tensor, in_slices: list[slice],
-                       reason: str) -> Verdict:
-    """A declared surrogate is exact: compare the VJP vectors element by element."""
-    n_out_blocks = len(tallies[0])
-    for i, isl in enumerate(in_slices):
-        for o in range(n_out_blocks):
-            rows = slice(o, None, n_out_blocks)
-            tallies[i][o].add(grads[rows, isl].T, expected[rows, isl].T)
-    blocks = [t.to_block(exhaustive=False) for row in tallies for t in row]
-    failed = any(t.mismatched for row in tallies for t in row)
-    return Verdict(Outcome.FAILED if failed else Outcome.PASSED, blocks, "probe", reason)
-
-
-def _localise_all(problem: Problem, config: CheckConfig, tallies: list[list[BlockTally]],
-                  failing: set[tuple[int, int, int]], u: list, v: torch.Tensor,
-                  grads: torch.Tensor, out_slices: list[slice], in_slices: list[slice],
-                  reason: str) -> Verdict:
-    blocks, outcomes, details = [], [], []
-    seen = set()
-    for i, o, p in sorted(failing):
-        if (i, o) in seen:
-            continue
-        seen.add((i, o))
+def _localise(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+              outs: Sequence[torch.Tensor], tallies: list[list[BlockTally]], probes: Probes,
+              failing: list[tuple[int, int]], reason: str) -> Verdict:
+    """Split the first failing test by input and output, then bisect inside failing blocks."""
+    p, q = failing[0]
+    pairs = _failing_blocks(problem, config, leaves, outs, probes, p, q)
+    blocks, outcomes, details = {}, [], []
+    for (i, o), (g, v) in pairs.items():
         tally = tallies[i][o]
-        locator = Locator(problem, config, i, o, p, u, v, grads, out_slices, in_slices)
+        locator = Locator(problem, config, leaves, outs, i, probes.u[p][i].reshape(-1), v, g,
+                          probes.in_slices[i], probes.out_slices[o])
         elements = locator.elements()
-        bad = [e for e in elements if not within(e.analytical, e.numerical, tally.atol, tally.rtol)
+        bad = [e for e in elements if e.abs_diff > tally.atol + tally.rtol * abs(e.numerical)
                or e.inconclusive]
-        tally.mismatched = len(bad)
+        tally.mismatched = max(1, len(bad))
         tally.max_rel = max((e.rel_diff for e in bad), default=0.0)
-        if not bad:
-            details.append(f"{tally.input} -> {tally.output}: probes differ by {tally.max_abs:.3g},"
-                           " but the located elements are within atol/rtol")
-            continue
-        if all(e.inconclusive for e in bad):
+        if bad and all(e.inconclusive for e in bad):
             outcomes.append(Outcome.INCONCLUSIVE)
             details.append(_kink_note(tally, bad))
         else:
             outcomes.append(Outcome.FAILED)
-        tallies[i][o] = tally
-        blocks.append((i, o, tally.to_block(tuple(bad), exhaustive=False)))
-    located = {(i, o): b for i, o, b in blocks}
-    all_blocks = [located.get((i, o)) or t.to_block(exhaustive=False)
+            if not bad:
+                details.append(f"{tally.input} -> {tally.output}: probes disagree by "
+                               f"{tally.max_abs:.3g}, beyond the measured finite-difference "
+                               "error, but no single element stands out")
+        blocks[(i, o)] = tally.to_block(tuple(bad), exhaustive=False)
+    if not pairs:
+        outcomes.append(Outcome.FAILED)
+        details.append("the joint probe fails but no single (input, output) pair does: "
+                       "small errors spread over several pairs")
+    all_blocks = [blocks.get((i, o)) or t.to_block(exhaustive=False)
                   for i, row in enumerate(tallies) for o, t in enumerate(row)]
-    outcome = Outcome.PASSED
-    if outcomes:
-        outcome = Outcome.FAILED if Outcome.FAILED in outcomes else Outcome.INCONCLUSIVE
+    outcome = Outcome.FAILED if Outcome.FAILED in outcomes else Outcome.INCONCLUSIVE
     return Verdict(outcome, all_blocks, "probe", reason, details)
 
 
-class Locator:
-    """Bisection over input elements, then output elements, to name the wrong entries."""
-
-    def __init__(self, problem: Problem, config: CheckConfig, i: int, o: int, p: int,
-                 u: list, v: torch.Tensor, grads: torch.Tensor, out_slices: list[slice],
-                 in_slices: list[slice]) -> None:
-        self.problem, self.config, self.i, self.o = problem, config, i, o
-        self.values = [x.detach() for x in problem.inputs]
-        self.u = u[p][i].reshape(-1)
-        self.v = v[p, out_slices[o]]
-        self.g = grads[p * len(out_slices) + o, in_slices[i]]
-        self.out_slice, self.in_slice = out_slices[o], in_slices[i]
-        self.h = config.tolerance("eps")
-        self.eps_m = FINITE_MACHINE.get(self.values[0].dtype, 2.2e-16)
-        self.tally = BlockTally("", (), "", (), 0, 0)
-
-    def elements(self, limit: int = 3) -> list[Element]:
-        """Up to `limit` wrong elements, each found by its own bisection."""
-        found: list[Element] = []
-        excluded: list[int] = []
-        for _ in range(limit):
-            cols = _bisect(self._input_subset_fails, self._remaining(excluded))
-            if cols is None:
-                break
-            for col in cols[:2]:
-                found.append(self._element(col))
-                excluded.append(col)
-        return found
-
-    def _remaining(self, excluded: list[int]) -> torch.Tensor:
-        mask = torch.ones(self.g.numel(), dtype=torch.bool)
-        mask[excluded] = False
-        return torch.nonzero(mask).reshape(-1)
-
-    def _input_subset_fails(self, subset: torch.Tensor) -> bool:
-        direction = torch.zeros_like(self.u)
-        direction[subset] = self.u[subset]
-        shaped = direction.view(self.values[self.i].shape)
-        dirs = [[shaped if j == self.i else torch.zeros_like(x) for j, x in enumerate(self.values)]]
-        d = directional(self.problem, self.values, dirs, self.h)[:, 0, self.out_slice]
-        f0 = flat_cat(self.problem.outputs(self.values))[self.out_slice]
-        a = float(self.g[subset] @ self.u[subset])
-        n, tol = _estimate(self.v, d, f0, self.g[subset], self.u[subset], self.h, self.eps_m)
-        return abs(a - n) > tol
-
-    def _element(self, col: int) -> Element:
-        estimates = one_sided(self.problem, self.values, self.i, col, self.h)
-        column = {k: e[self.out_slice] for k, e in estimates.items()}
-        rows = _bisect(lambda s: self._output_subset_fails(s, col, column["central"]),
-                       torch.arange(self.v.numel()))
-        row = int(rows[0]) if rows is not None else int(column["central"].abs().argmax())
-        analytical = self._analytical(row, col)
-        values = [c[row].item() for c in column.values()]
-        numerical = column["central"][row].item()
-        spread = max(values) - min(values)
-        atol, rtol = self.config.tolerance("atol"), self.config.tolerance("rtol")
-        shaky = spread > atol + rtol * abs(numerical)
-        tally = self._block_tally()
-        return tally.element(row, col, analytical, numerical, inconclusive=shaky)
-
-    def _block_tally(self) -> BlockTally:
-        p = self.problem
-        outs = p.outputs(self.values)
-        return BlockTally(p.input_names[self.i], tuple(self.values[self.i].shape),
-                          p.output_names[self.o], tuple(outs[self.o].shape), 0, 0)
-
-    def _output_subset_fails(self, subset: torch.Tensor, col: int, column: torch.Tensor) -> bool:
-        grad_row = self._vjp_at(subset)[col]
-        numerical = float(column[subset].sum())
-        atol, rtol = self.config.tolerance("atol"), self.config.tolerance("rtol")
-        return abs(float(grad_row) - numerical) > atol + rtol * float(column[subset].abs().sum())
-
-    def _analytical(self, row: int, col: int) -> float:
-        return float(self._vjp_at(torch.tensor([row]))[col])
-
-    def _vjp_at(self, subset: torch.Tensor) -> torch.Tensor:
-        leaves, outs = self.problem.graph(self.values)
-        grad = torch.zeros(sum(x.numel() for x in outs), dtype=outs[0].dtype)
-        grad[self.out_slice.start + subset] = 1.0
-        return vjp_rows(self.problem, leaves, outs, grad.unsqueeze(0))[0, self.in_slice]
+def _failing_blocks(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+                    outs: Sequence[torch.Tensor], probes: Probes, p: int, q: int
+                    ) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+    """{(input, output): (vᵀJ on that input, v on that output)} for the pairs whose own test
+    fails: one direction per input, one cotangent per output."""
+    values = [x.detach() for x in problem.inputs]
+    n_in, n_out = len(values), len(outs)
+    v_rows = torch.zeros(n_out, probes.v.shape[1], dtype=probes.v.dtype)
+    for o, sl in enumerate(probes.out_slices):
+        v_rows[o, sl] = probes.v[q, sl]
+    grads = vjp_rows(problem, leaves, outs, v_rows) if n_out > 1 else probes.grads[q:q + 1]
+    if n_in > 1:
+        dirs = [[probes.u[p][j] if j == i else torch.zeros_like(values[j]) for j in range(n_in)]
+                for i in range(n_in)]
+        diffs = directional(problem, values, dirs, config.tolerance("eps"), probes.f0)
+    else:
+        diffs = probes.diffs[:, p:p + 1]
+    eps_m = FINITE_MACHINE.get(values[0].dtype, 2.2e-16)
+    found = {}
+    for i, isl in enumerate(probes.in_slices):
+        for o, osl in enumerate(probes.out_slices):
+            g = grads[o, isl]
+            test = Test(probes.v[q, osl], diffs[:, i, osl], probes.f0[osl], g,
+                        probes.u[p][i].reshape(-1), config.tolerance("eps"), eps_m,
+                        config.tolerance("atol"))
+            if test.fails:
+                found[(i, o)] = (g, probes.v[q, osl])
+    return found
 
 
-def _bisect(fails: Callable[[torch.Tensor], bool], indices: torch.Tensor) -> list[int] | None:
-    """Narrow a failing index set by halves; stops when neither half fails on its own."""
-    if len(indices) == 0 or not fails(indices):
-        return None
-    while len(indices) > 1:
-        half = len(indices) // 2
-        left, right = indices[:half], indices[half:]
-        if fails(left):
-            indices = left
-        elif fails(right):
-            indices = right
-        else:
-            break
-    return indices.tolist()
+def _kink_note(tally: BlockTally, elements: Sequence) -> str:
+    where = ", ".join(f"{tally.input}{list(e.input_index)}" for e in elements[:3])
+    return (f"inconclusive: finite differences disagree across step sizes at {where} — "
+            f"a non-differentiable point (kink, tie) near the input; try --resample")
+
+
+def _against_reference(problem: Problem, leaves: Sequence[torch.Tensor],
+                       outs: Sequence[torch.Tensor], tallies: list[list[BlockTally]],
+                       v: torch.Tensor, reference: Reference, in_slices: list[slice],
+                       out_slices: list[slice], reason: str) -> Verdict:
+    """A declared surrogate is exact: compare the VJP vectors element by element, per output."""
+    rows = torch.zeros(len(v) * len(out_slices), v.shape[1], dtype=v.dtype)
+    for k in range(len(v)):
+        for o, sl in enumerate(out_slices):
+            rows[k * len(out_slices) + o, sl] = v[k, sl]
+    grads, expected = vjp_rows(problem, leaves, outs, rows), reference(rows)
+    for i, isl in enumerate(in_slices):
+        for o in range(len(out_slices)):
+            picked = slice(o, None, len(out_slices))
+            tallies[i][o].add(grads[picked, isl].T, expected[picked, isl].T)
+    blocks = [t.to_block(exhaustive=False) for row in tallies for t in row]
+    failed = any(t.mismatched for row in tallies for t in row)
+    return Verdict(Outcome.FAILED if failed else Outcome.PASSED, blocks, "probe", reason)

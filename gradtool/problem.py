@@ -1,4 +1,4 @@
-"""Problem: a target bound to sampled arguments — counted forward calls, VJPs and batched calls."""
+"""Problem: a target bound to sampled arguments, with counted forward evaluations and VJPs."""
 
 from __future__ import annotations
 
@@ -14,7 +14,11 @@ from torch.autograd.variable import Variable
 
 @dataclass
 class Problem:
-    """fn(*args) with the differentiable argument positions named; every evaluation is counted."""
+    """fn(*args) with the differentiable argument positions named; every evaluation is counted.
+
+    calls counts evaluations, not Python calls: a batched call over B perturbations adds B, so
+    the counts compare directly with gradcheck's (2 n_in forwards, n_out backwards).
+    """
 
     fn: Callable[..., Any]
     args: list[Any]
@@ -29,6 +33,8 @@ class Problem:
     output_mask: list[bool] | None = None  # which tensor outputs are differentiable
     batched_vjp_ok: bool | None = None
     mutates: bool = False             # forward writes to an input (ctx.mark_dirty): copy first
+    plan: Any = None                  # what choose_mode learnt, for check_full to reuse
+    forward_seconds: float = 0.0      # the priming forward's time, for predictions
 
     @property
     def inputs(self) -> list[torch.Tensor]:
@@ -65,14 +71,11 @@ class Problem:
             outs = select_outputs(self.fn(*self.with_inputs(passed)), self.output_mask)
         return leaves, outs
 
-    @contextlib.contextmanager
-    def rng(self) -> Iterator[None]:
+    def rng(self) -> contextlib.AbstractContextManager[None]:
+        """Re-seed torch's RNG around a call of a stochastic forward (a no-op otherwise)."""
         if self.freeze_seed is None:
-            yield
-            return
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.freeze_seed)
-            yield
+            return contextlib.nullcontext()  # the common case: no generator frame per call
+        return _frozen(self.freeze_seed)
 
     def vjp(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
             grads: Sequence[torch.Tensor], create_graph: bool = False) -> list[torch.Tensor]:
@@ -85,8 +88,17 @@ class Problem:
         """Many VJPs at once: each grads[k] has a leading batch dimension."""
         from torch._vmap_internals import _vmap
 
-        self.calls["backward"] += 1
-        return list(_vmap(lambda *g: tuple(vjp(outs, leaves, g)), 0, 0)(*grads))
+        # The legacy vmap batches the engine itself (autograd.grad's is_grads_batched path).
+        result = list(_vmap(lambda *g: tuple(vjp(outs, leaves, g)), 0, 0)(*grads))
+        self.calls["backward"] += int(grads[0].shape[0]) if grads else 0
+        return result
+
+
+@contextlib.contextmanager
+def _frozen(seed: int) -> Iterator[None]:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 def vjp(outs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor],
@@ -126,8 +138,11 @@ def output_names(count: int) -> list[str]:
 def flat_cat(tensors: Sequence[torch.Tensor], batch: bool = False) -> torch.Tensor:
     """Concatenate flattened tensors (keeping a leading batch dimension when batch=True)."""
     if batch:
-        return torch.cat([t.reshape(t.shape[0], -1) for t in tensors], dim=1)
-    return torch.cat([t.reshape(-1) for t in tensors])
+        flat = [t.reshape(t.shape[0], -1) for t in tensors]
+    else:
+        flat = [t.reshape(-1) for t in tensors]
+    # One tensor: a view, not a copy (callers only read it).
+    return flat[0] if len(flat) == 1 else torch.cat(flat, dim=1 if batch else 0)
 
 
 def split_flat(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.Tensor]:

@@ -1,0 +1,110 @@
+"""Forward and backward evaluations: fixed in probe mode, far below gradcheck's in full mode."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import gradtool
+
+FIXTURES = Path(__file__).parent / "fixtures"
+sys.path.insert(0, str(FIXTURES))
+import bugs  # noqa: E402
+
+SIZES = {"elementwise": [["(10,)"], ["(1000,)"], ["(100000,)"]],
+         "linear": [["4x4", "4x4", "(4,)"], ["64x64", "64x64", "(64,)"]]}
+
+
+def calls(cls: type, inputs: list[str], mode: str, check: str = "gradient") -> dict[str, int]:
+    report = gradtool.check(cls, inputs, mode=mode, checks=(check,))
+    result = next(c for _, _, c in report.checks())
+    assert result.outcome.value == "passed" and result.mode == mode
+    return dict(result.calls)
+
+
+@pytest.mark.parametrize("check", ["gradient", "double_backward"])
+def test_probe_mode_makes_the_same_calls_whatever_the_size(check):
+    seen = []
+    for cls, family in ((bugs.Cube, "elementwise"), (bugs.Linear, "linear")):
+        for inputs in SIZES[family]:
+            if check == "double_backward" and inputs[0] == "64x64":
+                continue
+            seen.append(calls(cls, inputs, "probe", check))
+    # one forward with a graph, three perturbed forwards, two VJPs: within 8x (forward+backward)
+    assert all(c == {"forward": 4, "backward": 2} for c in seen), seen
+
+
+def test_probe_mode_with_more_probes_adds_directions_not_size_dependence():
+    for inputs in (["(10,)"], ["(100000,)"]):
+        report = gradtool.check(bugs.Cube, inputs, mode="probe", checks=("gradient",), probes=8)
+        result = next(c for _, _, c in report.checks())
+        assert result.calls == {"forward": 7, "backward": 2}
+
+
+def test_full_mode_on_an_elementwise_op_needs_a_handful_of_evaluations():
+    # gradcheck's slow mode: 2 n_in forwards and n_out backwards (2e5 and 1e5 here)
+    for inputs in (["(1000,)"], ["(100000,)"]):
+        assert calls(bugs.Cube, inputs, "full") == {"forward": 5, "backward": 4}
+        assert calls(bugs.Cube, inputs, "full", "double_backward") == {"forward": 9,
+                                                                        "backward": 4}
+
+
+def test_full_mode_on_linear_64_is_far_below_gradcheck():
+    n_in, n_out = 64 * 64 * 2 + 64, 64 * 64
+    counted = calls(bugs.Linear, ["64x64", "64x64", "(64,)"], "full")
+    assert counted["forward"] <= 2 * n_in // 25      # coloured columns: 129 colours x 4
+    assert counted["backward"] <= n_out // 25        # grouped rows: 65 groups x 2
+
+
+def test_full_mode_at_tiny_sizes_makes_no_more_calls_than_gradcheck_slow():
+    n_in, n_out = 4 * 4 * 2 + 4, 16
+    counted = calls(bugs.Linear, ["4x4", "4x4", "(4,)"], "full")
+    assert counted["forward"] <= 2 * n_in + 2 and counted["backward"] <= n_out
+
+
+def test_a_failing_full_check_confirms_failures_with_few_extra_calls():
+    report = gradtool.check(bugs.CubeOneElement, ["(100000,)"], mode="full",
+                            checks=("gradient",))
+    result = next(c for _, _, c in report.checks())
+    assert result.outcome.value == "failed"
+    assert result.calls["forward"] <= 5 + 2 + 5  # + one exact column, + its re-estimate
+    assert result.blocks[0].mismatched == 1
+
+
+def test_no_sympy_import_during_a_check():
+    code = ("import sys; sys.path.insert(0, %r); import gradtool, bugs; "
+            "r = gradtool.check(bugs.Cube, ['(10,)']); "
+            "assert all(c.outcome.value == 'passed' for _, _, c in r.checks()); "
+            "print('sympy' in sys.modules)" % str(FIXTURES))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_probe_is_cheaper_than_one_gradcheck_fast_in_calls():
+    from collections import Counter
+
+    from torch.autograd import gradcheck
+
+    counter: Counter = Counter()
+
+    class Counted(bugs.Cube):
+        @staticmethod
+        def forward(ctx, x):
+            counter["forward"] += 1
+            return bugs.Cube.forward(ctx, x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            counter["backward"] += 1
+            return bugs.Cube.backward(ctx, grad)
+
+    x = torch.randn(1000, dtype=torch.float64, requires_grad=True)
+    gradcheck(Counted.apply, (x,), fast_mode=True)
+    ours = calls(bugs.Cube, ["(1000,)"], "probe")
+    assert ours["forward"] + ours["backward"] <= counter["forward"] + counter["backward"]

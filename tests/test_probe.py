@@ -1,0 +1,169 @@
+"""Probe mode: detection over many seeds, no false failures, and localisation to elements."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.autograd import Function
+
+import gradtool
+from gradtool.cases import build_case
+from gradtool.checks.double_backward import backward_problem
+from gradtool.config import CheckConfig
+from gradtool.inputs import parse_input
+from gradtool.jacobian import prime
+from gradtool.probe import check_probe, screen
+from gradtool.targets import make_target
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+import bugs  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "specs" / "examples"
+SEEDS = range(100)
+
+
+def _example(file: str, name: str) -> object:
+    spec = importlib.util.spec_from_file_location(f"_probe_{file}", EXAMPLES / f"{file}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def flagged(target_obj: object, inputs: list[str], seed: int, double: bool = False) -> bool:
+    """Whether probe screening (the fixed-cost part of probe mode) fails anywhere."""
+    config = CheckConfig(mode="probe", checks=("gradient",), seed=seed)
+    target = make_target(target_obj, getattr(target_obj, "__name__", "fn"))
+    case = build_case(target, [parse_input(s) for s in inputs], config, seed)
+    problem = backward_problem(case.problem, seed) if double else case.problem
+    leaves, outs = prime(problem)
+    return bool(screen(problem, config, leaves, outs, seed)[1])
+
+
+@pytest.mark.parametrize("n", [10_000, 100_000])
+@pytest.mark.parametrize("cls", [bugs.CubeOneElement, bugs.CubeScaled])
+def test_probe_catches_one_wrong_element_and_a_small_scale_in_99_percent_of_seeds(cls, n):
+    caught = sum(flagged(cls, [f"({n},)"], seed) for seed in SEEDS)
+    assert caught >= 99, f"{cls.__name__} at {n}: caught in {caught} / 100 seeds"
+
+
+def _builtins() -> list[tuple[str, object, list[str]]]:
+    return [
+        ("sin", torch.sin, ["(200,)"]),
+        ("sin 1e4", torch.sin, ["(10000,)"]),
+        ("exp", torch.exp, ["(50,)"]),
+        ("log on positive", torch.log, ["(300,):positive"]),
+        ("softmax", lambda x: torch.softmax(x, dim=-1), ["8x10"]),
+        ("matmul", lambda a, b: a @ b, ["6x5", "5x7"]),
+        ("cumsum", lambda x: torch.cumsum(x, 0), ["(60,)"]),
+        ("tanh", torch.tanh, ["4x25"]),
+        ("sum of squares", lambda x: (x * x).sum(), ["(1000,)"]),
+    ]
+
+
+def _examples() -> list[tuple[str, object, list[str]]]:
+    return [
+        ("MyCube", _example("cube", "MyCube"), ["(30,)"]),
+        ("LegendrePolynomial3", _example("legendre", "LegendrePolynomial3"), ["3x7"]),
+        ("LinearFunction", _example("linear", "LinearFunction"), ["5x4", "3x4", "(3,)"]),
+        ("LinearFunctionSetup", _example("linear", "LinearFunctionSetup"),
+         ["5x4", "3x4", "(3,)"]),
+        ("MulConstant", _example("mul_constant", "MulConstant"), ["3x3", "5"]),
+        ("F", _example("elementwise", "F"), ["(10,)", "(10,)"]),
+        ("Linear 64", bugs.Linear, ["64x64", "64x64", "(64,)"]),
+    ]
+
+
+@pytest.mark.parametrize("name, fn, inputs", _builtins() + _examples(),
+                         ids=[t[0] for t in _builtins() + _examples()])
+def test_no_false_failure_on_correct_functions_over_100_seeds(name, fn, inputs):
+    bad = [seed for seed in SEEDS if flagged(fn, inputs, seed)]
+    assert not bad, f"{name}: probe fails on correct gradients for seeds {bad[:10]}"
+
+
+@pytest.mark.parametrize("name, fn, inputs", [
+    ("sin", torch.sin, ["(200,)"]),
+    ("MyCube", _example("cube", "MyCube"), ["(30,)"]),
+    ("LegendrePolynomial3", _example("legendre", "LegendrePolynomial3"), ["3x7"]),
+    ("LinearFunction", _example("linear", "LinearFunction"), ["5x4", "3x4", "(3,)"]),
+], ids=["sin", "MyCube", "LegendrePolynomial3", "LinearFunction"])
+def test_no_false_failure_of_double_backward_over_100_seeds(name, fn, inputs):
+    bad = [seed for seed in SEEDS if flagged(fn, inputs, seed, double=True)]
+    assert not bad, f"{name}: double-backward probe fails for seeds {bad[:10]}"
+
+
+def _probe(cls: type, inputs: list[str], seed: int = 0):
+    report = gradtool.check(cls, inputs, mode="probe", checks=("gradient",), seed=seed)
+    return next(c for _, _, c in report.checks())
+
+
+def test_localisation_names_the_single_wrong_element_and_its_values():
+    check = _probe(bugs.LinearOneElement, ["20x20", "30x20", "(30,)"])
+    assert check.outcome.value == "failed" and check.mode == "probe"
+    (block,) = [b for b in check.blocks if b.mismatched]
+    config = CheckConfig(checks=("gradient",))
+    target = make_target(bugs.LinearOneElement, "bugs:LinearOneElement")
+    x = build_case(target, [parse_input(s) for s in ["20x20", "30x20", "(30,)"]], config,
+                   0).problem.args[0]
+    n, i = divmod(bugs._bad_index(x), 20)
+    assert block.input == "weight" and not block.exhaustive
+    (element,) = block.worst
+    assert (element.input_index, element.output_index) == ((0, i), (n, 0))
+    assert element.analytical == pytest.approx(1.01 * float(x[n, i]), rel=1e-9)
+    assert element.numerical == pytest.approx(float(x[n, i]), rel=1e-6)
+
+
+def test_localisation_at_100k_elements_finds_the_index():
+    check = _probe(bugs.CubeOneElement, ["(100000,)"], seed=3)
+    (block,) = check.blocks
+    element = block.worst[0]
+    config = CheckConfig(checks=("gradient",))
+    target = make_target(bugs.CubeOneElement, "bugs:CubeOneElement")
+    x = build_case(target, [parse_input("(100000,)")], config, 3).problem.args[0]
+    k = bugs._bad_index(x)
+    assert element.input_index == (k,) and element.output_index == (k,)
+    assert element.analytical == pytest.approx(1.01 * element.numerical, rel=1e-6)
+
+
+class TwoByTwo(Function):
+    """(x * y, x + y) with one wrong block: d(x * y)/dy is scaled by 1.5."""
+
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.save_for_backward(x, y)
+        return x * y, x + y
+
+    @staticmethod
+    def backward(ctx, g_prod, g_sum):
+        x, y = ctx.saved_tensors
+        return g_prod * y + g_sum, 1.5 * g_prod * x + g_sum
+
+
+def test_a_probe_failure_is_reported_on_its_own_block_only():
+    check = _probe(TwoByTwo, ["(50,)", "(50,)"])
+    bad = [(b.input, b.output) for b in check.blocks if b.mismatched]
+    assert bad == [("y", "output 0")]
+    assert len(check.blocks) == 4
+
+
+def test_double_backward_probe_catches_a_detached_backward():
+    for cls, inputs in ((bugs.CubeDetached, ["(1000,)"]),
+                        (bugs.LinearDetached, ["20x20", "30x20", "(30,)"])):
+        for seed in range(10):
+            report = gradtool.check(cls, inputs, mode="probe", checks=("double_backward",),
+                                    seed=seed)
+            check = next(c for _, _, c in report.checks())
+            assert check.outcome.value == "failed", (cls.__name__, seed)
+
+
+def test_check_probe_agrees_with_screen_on_a_correct_function():
+    config = CheckConfig(mode="probe", checks=("gradient",))
+    target = make_target(bugs.Linear, "bugs:Linear")
+    case = build_case(target, [parse_input(s) for s in ["7x3", "4x3", "(4,)"]], config, 0)
+    leaves, outs = prime(case.problem)
+    verdict = check_probe(case.problem, config, leaves, outs, None, "test", 0)
+    assert verdict.outcome.value == "passed" and verdict.mode == "probe"
+    assert all(b.checked == 2 and not b.exhaustive for b in verdict.blocks)
