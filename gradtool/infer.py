@@ -12,13 +12,13 @@ import torch
 from .cases import Case, build_case
 from .config import CheckConfig
 from .errors import GradtoolError, InputError
-from .inputs import InputSpec, LiteralSpec, TensorSpec
+from .inputs import Domain, InputSpec, LiteralSpec, TensorSpec
 from .targets import Target
 
 # Elementwise ops first (every tensor the same shape), then shapes that make small matmuls work.
 # Distinct sizes (3, 4, 5) keep a transposed or swapped gradient from hiding behind a square.
-SAME_SHAPES = [(3, 4), (5,), (4, 4), (2, 3, 4), ()]
-MIXED_SHAPES = [(3, 4), (5, 4), (5,), (4, 5), (4,), (3,), (4, 4), (2, 3, 4), ()]
+SAME_SHAPES = [(3, 4), (5,), (4, 4), (2, 3, 4)]
+MIXED_SHAPES = [(3, 4), (5, 4), (5,), (4, 5), (4,), (3,), (4, 4), (2, 3, 4)]
 MAX_ATTEMPTS = 400
 NUMBER_GUESS = {int: 2, float: 2.5, bool: True}
 
@@ -29,6 +29,7 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
     hinted = _parameter_shapes(target, seed)
     tried = 0
     last_error: BaseException | None = None
+    fallback: Case | None = None  # forward ran, backward did not: used only if nothing better
     for specs in _candidates(slots, hinted):
         tried += 1
         if tried > MAX_ATTEMPTS:
@@ -41,7 +42,11 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
         except Exception as exc:  # the candidate did not fit; try the next one
             last_error = exc
             continue
-        return _prefer_literals(target, case, config, seed)
+        if _backward_runs(case):
+            return _prefer_literals(target, case, config, seed)
+        fallback = fallback or case
+    if fallback is not None:  # a broken backward must be reported by the checks, not hidden here
+        return _prefer_literals(target, fallback, config, seed)
     raise InputError(
         f"could not infer inputs for {target.name}: forward({', '.join(target.arg_names)}) "
         f"rejected {tried} candidate shapes"
@@ -95,7 +100,18 @@ def _parameter_shapes(target: Target, seed: int) -> list[tuple[int, ...]]:
 
 def _candidates(slots: list[list[Any]], hinted: list[tuple[int, ...]]
                 ) -> Iterator[list[InputSpec]]:
-    same, mixed = hinted + SAME_SHAPES, hinted + MIXED_SHAPES
+    """Shapes with real inputs, then positive ones (log, sqrt, ...); 0-d tensors last, since
+    a scalar makes almost any forward run and hides shape mistakes."""
+    for domain, zero_d in ((Domain(), False), (Domain("positive"), False), (Domain(), True)):
+        for specs in _shape_candidates(slots, hinted, zero_d):
+            yield [TensorSpec(s.shape, domain=domain) if isinstance(s, TensorSpec) else s
+                   for s in specs]
+
+
+def _shape_candidates(slots: list[list[Any]], hinted: list[tuple[int, ...]], zero_d: bool
+                      ) -> Iterator[list[InputSpec]]:
+    extra = [()] if zero_d else []
+    same, mixed = hinted + SAME_SHAPES + extra, hinted + MIXED_SHAPES + extra
     for choice in itertools.product(*slots):
         n_tensors = sum(1 for c in choice if c == "tensor")
         shapes = itertools.chain(([s] * n_tensors for s in same),
@@ -119,6 +135,22 @@ def _run_forward(case: Case) -> None:
     outs = [t for t in tensor_outputs(result) if t.is_floating_point() or t.is_complex()]
     if not outs:
         raise TypeError("forward returned no floating-point tensor")
+    if not all(bool(torch.isfinite(t).all()) for t in outs):
+        raise ValueError("forward returned NaN/Inf on these inputs (outside its domain?)")
+
+
+def _backward_runs(case: Case) -> bool:
+    """Backward accepts these shapes and gives finite gradients (else keep looking)."""
+    problem = case.problem
+    if not problem.diff:
+        return True
+    try:
+        leaves, outs = problem.graph()
+        outs = [o for o in outs if (o.is_floating_point() or o.is_complex()) and o.requires_grad]
+        grads = problem.vjp(leaves, outs, [torch.ones_like(o) for o in outs])
+    except Exception:
+        return False
+    return all(bool(torch.isfinite(g).all()) for g in grads)
 
 
 def _prefer_literals(target: Target, case: Case, config: CheckConfig, seed: int) -> Case:

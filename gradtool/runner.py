@@ -118,15 +118,23 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult:
     from .checks.double_backward import check_double_backward
     from .checks.gradient import check_gradient
 
+    from .checks._common import error_result
+
     config = job.config.with_(**job.check_config.get(name, {}))
-    if name == "contract":
-        result = check_contract(case, job.target, config)
-    elif name == "gradient":
-        reference = _reference(job, case) if job.surrogate is not None else None
-        described = job.surrogate.describe() if job.surrogate is not None else None
-        result = check_gradient(case, job.target, config, reference, described)
-    else:
-        result = check_double_backward(case, job.target, config)
+    start, before = time.perf_counter(), dict(case.problem.calls)
+    try:
+        if name == "contract":
+            result = check_contract(case, job.target, config)
+        elif name == "gradient":
+            reference = _reference(job, case) if job.surrogate is not None else None
+            described = job.surrogate.describe() if job.surrogate is not None else None
+            result = check_gradient(case, job.target, config, reference, described)
+        else:
+            result = check_double_backward(case, job.target, config)
+    except GradtoolError:
+        raise
+    except Exception as exc:  # user code raising where a check did not expect it: still a result
+        result = error_result(name, exc, job.target, start, case.problem, before)
     return _apply_xfail(result, job.xfail.get(name))
 
 

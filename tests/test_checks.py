@@ -120,3 +120,45 @@ def test_auto_mode_says_which_mode_ran_and_why():
     check = result(gradtool.check(str(EXAMPLES / "legendre.py:LegendrePolynomial3"), ["(8,)"],
                                   checks=("gradient",)), "gradient")
     assert check.mode == "full" and "predicted" in check.mode_reason
+
+
+def test_forward_raising_is_an_error_in_every_check(tmp_path):
+    module = tmp_path / "raises.py"
+    module.write_text("import torch\n\nclass Boom(torch.autograd.Function):\n"
+                      "    @staticmethod\n    def forward(ctx, x):\n"
+                      "        raise ValueError('boom in forward')\n\n"
+                      "    @staticmethod\n    def backward(ctx, g):\n        return g\n")
+    report = gradtool.check(f"{module}:Boom", ["3x4"])
+    assert set(outcomes(report).values()) == {"error"}
+
+
+def test_empty_tensors_are_skipped_not_errors():
+    report = gradtool.check(str(EXAMPLES / "legendre.py:LegendrePolynomial3"), ["(0,)"])
+    got = outcomes(report)
+    assert got["gradient"] == got["double_backward"] == "skipped"
+
+
+def test_float32_input_gets_float32_tolerances():
+    report = gradtool.check(str(EXAMPLES / "legendre.py:LegendrePolynomial3"), ["3x4:float32"])
+    assert set(outcomes(report).values()) == {"passed"}
+    assert result(report, "gradient").tolerance["rtol"] == 1e-2
+
+
+def test_inference_finds_a_domain_and_shapes_where_backward_runs(tmp_path):
+    module = tmp_path / "infer_me.py"
+    module.write_text(
+        "import torch\n\n"
+        "class Sqrt(torch.autograd.Function):\n"
+        "    @staticmethod\n    def forward(ctx, x):\n"
+        "        y = x.sqrt()\n        ctx.save_for_backward(y)\n        return y\n\n"
+        "    @staticmethod\n    def backward(ctx, g):\n        (y,) = ctx.saved_tensors\n"
+        "        return g / (2 * y)\n\n"
+        "class AddBias(torch.autograd.Function):\n"
+        "    @staticmethod\n    def forward(ctx, x, b):\n        return x + b\n\n"
+        "    @staticmethod\n    def backward(ctx, g):\n        return g, g.sum(0)\n")
+    sqrt = gradtool.check(f"{module}:Sqrt")
+    assert sqrt.ok() and "positive" in sqrt.targets[0].cases[0].inputs[0].description
+    bias = gradtool.check(f"{module}:AddBias")
+    assert bias.ok()
+    assert [i.description for i in bias.targets[0].cases[0].inputs] == ["3x4:float64",
+                                                                        "(4,):float64"]

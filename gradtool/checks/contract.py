@@ -106,8 +106,8 @@ def _detect_stochastic(case: Case, config: CheckConfig) -> list[str]:
     problem = case.problem
     first = problem.outputs(problem.inputs)
     second = problem.outputs(problem.inputs)
-    if all(torch.equal(a, b) for a, b in zip(first, second)):
-        return []
+    if all(torch.equal(a, b) or _both_nan(a, b) for a, b in zip(first, second)):
+        return []  # NaN != NaN: equal NaN positions are not randomness
     problem.freeze_seed = case.seed
     return [f"forward is stochastic (two calls on the same inputs differ): torch's RNG is "
             f"re-seeded with {case.seed} before every evaluation"]
@@ -193,10 +193,10 @@ def _one_gradient(name: str, arg: Any, grad: Any) -> list[str]:
     return []
 
 
-def _broadcastable(src: torch.Size, dst: torch.Size) -> bool:
+def _broadcastable(grad: torch.Size, arg: torch.Size) -> bool:
+    """The engine sums a gradient down only when the input broadcasts up to it."""
     try:
-        return torch.broadcast_shapes(src, dst) == dst or \
-            torch.broadcast_shapes(src, dst) == src
+        return torch.broadcast_shapes(grad, arg) == grad
     except RuntimeError:
         return False
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import torch
+
 from ..cases import Case
 from ..config import CheckConfig
 from ..jacobian import Reference, Verdict, check_full, choose_mode, prime
@@ -37,10 +39,21 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
     before = dict(problem.calls)
     if not problem.diff:
         return CheckResult(name, Outcome.SKIPPED, "no differentiable inputs to check")
+    config = precision_config(config, problem)
     try:
         leaves, outs = prime(problem)
         if not outs:
             return CheckResult(name, Outcome.SKIPPED, "forward returns no differentiable output")
+        if not sum(v.numel() for v in leaves) or not sum(o.numel() for o in outs):
+            return CheckResult(name, Outcome.SKIPPED, "empty tensors: no elements to compare")
+        bad = sum(int((~torch.isfinite(o)).sum()) for o in outs)
+        if bad:
+            return CheckResult(
+                name, Outcome.FAILED,
+                f"forward returns NaN/Inf at {bad} output element(s) on these inputs, so no "
+                "gradient can be compared", ("are the inputs outside forward's domain? pass "
+                                             "them in it, e.g. -i 3x4:positive",),
+                source=target.forward_source, duration_s=time.perf_counter() - start)
         mode, reason = choose_mode(problem, config, leaves, outs)
         if mode == "full":
             verdict = check_full(problem, config, leaves, outs, reference, reason)
@@ -59,6 +72,20 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
         tolerance={k: config.tolerance(k) for k in ("eps", "atol", "rtol")},
         calls=calls_since(problem, before), duration_s=time.perf_counter() - start,
         source=target.source if verdict.outcome is not Outcome.PASSED else None)
+
+
+def precision_config(config: CheckConfig, problem: Problem) -> CheckConfig:
+    """Tolerances of the least precise floating input (an input pinned to float32, say)."""
+    from ..config import DEFAULT_TOLERANCES
+
+    names = {str(v.dtype).replace("torch.", "") for v in problem.inputs if v.is_floating_point()}
+    known = [n for n in names if n in DEFAULT_TOLERANCES]
+    if not known:
+        return config
+    loosest = max(known, key=lambda n: DEFAULT_TOLERANCES[n]["eps"])
+    if DEFAULT_TOLERANCES[loosest]["eps"] <= DEFAULT_TOLERANCES[config.dtype]["eps"]:
+        return config
+    return config.with_(dtype=loosest)
 
 
 def _with_diagnosis(problem: Problem, verdict: Verdict, block: Block, k: int,
