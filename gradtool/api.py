@@ -7,10 +7,20 @@ from typing import Any
 
 from .config import CheckConfig
 from .errors import GradtoolError
-from .inputs import InputSpec, parse_input
+from .collect import collect_specs, is_spec_argument
+from .inputs import InputSpec, LiteralSpec, TensorSpec, parse_input
 from .results import Report
 from .runner import CaseSpec, Job, run
 from .targets import make_target, resolve
+
+
+def _input_spec(value: InputSpec | str) -> InputSpec:
+    if isinstance(value, str):
+        return parse_input(value)
+    if isinstance(value, (TensorSpec, LiteralSpec)):
+        return value
+    raise TypeError(f"inputs takes --input strings ('3x4', '5') or TensorSpec/LiteralSpec, "
+                    f"got {type(value).__name__}; gradtool samples tensors itself (seeded)")
 
 
 def check(target: Any, inputs: Sequence[InputSpec | str] | None = None, **settings: Any
@@ -22,8 +32,12 @@ def check(target: Any, inputs: Sequence[InputSpec | str] | None = None, **settin
     eps, atol, rtol, nondet_tol, checks, mode, probes, ...).
     """
     config = CheckConfig(**{k: (tuple(v) if k == "checks" else v) for k, v in settings.items()})
-    specs = None if inputs is None else [parse_input(i) if isinstance(i, str) else i
-                                         for i in inputs]
+    specs = None if inputs is None else [_input_spec(i) for i in inputs]
+    if isinstance(target, str) and is_spec_argument(target):
+        if specs is not None:
+            raise GradtoolError(f"{target} is a spec: its inputs come from the file")
+        jobs, rejected = collect_specs(target, config)
+        return run(jobs, config, rejected)
     if isinstance(target, str):
         targets = resolve(target)
     else:

@@ -77,6 +77,11 @@ def guarded(fn: Callable[..., int]) -> Callable[..., None]:
             code = ExitCode.USAGE
         except click.exceptions.Exit:
             raise
+        except BrokenPipeError:  # `gradtool ... | head`: the reader left; stop quietly
+            from .commands import silence_stdout
+
+            silence_stdout()
+            code = ExitCode.OK
         except Exception:
             traceback.print_exc()
             click.echo("gradtool: internal error (a bug in gradtool) — please report it with "

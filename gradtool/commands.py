@@ -58,7 +58,10 @@ def run_check(kw: dict[str, Any]) -> int:
                              "spec file or folder), or set paths in [tool.gradtool]")
     jobs, rejected = _collect(targets, config, parse_inputs(kw.get("inputs") or ()))
     report = _run(jobs, rejected, config, quiet=kw.get("quiet", False))
-    _emit(report, settings, kw)
+    try:
+        _emit(report, settings, kw)
+    except BrokenPipeError:  # `gradtool check ... | head`: the verdict still decides the code
+        silence_stdout()
     if report.rejected:
         return 2
     return 0 if report.ok(config.strict) else 1
@@ -128,8 +131,12 @@ class LateProgress:
 def _console(stream: Any, color: str):
     from rich.console import Console
 
+    class PipeAwareConsole(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError  # rich would exit 1; the verdict decides the exit code
+
     colored = use_color(color, stream)
-    return Console(file=stream, no_color=not colored, highlight=False, soft_wrap=True,
+    return PipeAwareConsole(file=stream, no_color=not colored, highlight=False, soft_wrap=True,
                    force_terminal=colored if color == "always" else None,
                    color_system="auto" if colored else None)
 
@@ -155,6 +162,12 @@ def _emit(report: Report, settings: dict[str, Any], kw: dict[str, Any]) -> None:
         text = render_github(report, Path(os.environ.get("GITHUB_WORKSPACE") or Path.cwd()))
         if text:
             click.echo(text.rstrip("\n"), err=fmt == "json")
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null (its reader left), so the exit flush cannot raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def write_file(path: str, text: str, what: str) -> None:
@@ -202,8 +215,12 @@ def run_graph(kw: dict[str, Any]) -> int:
     if rejected:
         raise GradtoolError(rejected[0].message)
     if len(jobs) != 1:
-        raise GradtoolError(f"{kw['target']} holds {len(jobs)} targets; graph shows one",
-                            "name one: " + ", ".join(j.target.name for j in jobs[:4]))
+        from .collect import is_spec_argument
+
+        hint = ("name the Function itself, e.g. gradtool graph path/to/file.py:Name -i 3x4"
+                if is_spec_argument(kw["target"])
+                else "name one: " + ", ".join(j.target.name for j in jobs[:4]))
+        raise GradtoolError(f"{kw['target']} holds {len(jobs)} targets; graph shows one", hint)
     from .runner import case_for
 
     job = jobs[0]

@@ -77,7 +77,9 @@ def choose_mode(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Te
     if config.mode == "probe":
         return "probe", "--mode probe"
     dense_seconds = problem.forward_seconds * (2 * n_in + n_out)
-    if n_in * n_out <= SMALL and dense_seconds <= config.full_budget_s / 4:
+    # --mode full on a small Jacobian needs no plan (and no timing-dependent choice).
+    if n_in * n_out <= SMALL and (config.mode == "full"
+                                  or dense_seconds <= config.full_budget_s / 4):
         return "full", f"small {size}: full mode predicted well under {config.full_budget_s:g} s"
     plan = problem.plan = plan_full(problem, leaves, outs)
     if config.mode == "full":

@@ -109,6 +109,7 @@ class CaseResult:
     inferred: bool = False
     notes: tuple[str, ...] = ()
     reproduce: str = ""
+    pin: str = ""  # the --input flags that pin these inputs (shown when they were inferred)
 
     @property
     def outcome(self) -> Outcome:

@@ -110,7 +110,7 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     if case.problem.freeze_seed is not None:
         notes.append("forward is stochastic: RNG frozen (re-seeded) around every evaluation")
     return CaseResult(case.label, spec.seed, tuple(case.infos), tuple(checks), case.inferred,
-                      tuple(dict.fromkeys(notes)), reproduce)
+                      tuple(dict.fromkeys(notes)), reproduce, pin_flags(case.specs, config))
 
 
 def _run_check(name: str, case: Any, job: Job) -> CheckResult:
@@ -174,12 +174,17 @@ def _reference(job: Job, case: Any) -> Callable[[Any], Any]:
     return rows
 
 
+def pin_flags(specs: Sequence[InputSpec], config: CheckConfig) -> str:
+    """'-i 3x4 -i 2.5': the flags that give these inputs explicitly."""
+    return " ".join(f"-i {_quote(_cli_input(spec, config))}" for spec in specs)
+
+
 def reproduce_command(target: Target, specs: Sequence[InputSpec], config: CheckConfig,
                       seed: int) -> str:
     """The one-line command that re-runs this case exactly."""
     parts = ["gradtool", "check", _quote(target.name)]
-    for spec in specs:
-        parts += ["-i", _quote(_cli_input(spec, config))]
+    if specs:
+        parts.append(pin_flags(specs, config))
     parts += ["--seed", str(seed)]
     defaults = CheckConfig()
     for name in ("dtype", "eps", "atol", "rtol", "nondet_tol", "mode"):
@@ -200,8 +205,15 @@ def _cli_input(spec: InputSpec, config: CheckConfig) -> str:
 
 
 def _quote(text: str) -> str:
+    """Shell-quote readably: bare when safe, else single quotes, else double quotes."""
     import shlex
 
+    if shlex.quote(text) == text:
+        return text
+    if "'" not in text:
+        return f"'{text}'"
+    if not any(c in text for c in '"$`\\!'):
+        return f'"{text}"'
     return shlex.quote(text)
 
 

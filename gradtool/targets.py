@@ -43,8 +43,11 @@ def resolve(text: str, init: Any = None) -> list[Target]:
     if name is None:
         found = discover(module, display)
         if not found:
-            raise TargetError(f"{location} defines no torch.autograd.Function or nn.Module subclass",
-                              f"name one explicitly: {location}:NAME")
+            from .errors import NothingToCheck
+
+            raise NothingToCheck(f"{location} defines no torch.autograd.Function or nn.Module "
+                                 f"subclass (nothing to check); name a callable explicitly: "
+                                 f"{location}:NAME")
         return found
     obj = _lookup(module, name, location)
     return [make_target(obj, f"{display}:{name}", init)]

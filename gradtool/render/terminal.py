@@ -57,7 +57,8 @@ def _case_lines(target: TargetResult, case: CaseResult, verbose: bool, quiet: bo
             continue
         word, style = LABELS[check.outcome]
         timing = f"  ({_timing(check)})" if verbose else ""
-        tail = f"  {_short(check)}" if passing else ""
+        short = _short(check) if passing else ""
+        tail = f"  {short}" if short else ""
         yield f"{word} {label}   {check.name}{tail}{timing}", style
         if passing:
             continue
@@ -75,11 +76,6 @@ def _timing(check: CheckResult) -> str:
     return f"{check.duration_s * 1000:.0f} ms" + (f", {calls} calls" if calls else "")
 
 
-def _pin(description: str) -> str:
-    text = description.replace(":float64", "")
-    return f"'{text}'" if any(c in text for c in "()[] '") else text
-
-
 def _short(check: CheckResult) -> str:
     if check.outcome is Outcome.SKIPPED:
         return f"— {check.summary}"
@@ -94,10 +90,8 @@ def _inputs_lines(case: CaseResult) -> Iterator[Line]:
     how = "inferred" if case.inferred else "given"
     inputs = ", ".join(f"{i.name} {i.description}" for i in case.inputs)
     yield f"  inputs ({how}, seed {case.seed}): {inputs}", "dim"
-    if case.inferred:
-        pins = " ".join(f"-i {_pin(i.description)}" for i in case.inputs
-                        if not i.description.startswith("parameter"))
-        yield f"  pin them with: {pins}", "dim"
+    if case.inferred and case.pin:
+        yield f"  pin them with: {case.pin}", "dim"
     for note in case.notes:
         yield f"  note: {note}", "dim"
 
@@ -107,9 +101,10 @@ def check_body(check: CheckResult) -> list[str]:
     lines = [check.summary]
     if check.expected_failure and check.outcome is Outcome.XPASSED:
         lines.append(f"declared expected failure: {check.expected_failure}")
+    label = "intended" if "declared surrogate" in check.summary else "numerical"
     for block in check.blocks:
         if block.mismatched:
-            lines += block_lines(block, check.tolerance)
+            lines += block_lines(block, check.tolerance, label)
     lines += list(check.details)
     if check.mode:
         lines.append(f"mode: {check.mode} ({check.mode_reason})")
@@ -120,25 +115,33 @@ def check_body(check: CheckResult) -> list[str]:
     return lines
 
 
-def block_lines(block: Block, tolerance: dict[str, float]) -> list[str]:
+def block_lines(block: Block, tolerance: dict[str, float], label: str = "numerical"
+                ) -> list[str]:
     count = (f"mismatched elements {block.mismatched} / {block.checked}" if block.exhaustive
-             else f"located {block.mismatched} mismatched element(s) by bisection")
+             else f"located {_plural(block.mismatched, 'mismatched element')} by bisection")
     lines = [f"input '{block.input}' {_shape(block.input_shape)} -> {block.output} "
              f"{_shape(block.output_shape)}   {count}"]
     tol = f"(atol {tolerance.get('atol', 0):g}, rtol {tolerance.get('rtol', 0):g})"
     if block.worst:
         first = block.worst[0]
-        lines.append(f"max abs diff {block.max_abs_diff:.3g} at {element_text(first)}   {tol}")
-        lines += [f"  also {element_text(e)}" for e in block.worst[1:]]
+        # In probe mode max_abs_diff is a probe-level number: show the element's own values.
+        head = (f"max abs diff {block.max_abs_diff:.3g} at" if block.exhaustive
+                else "element")
+        lines.append(f"{head} {element_text(first, label)}   {tol}")
+        lines += [f"  also {element_text(e, label)}" for e in block.worst[1:]]
     if block.diagnosis:
         lines.append(f"diagnosis: {block.diagnosis}")
     return lines
 
 
-def element_text(e: Element) -> str:
+def element_text(e: Element, label: str = "numerical") -> str:
     where = f"{_index(e.input_index)}->{_index(e.output_index)}"
     mark = "  (finite differences disagree here)" if e.inconclusive else ""
-    return f"{where}: analytical {e.analytical:.6g}, numerical {e.numerical:.6g}{mark}"
+    return f"{where}: analytical {e.analytical:.6g}, {label} {e.numerical:.6g}{mark}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def check_text(target: TargetResult, case: CaseResult, check: CheckResult) -> str:
