@@ -126,7 +126,9 @@ CHECK_EPILOG = "\b\nInputs:\n" + INPUT_HELP
                    "auto: full while cheap [auto].")
 @click.option("--check", "checks", multiple=True, type=click.Choice(CHECK_NAMES),
               help="Run only these checks (repeat) [all].")
-@click.option("--probes", type=int, default=None, help="Random probes in probe mode [4].")
+@click.option("--probes", type=click.IntRange(min=1), default=None,
+              help="Probe budget in probe mode: 4 gives one random direction tested against "
+                   "two random cotangents; each further 4 add a direction [4].")
 @click.option("--max-memory", type=float, default=None,
               help="Bytes a full-mode Jacobian may take before refusing [2e9].")
 @click.option("--strict/--no-strict", default=None,

@@ -52,7 +52,7 @@ class TensorSpec:
         shape = "x".join(map(str, self.shape)) if self.shape else "()"
         if len(self.shape) == 1:
             shape = f"({self.shape[0]},)"
-        parts = [shape, self.dtype or default_dtype]
+        parts = [shape, self.dtype or ("int64" if self.domain.kind == "integer" else default_dtype)]
         if self.domain.kind != "real":
             parts.append(self.domain.describe())
         if not self.differentiable(default_dtype):
@@ -185,13 +185,14 @@ def sample(spec: TensorSpec, generator: Any, default_dtype: str, device: str) ->
     import torch
 
     validate_tensor_spec(spec)
-    dtype_name = spec.dtype or default_dtype
+    # Integer-valued inputs are indices more often than not: int64 unless a dtype is given.
+    dtype_name = spec.dtype or ("int64" if spec.domain.kind == "integer" else default_dtype)
     dtype = getattr(torch, dtype_name)
     shape, kind = spec.shape, spec.domain.kind
     if kind == "integer" or dtype_name in INTEGER_DTYPES:
         lo, hi = (spec.domain.lo, spec.domain.hi) if spec.domain.lo is not None else (0, 10)
         values = torch.randint(int(lo), int(hi) + 1, shape, generator=generator)
-        return values.to(dtype=dtype if dtype_name in INTEGER_DTYPES else dtype, device=device)
+        return values.to(dtype=dtype, device=device)
     base = torch.randn(shape, generator=generator, dtype=torch.float64)
     unit = torch.rand(shape, generator=generator, dtype=torch.float64)
     values = _in_domain(spec.domain, base, unit, shape)

@@ -90,8 +90,8 @@ def precision_config(config: CheckConfig, problem: Problem) -> CheckConfig:
 
 def _with_diagnosis(problem: Problem, verdict: Verdict, block: Block, k: int,
                     config: CheckConfig, diagnoser: Diagnoser) -> Block:
-    if not block.mismatched:
-        return block
+    if not block.mismatched or verdict.outcome is Outcome.INCONCLUSIVE:
+        return block  # a kink is not a mistake in backward: no diagnosis of one
     n_outputs = len(problem.output_names)
     i, o = divmod(k, n_outputs)
     text = diagnoser(problem, verdict, block, i, o, config)
@@ -122,9 +122,10 @@ def _summary(verdict: Verdict, blocks: list[Block], surrogate: str | None) -> st
     bad = [b for b in blocks if b.mismatched]
     if not bad:
         checked = sum(b.checked for b in blocks)
-        unit = "probes" if verdict.mode == "probe" else "elements"
+        unit = "probe" if verdict.mode == "probe" else "element"
         worst = max((b.max_abs_diff for b in blocks), default=0.0)
-        return f"matches {against}: {checked} {unit}, max abs diff {worst:.2g}"
+        return (f"matches {against}: {checked} {unit}{'' if checked == 1 else 's'}, "
+                f"max abs diff {worst:.2g}")
     first = bad[0]
     where = (f"{first.mismatched} of {first.checked} elements" if first.exhaustive
              else f"{first.mismatched} located element(s)")
