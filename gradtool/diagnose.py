@@ -344,11 +344,12 @@ def diagnose_block(analytical: np.ndarray, numerical: np.ndarray, *, input_name:
 
 def diagnose_probe(analytical: Sequence[float] | np.ndarray,
                    numerical: Sequence[float] | np.ndarray, *, atol: float = 1e-5,
-                   rtol: float = 1e-3) -> str | None:
+                   rtol: float = 1e-3, unit: str = "probes") -> str | None:
     """One-line cause from probe values v_p^T J u_p (analytical[p] vs numerical[p]), or None.
 
     Only what a few numbers can show: NaN/inf, a zero gradient, or one ratio shared by every probe
-    (two nonzero at least). None otherwise: localise the block and call diagnose_block.
+    (two nonzero at least). None otherwise: localise the block and call diagnose_block. `unit`
+    names what the values are when they are not probes (a sample of elements, say).
     """
     a = np.asarray(analytical, dtype=np.float64).ravel()
     n = np.asarray(numerical, dtype=np.float64).ravel()
@@ -359,14 +360,15 @@ def diagnose_probe(analytical: Sequence[float] | np.ndarray,
     bad = ~(np.isfinite(a) & np.isfinite(n))
     if bad.any():
         i = int(np.argmax(bad))
-        return (f"NaN/inf on {int(bad.sum())} of {a.size} probes, first probe {i}: analytical "
+        return (f"NaN/inf on {int(bad.sum())} of {a.size} {unit}, first at {i}: analytical "
                 f"{_num(a[i])}, numerical {_num(n[i])}")
     if np.all(np.abs(a) <= atol) and (np.abs(n) > atol).any():
-        return f"analytical is zero on all {a.size} probes while numerical is not: gradient missing"
+        return (f"analytical is zero on all {a.size} {unit} while numerical is not: "
+                "gradient missing")
     k = _fit_factor(a, n, atol, rtol)
     if k is None:
         return None
-    return f"analytical = {_num(k)} × numerical on all {a.size} probes: {_factor_phrase(k)}"
+    return f"analytical = {_num(k)} × numerical on all {a.size} {unit}: {_factor_phrase(k)}"
 
 
 # --- second order -------------------------------------------------------------------------------

@@ -162,3 +162,11 @@ def test_inference_finds_a_domain_and_shapes_where_backward_runs(tmp_path):
     assert bias.ok()
     assert [i.description for i in bias.targets[0].cases[0].inputs] == ["3x4:float64",
                                                                         "(4,):float64"]
+
+
+def test_a_block_too_large_for_a_whole_diagnosis_is_diagnosed_from_its_worst_elements():
+    report = gradtool.check(str(EXAMPLES / "mul_constant.py:MulConstantUnscaled"),
+                            ["60x60", "5"], mode="full", checks=("gradient",))
+    block = next(b for b in result(report, "gradient").blocks if b.mismatched)
+    assert "backward misses a factor 5" in block.diagnosis
+    assert "worst elements shown" in block.diagnosis

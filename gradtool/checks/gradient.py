@@ -102,9 +102,9 @@ def _with_diagnosis(problem: Problem, verdict: Verdict, block: Block, k: int,
 
 def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
                          config: CheckConfig) -> str | None:
-    """Name the kind of mistake from the dense blocks (full mode only)."""
+    """Name the kind of mistake from the dense blocks, else from the worst elements found."""
     if (i, o) not in verdict.dense:
-        return None
+        return _diagnose_sample(block, config)
     from ..diagnose import diagnose_block
 
     analytical, numerical = verdict.dense[(i, o)]
@@ -115,6 +115,19 @@ def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: in
         input_shape=block.input_shape, output_shape=block.output_shape,
         input_values=problem.inputs[i].detach().reshape(-1).numpy(),
         atol=config.tolerance("atol"), rtol=config.tolerance("rtol"), other_inputs=others)
+
+
+def _diagnose_sample(block: Block, config: CheckConfig) -> str | None:
+    """Too large to diagnose whole: only what the worst elements shown can support."""
+    from ..diagnose import diagnose_probe
+
+    sample = [e for e in block.worst if not e.inconclusive]
+    if len(sample) < 2:
+        return None
+    return diagnose_probe([e.analytical for e in sample], [e.numerical for e in sample],
+                          atol=config.tolerance("atol"), rtol=config.tolerance("rtol"),
+                          unit="worst elements shown (a sample: the block is too "
+                               "large to diagnose whole)")
 
 
 def _summary(verdict: Verdict, blocks: list[Block], surrogate: str | None) -> str:
