@@ -126,3 +126,11 @@ def test_unusable_device_is_a_usage_error():
     if not torch.cuda.is_available():
         result = run("check", f"{EXAMPLES}/legendre.py:LegendrePolynomial3", "--device", "cuda")
         assert result.exit_code == 2 and "no usable CUDA" in result.output
+
+
+def test_closed_pipe_is_quiet_and_keeps_the_verdict():
+    command = (f"set -o pipefail; {sys.executable} -m gradtool check "
+               f"{EXAMPLES}/mul_constant.py | head -1")
+    out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 1  # MulConstantUnscaled fails; head closing the pipe changes nothing
+    assert "Traceback" not in out.stderr and "internal error" not in out.stderr
