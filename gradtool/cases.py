@@ -11,7 +11,7 @@ import torch
 
 from .config import CheckConfig
 from .errors import InputError, TargetError
-from .inputs import InputSpec, LiteralSpec, TensorSpec, sample
+from .inputs import InputSpec, LiteralSpec, sample
 from .problem import Problem
 from .results import InputInfo
 from .targets import Target
@@ -179,6 +179,3 @@ def _init_text(init: Any) -> str:
         return ", ".join(map(repr, init))
     return ""
 
-
-def tensor_spec_like(shape: Sequence[int]) -> TensorSpec:
-    return TensorSpec(tuple(shape))
