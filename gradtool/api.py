@@ -7,11 +7,11 @@ from typing import Any
 
 from .config import CheckConfig
 from .errors import GradtoolError
-from .collect import collect_specs, is_spec_argument
+from .collect import collect_one, is_spec_argument
 from .inputs import InputSpec, LiteralSpec, TensorSpec, parse_input
 from .results import Report
 from .runner import CaseSpec, Job, run
-from .targets import make_target, resolve
+from .targets import make_target
 
 
 def _input_spec(value: InputSpec | str) -> InputSpec:
@@ -33,19 +33,14 @@ def check(target: Any, inputs: Sequence[InputSpec | str] | None = None, **settin
     """
     config = CheckConfig(**{k: (tuple(v) if k == "checks" else v) for k, v in settings.items()})
     specs = None if inputs is None else [_input_spec(i) for i in inputs]
-    if isinstance(target, str) and is_spec_argument(target):
-        if specs is not None:
-            raise GradtoolError(f"{target} is a spec: its inputs come from the file")
-        jobs, rejected = collect_specs(target, config)
-        return run(jobs, config, rejected)
     if isinstance(target, str):
-        targets = resolve(target)
-    else:
-        name = f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', type(target).__name__)}"
-        targets = [make_target(target, name)]
-    if specs is not None and len(targets) > 1:
-        raise GradtoolError(f"{target} holds {len(targets)} targets; inputs apply to one")
-    jobs = [Job(t, [CaseSpec("case 0", specs, config.seed)], config) for t in targets]
+        if is_spec_argument(target) and specs is not None:
+            raise GradtoolError(f"{target} is a spec: its inputs come from the file")
+        jobs, rejected = collect_one(target, config, specs)  # the CLI's own collection
+        return run(jobs, config, rejected)
+    name = (f"{getattr(target, '__module__', '?')}:"
+            f"{getattr(target, '__qualname__', type(target).__name__)}")
+    jobs = [Job(make_target(target, name), [CaseSpec("case 0", specs, config.seed)], config)]
     return run(jobs, config)
 
 

@@ -126,7 +126,7 @@ def _backward_caller(problem: Problem, target: Target, leaves: list[torch.Tensor
     node = diff_outs[0].grad_fn
     if target.kind == "function" and getattr(type(node), "_forward_cls", None) is target.obj:
         raw_call = _raw_backward(problem, node, tensors, diff_outs)
-        violations += _arity_and_shapes(problem, target, raw_call)
+        violations += _arity_and_shapes(problem, raw_call, diff_outs)
         if any("gradient" in v and ("returned" in v or "shape" in v) for v in violations):
             return None  # the rest would only repeat the engine's error
         return lambda grads: _positions(problem, raw_call(grads))
@@ -150,8 +150,8 @@ def _positions(problem: Problem, raw: tuple[Any, ...]) -> list[torch.Tensor | No
     return [raw[p] if p < len(raw) else None for p in problem.diff]
 
 
-def _arity_and_shapes(problem: Problem, target: Target, raw_call) -> list[str]:
-    probe = raw_call([torch.ones_like(t) for t in _diff_outputs(problem)])
+def _arity_and_shapes(problem: Problem, raw_call, diff_outs: list[torch.Tensor]) -> list[str]:
+    probe = raw_call([torch.ones_like(t) for t in diff_outs])
     n_args = len(problem.args)
     names = ", ".join(problem.names)
     problems = []
@@ -163,11 +163,6 @@ def _arity_and_shapes(problem: Problem, target: Target, raw_call) -> list[str]:
     for name, arg, grad in zip(problem.names, problem.args, probe):
         problems += _one_gradient(name, arg, grad)
     return problems
-
-
-def _diff_outputs(problem: Problem) -> list[torch.Tensor]:
-    _, outs = problem.graph()
-    return [o for o in outs if (o.is_floating_point() or o.is_complex()) and o.requires_grad]
 
 
 def _one_gradient(name: str, arg: Any, grad: Any) -> list[str]:
