@@ -103,11 +103,13 @@ def _yaml_error(exc: yaml.YAMLError, path: str) -> SpecError:
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     context = getattr(exc, "context", None)
     text = f"{context}, {problem}" if context else problem
+    line = mark.line + 1 if mark is not None else None
     if isinstance(exc, yaml.reader.ReaderError):
         text = "the file is not valid UTF-8 text or holds control characters"
         return SpecError(f"invalid YAML: {text}", path=path)
-    return SpecError(f"invalid YAML: {text}", path=path,
-                     line=mark.line + 1 if mark is not None else None)
+    if "maximum nesting depth" in text:  # PyYAML >= 6.0.3 bounds nesting itself, in the scanner
+        return SpecError(f"YAML nested deeper than {MAX_DEPTH} levels", path=path, line=line)
+    return SpecError(f"invalid YAML: {text}", path=path, line=line)
 
 
 class _Builder:
