@@ -19,12 +19,12 @@ from typing import Any
 import torch
 from torch.autograd import gradcheck, gradgradcheck
 
-from gradtool.cases import build_case
+from gradtool.targets.cases import build_case
 from gradtool.checks.double_backward import check_double_backward
 from gradtool.checks.gradient import check_gradient
-from gradtool.config import CheckConfig
-from gradtool.inputs import parse_input
-from gradtool.targets import make_target
+from gradtool.config.settings import CheckConfig
+from gradtool.targets.inputs import parse_input
+from gradtool.targets.load import make_target
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "bugs.py"

@@ -126,8 +126,8 @@ def _detect(w: h.Workload, bug: str, slow: bool) -> dict[str, Any]:
 
 def seed_rates(quick: bool) -> list[dict[str, Any]]:
     """Probe screening over many seeds: detection of seeded bugs, false failures of the twin."""
-    from gradtool.jacobian import prime
-    from gradtool.probe import screen
+    from gradtool.numerics.jacobian import prime
+    from gradtool.numerics.probe import screen
 
     seeds = 20 if quick else 100
     rows = []

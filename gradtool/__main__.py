@@ -1,5 +1,5 @@
 """python -m gradtool."""
 
-from .cli import main
+from .cli.main import main
 
 main()

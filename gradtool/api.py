@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .config import CheckConfig
+from .config.settings import CheckConfig
 from .errors import GradtoolError
-from .collect import collect_one, is_spec_argument
-from .inputs import InputSpec, LiteralSpec, TensorSpec, parse_input
 from .results import Report
-from .runner import CaseSpec, Job, run
-from .targets import make_target
+from .run.collect import collect_one, is_spec_argument
+from .run.runner import CaseSpec, Job, run
+from .targets.inputs import InputSpec, LiteralSpec, TensorSpec, parse_input
+from .targets.load import make_target
 
 
 def _input_spec(value: InputSpec | str) -> InputSpec:

@@ -27,8 +27,8 @@ import pytest
 
 if TYPE_CHECKING:
     from gradtool.results import CaseResult, CheckResult, Report, TargetResult
-    from gradtool.runner import Job
-    from gradtool.specs import Spec
+    from gradtool.run.runner import Job
+    from gradtool.spec.schema import Spec
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 FILE_KEYS = frozenset({"version", "specs"})  # gradtool.specs.FILE_KEYS, without importing it
@@ -67,8 +67,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def project_settings(config: pytest.Config) -> dict[str, Any]:
     """CheckConfig keyword arguments from [tool.gradtool] (defaults where unset), cached per run."""
     if _settings_key not in config.stash:
+        from gradtool.config.pyproject import check_config_kwargs, discover
         from gradtool.errors import GradtoolError
-        from gradtool.pyconfig import check_config_kwargs, discover
 
         try:
             project = discover(config.rootpath)
@@ -107,7 +107,7 @@ class SpecFile(pytest.File):
 
     def collect(self) -> Iterator[SpecNode]:
         from gradtool.errors import GradtoolError
-        from gradtool.specs import load_file
+        from gradtool.spec.schema import load_file
 
         try:
             specs = load_file(display_path(self.path))
@@ -127,9 +127,9 @@ class SpecNode(pytest.Collector):
     def collect(self) -> Iterator[SpecItem]:
         from dataclasses import replace
 
-        from gradtool.collect import spec_jobs
-        from gradtool.config import CheckConfig
+        from gradtool.config.settings import CheckConfig
         from gradtool.errors import GradtoolError
+        from gradtool.run.collect import spec_jobs
 
         try:
             [job] = spec_jobs(self.spec, CheckConfig(**project_settings(self.config)))
@@ -155,7 +155,7 @@ class SpecItem(pytest.Item):
 
     def runtest(self) -> None:
         from gradtool.errors import GradtoolError
-        from gradtool.runner import run_job
+        from gradtool.run.runner import run_job
 
         try:
             target = run_job(self.job)

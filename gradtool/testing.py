@@ -7,8 +7,8 @@ from typing import Any
 
 from . import api
 from .api import check
-from .inputs import InputSpec
 from .results import Report
+from .targets.inputs import InputSpec
 
 __all__ = ["assert_gradients", "check"]
 

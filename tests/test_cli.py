@@ -9,7 +9,7 @@ import sys
 from click.testing import CliRunner
 
 from conftest import EXAMPLES, FIXTURES, ROOT
-from gradtool.cli import main
+from gradtool.cli.main import main
 
 
 def run(*args: str):
@@ -17,7 +17,7 @@ def run(*args: str):
 
 
 def test_help_and_import_do_not_load_torch():
-    code = ("import sys, gradtool, gradtool.cli; "
+    code = ("import sys, gradtool, gradtool.cli.main; "
             "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr

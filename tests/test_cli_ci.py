@@ -21,7 +21,7 @@ import xmlschema
 from click.testing import CliRunner, Result
 
 import gradtool
-from gradtool.cli import main
+from gradtool.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "specs" / "examples"

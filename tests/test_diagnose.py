@@ -1,4 +1,4 @@
-"""Tests for gradtool.diagnose: each broken-backward class is named, correct blocks get none."""
+"""Tests for gradtool.diagnosis.classify: each broken-backward class is named, correct blocks get none."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gradtool.diagnose import diagnose_block, diagnose_double_backward, diagnose_probe
+from gradtool.diagnosis.classify import diagnose_block, diagnose_double_backward, diagnose_probe
 
 Fwd = Callable[..., np.ndarray]
 Bwd = Callable[..., tuple[np.ndarray, ...]]
@@ -348,7 +348,7 @@ def test_shape_mismatch_is_rejected() -> None:
 
 def test_module_does_not_import_torch() -> None:
     # The CLI and the renderers import this; it must stay cheap.
-    import gradtool.diagnose as mod
+    import gradtool.diagnosis.classify as mod
     tree = ast.parse(Path(mod.__file__).read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradtool.errors import SpecError
-from gradtool.exprs import compile_expr
+from gradtool.spec.exprs import compile_expr
 
 
 def _spd(n: int) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Tests of the autograd graph walk (gradtool.graph) and its renderers (gradtool.render.graph)."""
+"""Tests of the autograd graph walk (gradtool.graph.build) and its renderers (gradtool.graph.render)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from gradtool.graph import Graph, record
-from gradtool.render.graph import FORMATS, render, styled_tree
+from gradtool.graph.build import Graph, record
+from gradtool.graph.render import FORMATS, render, styled_tree
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent

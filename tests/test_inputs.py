@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gradtool.errors import InputError
-from gradtool.inputs import Domain, LiteralSpec, TensorSpec, parse_input, sample
+from gradtool.targets.inputs import Domain, LiteralSpec, TensorSpec, parse_input, sample
 
 
 @pytest.mark.parametrize("text, expected", [

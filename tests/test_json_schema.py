@@ -9,7 +9,7 @@ import jsonschema
 from click.testing import CliRunner
 
 from conftest import EXAMPLES, FIXTURES
-from gradtool.cli import main
+from gradtool.cli.main import main
 
 SCHEMA = json.loads(files("gradtool.schemas").joinpath("report.schema.json").read_text())
 

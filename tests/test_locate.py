@@ -9,15 +9,15 @@ import torch
 
 import gradtool
 from conftest import FIXTURES, load_fixture, result
-from gradtool.cases import build_case
+from gradtool.targets.cases import build_case
 from gradtool.checks.gradient import check_gradient
-from gradtool.config import CheckConfig
-from gradtool.inputs import parse_input
-from gradtool.locate import (annotate, case_from_values, describe, forward_line,
+from gradtool.config.settings import CheckConfig
+from gradtool.targets.inputs import parse_input
+from gradtool.run.culprit import (annotate, case_from_values, describe, forward_line,
                              locate_functions)
-from gradtool.problem import Problem
+from gradtool.numerics.problem import Problem
 from gradtool.results import Outcome
-from gradtool.targets import make_target, source_of
+from gradtool.targets.load import make_target, source_of
 
 CONFIG = CheckConfig()
 

@@ -9,13 +9,13 @@ import pytest
 import torch
 from torch.autograd import Function
 
-from gradtool.cases import build_case
-from gradtool.compress import analytical_jacobian, colour_columns, find_strides, row_strides
-from gradtool.config import CheckConfig
-from gradtool.inputs import parse_input
-from gradtool.jacobian import check_full, prime
-from gradtool.numerics import analytical_rows, central, directional, numerical_columns
-from gradtool.targets import make_target
+from gradtool.targets.cases import build_case
+from gradtool.numerics.sparsity import analytical_jacobian, colour_columns, find_strides, row_strides
+from gradtool.config.settings import CheckConfig
+from gradtool.targets.inputs import parse_input
+from gradtool.numerics.jacobian import check_full, prime
+from gradtool.numerics.steps import analytical_rows, central, directional, numerical_columns
+from gradtool.targets.load import make_target
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 import bugs  # noqa: E402

@@ -11,13 +11,13 @@ import torch
 from torch.autograd import Function
 
 import gradtool
-from gradtool.cases import build_case
+from gradtool.targets.cases import build_case
 from gradtool.checks.double_backward import backward_problem
-from gradtool.config import CheckConfig
-from gradtool.inputs import parse_input
-from gradtool.jacobian import prime
-from gradtool.probe import check_probe, screen
-from gradtool.targets import make_target
+from gradtool.config.settings import CheckConfig
+from gradtool.targets.inputs import parse_input
+from gradtool.numerics.jacobian import prime
+from gradtool.numerics.probe import check_probe, screen
+from gradtool.targets.load import make_target
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 import bugs  # noqa: E402

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gradtool.config import CheckConfig
+from gradtool.config.settings import CheckConfig
 from gradtool.errors import ConfigError
-from gradtool.pyconfig import (DEFAULTS, KEYS, ProjectConfig, check_config_kwargs, discover,
+from gradtool.config.pyproject import (DEFAULTS, KEYS, ProjectConfig, check_config_kwargs, discover,
                                find_pyproject, load_config, merge, render_effective,
                                resolve_entry)
 

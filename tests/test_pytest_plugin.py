@@ -15,14 +15,14 @@ import torch  # noqa: F401
 import yaml  # noqa: F401
 
 import gradtool
-from gradtool.collect import collect_specs
-from gradtool.config import CheckConfig
+from gradtool.run.collect import collect_specs
+from gradtool.config.settings import CheckConfig
 from gradtool.errors import SpecError
 from gradtool.pytest_plugin import CheckFailed, GradtoolInconclusive, is_spec_file, settle
 from gradtool.render.terminal import check_text
 from gradtool.results import CaseResult, CheckResult, Outcome, TargetResult
-from gradtool.runner import run
-from gradtool.specs import load_file
+from gradtool.run.runner import run
+from gradtool.spec.schema import load_file
 
 pytest_plugins = ["pytester"]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from conftest import EXAMPLES, ROOT
-from gradtool.cli import main
-from gradtool.specs import load_text
+from gradtool.cli.main import main
+from gradtool.spec.schema import load_text
 
 README = (ROOT / "README.md").read_text()
 

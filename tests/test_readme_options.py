@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 import pytest
 
-from gradtool.cli import main
+from gradtool.cli.main import main
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -10,13 +10,13 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gradtool.config import DTYPES
+from gradtool.config.settings import DTYPES
 from gradtool.errors import SpecError
-from gradtool.inputs import Domain, LiteralSpec, TensorSpec
-from gradtool.spec_input import TENSOR_DTYPES
-from gradtool.specs import (Spec, SpecFileError, find_spec_files, load_file, load_text,
+from gradtool.targets.inputs import Domain, LiteralSpec, TensorSpec
+from gradtool.spec.values import TENSOR_DTYPES
+from gradtool.spec.schema import (Spec, SpecFileError, find_spec_files, load_file, load_text,
                             resolve_reference)
-from gradtool.surrogates import ScaleSurrogate
+from gradtool.spec.surrogates import ScaleSurrogate
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "specs"   # holds ops.py: Double, double_grad, scale

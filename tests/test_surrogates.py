@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gradtool.errors import SpecError
-from gradtool.surrogates import (ClippedIdentitySurrogate, IdentitySurrogate, OracleSurrogate,
+from gradtool.spec.surrogates import (ClippedIdentitySurrogate, IdentitySurrogate, OracleSurrogate,
                                  ScaleSurrogate, Surrogate, load_callable, make_surrogate)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,7 +174,7 @@ def test_example_matches_its_surrogate_and_the_broken_twin_does_not(label, surro
 # --- end to end through the engine: the broken twins fail, naming the surrogate ---------------
 
 def _engine() -> None:
-    for module in ("gradtool.runner", "gradtool.collect", "gradtool.cli"):
+    for module in ("gradtool.run.runner", "gradtool.run.collect", "gradtool.cli.main"):
         pytest.importorskip(module)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import EXAMPLES, FIXTURES
 from gradtool.errors import TargetError
-from gradtool.targets import make_target, resolve, split_target
+from gradtool.targets.load import make_target, resolve, split_target
 
 
 def test_split_target():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from ..problem import Problem
+from ..numerics.problem import Problem
 from ..results import CheckResult, Outcome
-from ..targets import Target
+from ..targets.load import Target
 from ..tracebacks import innermost_user_frame, trim
 
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from ..cases import Case
-from ..config import CheckConfig
-from ..problem import Problem, tensor_outputs
+from ..config.settings import CheckConfig
+from ..numerics.problem import Problem, tensor_outputs
 from ..results import CheckResult, Outcome
-from ..targets import Target
+from ..targets.cases import Case
+from ..targets.load import Target
 from ._common import calls_since, error_result
 
 LEAF_INPLACE = "leaf Variable that requires grad is being used in an in-place operation"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from ..cases import Case
-from ..config import CheckConfig
-from ..jacobian import Verdict
-from ..problem import Problem, select_outputs, vjp
+from ..config.settings import CheckConfig
+from ..numerics.jacobian import Verdict
+from ..numerics.problem import Problem, select_outputs, vjp
 from ..results import Block, CheckResult, Outcome
-from ..targets import Target
+from ..targets.cases import Case
+from ..targets.load import Target
 from .gradient import jacobian_result
 
 ONCE = "once_differentiable"
@@ -74,7 +74,7 @@ def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
               config: CheckConfig) -> str | None:
     if (i, o) not in verdict.dense:
         return None
-    from ..diagnose import diagnose_double_backward
+    from ..diagnosis.classify import diagnose_double_backward
 
     analytical, numerical = verdict.dense[(i, o)]
     return diagnose_double_backward(analytical.numpy(), numerical.numpy(),

@@ -7,13 +7,13 @@ from collections.abc import Callable
 
 import torch
 
-from ..cases import Case
-from ..config import CheckConfig
-from ..jacobian import Reference, Verdict, check_full, choose_mode, prime
-from ..problem import Problem
-from ..probe import check_probe
+from ..config.settings import CheckConfig
+from ..numerics.jacobian import Reference, Verdict, check_full, choose_mode, prime
+from ..numerics.probe import check_probe
+from ..numerics.problem import Problem
 from ..results import Block, CheckResult, Outcome
-from ..targets import Target
+from ..targets.cases import Case
+from ..targets.load import Target
 from ._common import calls_since, error_result
 
 Diagnoser = Callable[[Problem, Verdict, Block, int, int, CheckConfig], "str | None"]
@@ -22,13 +22,8 @@ Diagnoser = Callable[[Problem, Verdict, Block, int, int, CheckConfig], "str | No
 def check_gradient(case: Case, target: Target, config: CheckConfig,
                    reference: Reference | None = None, surrogate: str | None = None) -> CheckResult:
     """First-order check of every (input, output) pair."""
-    result = jacobian_result("gradient", case.problem, target, config, case.seed, reference,
-                             surrogate, diagnose_first_order)
-    if target.kind in ("module", "callable") and surrogate is None:
-        from ..locate import annotate  # on a failure only: each custom Function's own verdict
-
-        result = annotate(result, case.problem, config)
-    return result
+    return jacobian_result("gradient", case.problem, target, config, case.seed, reference,
+                           surrogate, diagnose_first_order)
 
 
 def jacobian_result(name: str, problem: Problem, target: Target, config: CheckConfig, seed: int,
@@ -76,7 +71,7 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
 
 def precision_config(config: CheckConfig, problem: Problem) -> CheckConfig:
     """Tolerances of the least precise floating input (an input pinned to float32, say)."""
-    from ..config import DEFAULT_TOLERANCES
+    from ..config.settings import DEFAULT_TOLERANCES
 
     names = {str(v.dtype).replace("torch.", "") for v in problem.inputs if v.is_floating_point()}
     known = [n for n in names if n in DEFAULT_TOLERANCES]
@@ -105,7 +100,7 @@ def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: in
     """Name the kind of mistake from the dense blocks, else from the worst elements found."""
     if (i, o) not in verdict.dense:
         return _diagnose_sample(block, config)
-    from ..diagnose import diagnose_block
+    from ..diagnosis.classify import diagnose_block
 
     analytical, numerical = verdict.dense[(i, o)]
     others = {problem.input_names[j]: verdict.dense[(j, o)][1].numpy()
@@ -119,7 +114,7 @@ def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: in
 
 def _diagnose_sample(block: Block, config: CheckConfig) -> str | None:
     """Too large to diagnose whole: only what the worst elements shown can support."""
-    from ..diagnose import diagnose_probe
+    from ..diagnosis.classify import diagnose_probe
 
     sample = [e for e in block.worst if not e.inconclusive]
     if len(sample) < 2:

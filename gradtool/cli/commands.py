@@ -1,0 +1,264 @@
+"""The bodies of the CLI commands (imported lazily, so `gradtool --help` never loads torch)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..config.settings import CheckConfig
+from ..errors import GradtoolError, NothingToCheck
+from ..results import Report
+from ..targets.inputs import parse_input
+
+
+def settings_from(kw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Merge the command line over [tool.gradtool] over the defaults."""
+    from ..config.pyproject import discover, merge
+
+    cli = {
+        "seed": kw.get("seed"), "dtype": kw.get("dtype"), "device": kw.get("device"),
+        "eps": kw.get("eps"), "atol": kw.get("atol"), "rtol": kw.get("rtol"),
+        "nondet_tol": kw.get("nondet_tol"), "mode": kw.get("mode"),
+        "checks": list(kw.get("checks") or []) or None, "strict": kw.get("strict"),
+        "probes": kw.get("probes"), "max_memory": kw.get("max_memory"),
+        "format": kw.get("fmt") if kw.get("fmt") in ("terminal", "json") else None,
+        "junit_xml": kw.get("junit_xml"), "annotations": kw.get("annotations"),
+        "paths": list(kw.get("targets") or []) or None,
+    }
+    return merge(discover(Path.cwd()), cli)
+
+
+def config_from(settings: dict[str, Any], resample: int | None = None) -> CheckConfig:
+    from ..config.pyproject import check_config_kwargs
+
+    kwargs = check_config_kwargs(settings)
+    kwargs["checks"] = tuple(kwargs.get("checks") or ())
+    return CheckConfig(**kwargs, resample=resample or 0)
+
+
+def parse_inputs(raw: tuple[str, ...] | list[str]) -> list[Any] | None:
+    return [parse_input(text) for text in raw] if raw else None
+
+
+def run_check(kw: dict[str, Any]) -> int:
+    settings, sources = settings_from(kw)
+    if kw.get("show_config"):
+        from ..config.pyproject import render_effective
+
+        click.echo(render_effective(settings, sources))
+        return 0
+    config = config_from(settings, kw.get("resample"))
+    targets = list(settings.get("paths") or [])
+    if not targets:
+        raise NothingToCheck("nothing to check: give a target (module:Name, file.py:Name, a "
+                             "spec file or folder), or set paths in [tool.gradtool]")
+    jobs, rejected = _collect(targets, config, parse_inputs(kw.get("inputs") or ()))
+    report = _run(jobs, rejected, config, quiet=kw.get("quiet", False))
+    try:
+        _emit(report, settings, kw)
+    except BrokenPipeError:  # `gradtool check ... | head`: the verdict still decides the code
+        silence_stdout()
+    if report.rejected:
+        return 2
+    return 0 if report.ok(config.strict) else 1
+
+
+def _collect(targets: list[str], config: CheckConfig, inputs: list[Any] | None):
+    from ..results import Rejected
+    from ..run.collect import collect_one
+
+    jobs, rejected, errors = [], [], []
+    for arg in targets:
+        try:
+            found, bad = collect_one(arg, config, inputs)
+        except GradtoolError as exc:
+            errors.append(exc)
+            rejected.append(Rejected(arg, str(exc)))
+            continue
+        jobs += found
+        rejected += bad
+    if not jobs and errors and len(errors) == len(rejected):
+        raise errors[0]  # one bad target alone: a short error, exit 2
+    if not jobs and not rejected:
+        raise NothingToCheck(f"nothing to check in {', '.join(targets)}")
+    return jobs, rejected
+
+
+def _run(jobs: list[Any], rejected: list[Any], config: CheckConfig, quiet: bool) -> Report:
+    from ..run import runner
+
+    if quiet or not sys.stderr.isatty() or len(jobs) < 2:
+        return runner.run(jobs, config, rejected)
+    progress = LateProgress(len(jobs))
+    try:
+        return runner.run(jobs, config, rejected, progress.step)
+    finally:
+        progress.stop()
+
+
+class LateProgress:
+    """A progress bar on stderr that appears only once a run has taken about a second."""
+
+    def __init__(self, total: int, delay: float = 1.0) -> None:
+        import time
+
+        self.total, self.done, self.delay = total, 0, delay
+        self.start = time.perf_counter()
+        self.bar: Any = None
+
+    def step(self, name: str) -> None:
+        import time
+
+        if self.bar is None and time.perf_counter() - self.start > self.delay:
+            from rich.progress import Progress
+
+            self.bar = Progress(transient=True, console=_console(sys.stderr, "auto"))
+            self.bar.start()
+            self.task = self.bar.add_task("checking", total=self.total, completed=self.done)
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.done - 1, description=name[-50:])
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _console(stream: Any, color: str):
+    from rich.console import Console
+
+    class PipeAwareConsole(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError  # rich would exit 1; the verdict decides the exit code
+
+    colored = use_color(color, stream)
+    return PipeAwareConsole(file=stream, no_color=not colored, highlight=False, soft_wrap=True,
+                   force_terminal=colored if color == "always" else None,
+                   color_system="auto" if colored else None)
+
+
+def _emit(report: Report, settings: dict[str, Any], kw: dict[str, Any]) -> None:
+    from ..render.json import render_json
+
+    fmt = settings.get("format") or "terminal"
+    if fmt == "json":
+        click.echo(render_json(report))
+    else:
+        _print_terminal(report, kw)
+    if kw.get("json_path"):
+        write_file(kw["json_path"], render_json(report) + "\n", "JSON report")
+    if settings.get("junit_xml"):
+        from ..render.junit import render_junit
+        from ..render.terminal import check_text
+
+        write_file(settings["junit_xml"], render_junit(report, check_text), "JUnit XML report")
+    from ..render.annotations import annotations_enabled, render_github
+
+    if annotations_enabled(settings.get("annotations"), os.environ):
+        text = render_github(report, Path(os.environ.get("GITHUB_WORKSPACE") or Path.cwd()))
+        if text:
+            click.echo(text.rstrip("\n"), err=fmt == "json")
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null (its reader left), so the exit flush cannot raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def write_file(path: str, text: str, what: str) -> None:
+    """Write a report file, creating its folder (as pytest's --junitxml does)."""
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise GradtoolError(f"cannot write the {what} to {path}: {exc.strerror or exc}",
+                            "check that the folder exists and is writable") from None
+
+
+def _print_terminal(report: Report, kw: dict[str, Any]) -> None:
+    from ..render.terminal import report_lines
+
+    console = _console(sys.stdout, kw.get("color") or "auto")
+    for text, style in report_lines(report, kw.get("verbose", False), kw.get("quiet", False)):
+        console.print(text, style=style or None, markup=False)
+
+
+def run_list(kw: dict[str, Any]) -> int:
+    """What check would run: targets, their kinds and inputs (inferred ones are inferred)."""
+    settings, _ = settings_from(kw)
+    config = config_from(settings)
+    targets = list(settings.get("paths") or [])
+    if not targets:
+        raise NothingToCheck("nothing to list: give a target, spec file or folder")
+    jobs, rejected = _collect(targets, config, parse_inputs(kw.get("inputs") or ()))
+    from .listing import list_lines
+
+    for line in list_lines(jobs, rejected, config):
+        click.echo(line)
+    return 2 if rejected else 0
+
+
+def run_graph(kw: dict[str, Any]) -> int:
+    """Record the forward of one target and render its autograd graph."""
+    from ..graph.build import record
+    from ..graph.render import render
+
+    settings, _ = settings_from(kw)
+    config = config_from(settings)
+    jobs, rejected = _collect([kw["target"]], config, parse_inputs(kw.get("inputs") or ()))
+    if rejected:
+        raise GradtoolError(rejected[0].message)
+    if len(jobs) != 1:
+        from ..run.collect import is_spec_argument
+
+        hint = ("name the Function itself, e.g. gradtool graph path/to/file.py:Name -i 3x4"
+                if is_spec_argument(kw["target"])
+                else "name one: " + ", ".join(j.target.name for j in jobs[:4]))
+        raise GradtoolError(f"{kw['target']} holds {len(jobs)} targets; graph shows one", hint)
+    from ..run.runner import case_for
+
+    job = jobs[0]
+    try:
+        case = case_for(job, job.cases[0])
+        problem = case.problem
+        args = [a.detach().requires_grad_(True) if i in problem.diff else a
+                for i, a in enumerate(problem.args)]
+        graph = record(problem.fn, args, problem.names, grads=kw.get("grads", False),
+                       seed=case.seed)
+    except GradtoolError:
+        raise
+    except Exception as exc:  # the user's forward raised: report it, like a check error
+        from ..tracebacks import trim
+
+        click.echo(f"gradtool: {job.target.name}: forward raised\n{trim(exc)}", err=True)
+        return 1
+    fmt = kw.get("fmt") or "tree"
+    if kw.get("output"):
+        write_file(kw["output"], render(graph, fmt, kw.get("depth")), "graph")
+    elif fmt == "tree":
+        from ..graph.render import styled_tree
+
+        tree = styled_tree(graph, kw.get("depth"))
+        tree.rstrip()
+        _console(sys.stdout, kw.get("color") or "auto").print(tree)
+    else:
+        click.echo(render(graph, fmt, kw.get("depth")), nl=False)
+    # --grads is a diagnosis: a gradient that dies or explodes fails the command.
+    return 1 if kw.get("grads") and (graph.problems or graph.backward_error) else 0
+
+
+def use_color(choice: str, stream: Any) -> bool:
+    """--color always/never win; auto means a TTY (or FORCE_COLOR) and no NO_COLOR."""
+    if choice == "always":
+        return True
+    if choice == "never" or os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    return bool(getattr(stream, "isatty", lambda: False)())

@@ -1,0 +1,203 @@
+"""Command line: click commands; the one place where exceptions become exit codes."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..config.settings import CHECK_NAMES, DTYPES, MODES
+from ..errors import GradtoolError, NothingToCheck
+from ..targets.inputs import INPUT_HELP
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class ExitCode(IntEnum):
+    """Stable exit codes (documented in README)."""
+
+    OK = 0
+    CHECKS_FAILED = 1
+    USAGE = 2
+    INTERNAL = 3
+    NOTHING = 5
+
+
+def _version_text() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .._version import __version__
+
+    def pkg(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return (f"gradtool {__version__} (torch {pkg('torch')}, numpy {pkg('numpy')}, "
+            f"Python {sys.version.split()[0]})")
+
+
+def _print_version(ctx: click.Context, _: Any, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(_version_text())
+        ctx.exit(0)
+
+
+@click.group(context_settings=CONTEXT)
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_version, help="Show gradtool, torch, numpy and Python versions.")
+def main() -> None:
+    """gradtool: verify the gradients of custom torch.autograd Functions.
+
+    \b
+    Exit codes: 0 all checks passed, 1 a check failed or errored,
+    2 usage error (bad option, spec or target), 3 internal error, 5 nothing to check.
+    """
+
+
+def guarded(fn: Callable[..., int]) -> Callable[..., None]:
+    """Map exceptions to exit codes: user mistakes -> 2 (short message), bugs -> 3."""
+    def wrapper(**kwargs: Any) -> None:
+        show_tb = kwargs.get("traceback", False)
+        try:
+            code = fn(**kwargs)
+        except NothingToCheck as exc:
+            click.echo(f"gradtool: {exc}", err=True)
+            code = ExitCode.NOTHING
+        except GradtoolError as exc:
+            if show_tb:
+                traceback.print_exc()
+            click.echo(f"gradtool: error: {exc}", err=True)
+            code = ExitCode.USAGE
+        except click.exceptions.Exit:
+            raise
+        except BrokenPipeError:  # `gradtool ... | head`: the reader left; stop quietly
+            from .commands import silence_stdout
+
+            silence_stdout()
+            code = ExitCode.OK
+        except Exception:
+            traceback.print_exc()
+            click.echo("gradtool: internal error (a bug in gradtool) — please report it with "
+                       "the traceback above", err=True)
+            code = ExitCode.INTERNAL
+        sys.exit(int(code))
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+def check_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Options shared by check, graph and list (defaults None: pyproject fills them)."""
+    options = [
+        click.option("-i", "--input", "inputs", multiple=True, metavar="SPEC",
+                     help="One forward argument, in order (repeat). See 'Inputs' below."),
+        click.option("--seed", type=int, default=None, help="Seed for sampled inputs [0]."),
+        click.option("--dtype", type=click.Choice(DTYPES), default=None,
+                     help="Floating dtype of sampled tensors [float64]."),
+        click.option("--device", default=None, help="Device of sampled tensors [cpu]."),
+        click.option("--traceback", is_flag=True, help="Show Python tracebacks of usage errors."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+CHECK_EPILOG = "\b\nInputs:\n" + INPUT_HELP
+
+
+@main.command(context_settings=CONTEXT, epilog=CHECK_EPILOG)
+@click.argument("targets", nargs=-1)
+@check_options
+@click.option("--eps", type=float, default=None, help="Finite-difference step [dtype default].")
+@click.option("--atol", type=float, default=None, help="Absolute tolerance [1e-5 for float64].")
+@click.option("--rtol", type=float, default=None, help="Relative tolerance [1e-3 for float64].")
+@click.option("--nondet-tol", type=float, default=None,
+              help="Allowed difference between two backward calls [0].")
+@click.option("--mode", type=click.Choice(MODES), default=None,
+              help="full: every Jacobian element; probe: random projections; "
+                   "auto: full while cheap [auto].")
+@click.option("--check", "checks", multiple=True, type=click.Choice(CHECK_NAMES),
+              help="Run only these checks (repeat) [all].")
+@click.option("--probes", type=click.IntRange(min=1), default=None,
+              help="Probe budget in probe mode: 4 gives one random direction tested against "
+                   "two random cotangents; each further 4 add a direction [4].")
+@click.option("--max-memory", type=float, default=None,
+              help="Bytes a full-mode Jacobian may take before refusing [2e9].")
+@click.option("--strict/--no-strict", default=None,
+              help="Inconclusive checks fail the run.")
+@click.option("--resample", type=int, default=None,
+              help="Draw up to N new inputs when a case is inconclusive (kinks, ties).")
+@click.option("--format", "fmt", type=click.Choice(["terminal", "json"]), default=None,
+              help="Report format on stdout [terminal].")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the JSON report to this file.")
+@click.option("--junit-xml", type=click.Path(dir_okay=False), default=None,
+              help="Write a JUnit XML report to this file.")
+@click.option("--annotations", type=click.Choice(["auto", "github", "none"]), default=None,
+              help="GitHub Actions ::error annotations [auto: when GITHUB_ACTIONS=true].")
+@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
+              help="Colour in the terminal report (NO_COLOR is honoured) [auto].")
+@click.option("-q", "--quiet", is_flag=True, help="Print only failures and the summary.")
+@click.option("-v", "--verbose", is_flag=True, help="Show per-check timing and call counts.")
+@click.option("--show-config", is_flag=True,
+              help="Print the effective settings and where each came from, then exit.")
+@guarded
+def check(**kw: Any) -> int:
+    """Check the gradients of TARGETS: module:Name, path/file.py:Name, a module or file
+    alone (every Function and nn.Module in it), a YAML spec file, or a folder of specs.
+
+    With no TARGETS, checks the paths configured in [tool.gradtool] of pyproject.toml."""
+    from .commands import run_check
+
+    return run_check(kw)
+
+
+@main.command(context_settings=CONTEXT, epilog=CHECK_EPILOG)
+@click.argument("target")
+@check_options
+@click.option("--format", "fmt", type=click.Choice(["tree", "dot", "mermaid", "json"]),
+              default="tree", help="Output format [tree].")
+@click.option("--grads", is_flag=True,
+              help="Run backward and annotate each node with gradient norms (flags NaN/Inf/zero).")
+@click.option("--depth", type=click.IntRange(min=0), default=None,
+              help="Show at most N levels below the outputs.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Write to this file instead of stdout.")
+@guarded
+def graph(**kw: Any) -> int:
+    """Show the autograd graph that TARGET's forward records (what backward will walk).
+
+    Exit code 1 with --grads when a gradient turns NaN/Inf or dies (all zero) at some node."""
+    from .commands import run_graph
+
+    return run_graph(kw)
+
+
+@main.command("list", context_settings=CONTEXT, epilog=CHECK_EPILOG)
+@click.argument("targets", nargs=-1)
+@check_options
+@guarded
+def list_(**kw: Any) -> int:
+    """List what `gradtool check` would check (targets, specs, inputs) without running checks."""
+    from .commands import run_list
+
+    return run_list(kw)
+
+
+@main.command(context_settings=CONTEXT)
+@guarded
+def config() -> int:
+    """Print the effective settings ([tool.gradtool] in pyproject.toml) and their sources."""
+    from ..config.pyproject import discover, merge, render_effective
+
+    settings, sources = merge(discover(Path.cwd()), {})
+    click.echo(render_effective(settings, sources))
+    return ExitCode.OK

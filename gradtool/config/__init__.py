@@ -1,0 +1,1 @@
+"""Settings: the frozen CheckConfig and the [tool.gradtool] loader."""

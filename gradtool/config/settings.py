@@ -1,0 +1,84 @@
+"""CheckConfig: the frozen settings of one run, and the per-dtype default tolerances."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from ..errors import ConfigError, did_you_mean
+
+CHECK_NAMES = ("contract", "gradient", "double_backward")
+MODES = ("auto", "full", "probe")
+
+# torch.autograd.gradcheck's defaults for float64; looser rows for the low-precision dtypes,
+# whose finite differences cannot resolve anything finer. (Complex inputs need Wirtinger
+# derivatives, which the finite differences here do not compute: not offered.)
+DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
+    "float64": {"eps": 1e-6, "atol": 1e-5, "rtol": 1e-3},
+    "float32": {"eps": 1e-3, "atol": 1e-3, "rtol": 1e-2},
+    "float16": {"eps": 1e-2, "atol": 1e-2, "rtol": 5e-2},
+    "bfloat16": {"eps": 1e-2, "atol": 5e-2, "rtol": 1e-1},
+}
+
+DTYPES = tuple(DEFAULT_TOLERANCES)
+
+
+@dataclass(frozen=True)
+class CheckConfig:
+    """Everything that decides a verdict; recorded in every report so a run can be repeated."""
+
+    seed: int = 0
+    dtype: str = "float64"
+    device: str = "cpu"
+    eps: float | None = None
+    atol: float | None = None
+    rtol: float | None = None
+    nondet_tol: float = 0.0
+    checks: tuple[str, ...] = CHECK_NAMES
+    mode: str = "auto"
+    probes: int = 4
+    full_budget_s: float = 1.0
+    max_memory: float = 2e9
+    strict: bool = False
+    resample: int = 0
+    max_worst: int = 5
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DEFAULT_TOLERANCES:
+            hint = did_you_mean(self.dtype, DTYPES)
+            raise ConfigError(f"dtype {self.dtype!r} is not supported; choose one of "
+                              f"{', '.join(DTYPES)}", hint)
+        if self.mode not in MODES:
+            raise ConfigError(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
+        for name in self.checks:
+            if name not in CHECK_NAMES:
+                raise ConfigError(f"unknown check {name!r}; checks are {', '.join(CHECK_NAMES)}",
+                                  did_you_mean(name, CHECK_NAMES))
+        for name in ("eps", "atol", "rtol", "nondet_tol"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
+        if self.eps is not None and self.eps == 0:
+            raise ConfigError("eps must be positive, got 0")
+        if self.probes < 1:
+            raise ConfigError(f"probes must be at least 1, got {self.probes}")
+
+    def tolerance(self, name: str) -> float:
+        """The effective eps/atol/rtol: the user's value, else the dtype's default."""
+        value = getattr(self, name)
+        return DEFAULT_TOLERANCES[self.dtype][name] if value is None else value
+
+    @property
+    def effective(self) -> dict[str, Any]:
+        """Plain dict of the settings as applied (tolerances resolved), for reports."""
+        data = asdict(self)
+        data.pop("extra")
+        for name in ("eps", "atol", "rtol"):
+            data[name] = self.tolerance(name)
+        data["checks"] = list(self.checks)
+        return data
+
+    def with_(self, **changes: Any) -> CheckConfig:
+        """A copy with some fields changed (None values are ignored)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})

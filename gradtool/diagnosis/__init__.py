@@ -1,0 +1,1 @@
+"""Naming the kind of gradient mistake from Jacobian blocks (pure numpy)."""

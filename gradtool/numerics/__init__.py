@@ -1,0 +1,1 @@
+"""The maths: problems, finite differences, full and probe Jacobian engines, comparison."""

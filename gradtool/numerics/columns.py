@@ -1,0 +1,234 @@
+"""Full mode's numerical side: every column of one input's block, coloured or one by one."""
+
+# Coloured sweep: the columns of one colour meet no common output row in the analytical pattern,
+# so one central difference along their (weighted) sum yields each of their elements exactly,
+# provided the numerical pattern is no wider than the analytical one. Two independent random
+# weightings guard that proviso: an element that the analytical pattern misses adds to its
+# neighbours with different weights in each sweep, so it cannot pass both by accident. Failures
+# are confirmed column by column (found by bisection where the column is unknown), so every
+# reported element is an exact central difference, as in a one-column-at-a-time sweep.
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .compare import BlockTally
+from .localise import bisect
+from .problem import Problem
+from .sparsity import AnalyticalJacobian
+from .steps import central, chunk_size, numerical_columns
+
+EXACT_COLUMNS = 64   # flagged columns confirmed one by one: enough to name the worst elements
+SUSPECTS = 5         # rows whose failing column is unknown, bisected within their colour
+WHOLE_COLUMNS = 4096  # unconfirmed flags: their colours recomputed whole, up to this many columns
+
+
+@dataclass
+class Sweep:
+    """One input's block of the comparison: where it sits and how to compare it."""
+
+    problem: Problem
+    values: Sequence[torch.Tensor]
+    which: int
+    offset: int                      # first column of this input in the flat Jacobian
+    size: int
+    tallies: list[BlockTally]        # one per output
+    out_bounds: list[int]            # flat row where each output starts, plus n_out
+    h: float
+
+    def rows_of(self, o: int) -> slice:
+        return slice(self.out_bounds[o], self.out_bounds[o + 1])
+
+    def output_of(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.bucketize(rows, torch.tensor(self.out_bounds[1:]), right=True)
+
+
+def sweep_dense(sweep: Sweep, jac: AnalyticalJacobian) -> None:
+    """Central differences column by column (batched), compared chunk by chunk."""
+    step = chunk_size(sweep.out_bounds[-1] + sweep.size, limit=1024)
+    for start in range(0, sweep.size, step):
+        _exact(sweep, jac, torch.arange(start, min(sweep.size, start + step)))
+
+
+def _exact(sweep: Sweep, jac: AnalyticalJacobian, cols: torch.Tensor) -> torch.Tensor:
+    """Compare whole columns exactly; return the (row, col) mask of failing elements."""
+    numerical = numerical_columns(sweep.problem, sweep.values, sweep.which, cols, sweep.h)
+    analytical = jac.columns(cols + sweep.offset, numerical.dtype)
+    for o, tally in enumerate(sweep.tallies):
+        rows = sweep.rows_of(o)
+        tally.add(analytical[rows], numerical[rows], cols=cols)
+    atol, rtol = sweep.tallies[0].atol, sweep.tallies[0].rtol
+    return ~((analytical - numerical).abs() <= atol + rtol * numerical.abs())
+
+
+class Flags:
+    """Failing comparisons of a coloured sweep, already counted as mismatches; confirming
+    them exactly replaces those counts."""
+
+    def __init__(self, n_outputs: int, size: int) -> None:
+        self.by_column = torch.zeros(n_outputs, size, dtype=torch.long)
+        self.excess = torch.zeros(size, dtype=torch.float64)
+        self.entries: list[torch.Tensor] = []   # (row, col) of failing in-pattern entries
+        self.stray: list[torch.Tensor] = []     # (colour, row, |value|): nonzero, no entry
+
+    def any(self) -> bool:
+        return bool(self.by_column.any()) or any(len(s) for s in self.stray)
+
+
+def sweep_coloured(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor,
+                   seed: int = 0) -> None:
+    """Two weighted central differences per colour; failures confirmed column by column."""
+    n_colours = int(colour.max()) + 1
+    rows, cols, vals = jac.entries(sweep.offset, sweep.offset + sweep.size)
+    gen = torch.Generator().manual_seed(seed + 31337)
+    r = torch.rand(2, sweep.size, generator=gen, dtype=torch.float32).mul_(2)
+    weights = torch.where(r < 1, r - 2, r).to(vals.dtype)     # ±[1, 2): random sign, size
+    entry_colour = colour[cols]
+    step = max(1, chunk_size(4 * (sweep.out_bounds[-1] + sweep.size)))
+    flags = Flags(len(sweep.tallies), sweep.size)
+    for start in range(0, n_colours, step):
+        stop = min(n_colours, start + step)
+        if start == 0 and stop == n_colours:  # the usual case: one chunk, no masking
+            _compare_colours(sweep, colour, weights, 0, stop, rows, cols, vals, flags)
+            continue
+        mask = (entry_colour >= start) & (entry_colour < stop)
+        _compare_colours(sweep, colour, weights, start, stop, rows[mask], cols[mask],
+                         vals[mask], flags)
+    if flags.any():
+        _confirm(sweep, jac, colour, weights[0], flags)
+
+
+def _compare_colours(sweep: Sweep, colour: torch.Tensor, weights: torch.Tensor, start: int,
+                     stop: int, rows: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor,
+                     flags: Flags) -> None:
+    """Compare colours [start, stop): every element is counted as checked, failures flagged."""
+    k = stop - start
+    if start == 0 and stop == int(colour.max()) + 1:
+        members = torch.arange(sweep.size)
+    else:
+        members = torch.nonzero((colour >= start) & (colour < stop)).reshape(-1)
+    local_m = colour[members] - start
+    dirs = torch.zeros(2, k, sweep.size, dtype=vals.dtype)
+    dirs[:, local_m, members] = weights[:, members]
+    sums = central(sweep.problem, sweep.values, sweep.which, dirs.view(2 * k, -1),
+                   sweep.h).view(2, k, -1)
+    atol, rtol = sweep.tallies[0].atol, sweep.tallies[0].rtol
+    local = colour[cols] - start
+    numerical = sums[:, local, rows] / weights[:, cols]          # (2 weightings, entries)
+    d = (vals - numerical).abs().nan_to_num_(nan=float("inf"))
+    excess = (d - rtol * numerical.abs()).amax(0) - atol
+    bad = ~(excess <= 0)
+    stray = sums.abs().amax(0).nan_to_num_(nan=float("inf"))    # where analytical is 0
+    stray[local, rows] = 0.0
+    bad_stray = ~(stray * (1 - rtol) <= atol)
+    output = sweep.output_of(rows) if len(sweep.tallies) > 1 else None
+    if bool(bad.any()):
+        at = (output[bad] if output is not None else torch.zeros_like(cols[bad]), cols[bad])
+        flags.by_column.index_put_(at, torch.ones((), dtype=torch.long), True)
+        flags.excess.index_put_((cols[bad],), excess[bad].to(torch.float64), True)
+        flags.entries.append(torch.stack([rows[bad], cols[bad]]))
+    if bool(bad_stray.any()):
+        where = torch.nonzero(bad_stray, as_tuple=True)
+        flags.stray.append(torch.stack([(where[0] + start).double(), where[1].double(),
+                                        stray[where].double()]))
+    diff = d.amax(0)
+    for o, tally in enumerate(sweep.tallies):
+        block = sweep.rows_of(o)
+        mine = slice(None) if output is None else output == o
+        worst = float(diff[mine].max()) if diff[mine].numel() else 0.0
+        if block.stop > block.start:
+            worst = max(worst, float(stray[:, block].max()))
+        tally.note((block.stop - block.start) * len(members), worst)
+        tally.mismatched += int(bad[mine].sum()) + int(bad_stray[:, block].sum())
+
+
+def _confirm(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor, weights: torch.Tensor,
+             flags: Flags) -> None:
+    """The worst flagged columns exactly; then rows whose failing column is unknown (a
+    numerical nonzero the analytical pattern lacks) by bisection within their colour."""
+    flagged = torch.nonzero(flags.by_column.sum(0)).reshape(-1)
+    worst = flagged[torch.argsort(flags.excess[flagged], descending=True)][:EXACT_COLUMNS]
+    stray = torch.cat(flags.stray, dim=1) if flags.stray else torch.zeros(3, 0)
+    entries = (torch.cat(flags.entries, dim=1) if flags.entries
+               else torch.zeros(2, 0, dtype=torch.long))
+    suspects: list[tuple[int, int]] = []
+    if len(worst):
+        stray, failing = _settle(sweep, jac, colour, worst, flags, stray)
+        # flagged entries that their exact column does not bear out: contaminated by another
+        # column of their colour
+        k = torch.searchsorted(worst.sort().values, entries[1]).clamp(max=len(worst) - 1)
+        ours = worst.sort().values[k] == entries[1]
+        order = torch.argsort(worst)
+        confirmed = failing[entries[0][ours], order[k[ours]]]
+        unconfirmed = entries[:, ours][:, ~confirmed]
+        suspects += [(int(colour[c]), int(r)) for r, c in unconfirmed.T.tolist()]
+    top = torch.argsort(stray[2], descending=True)[:SUSPECTS]
+    suspects += [(int(stray[0, k]), int(stray[1, k])) for k in top]
+    done = set(worst.tolist())
+    for g, row in suspects[:SUSPECTS]:
+        members = torch.nonzero(colour == g).reshape(-1)
+        analytical = jac.row(row, sweep.offset, sweep.offset + sweep.size)
+        found = bisect(lambda s, r=row, a=analytical: _subset_fails(sweep, weights, s, r, a),
+                       members)
+        for col in (found or [])[:1]:
+            if col not in done:
+                done.add(col)
+                stray, _ = _settle(sweep, jac, colour, torch.tensor([col]), flags, stray)
+    if not any(t.worst for t in sweep.tallies):
+        _unconfirmed(sweep, jac, colour, flags, stray)
+
+
+def _unconfirmed(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor, flags: Flags,
+                 stray: torch.Tensor) -> None:
+    """Flags that no single column bears out (say many tiny derivatives that backward rounds
+    to 0, each within atol, summing past it): recompute their colours column by column, so
+    the verdict is slow mode's. Past a budget of columns the flags stand, conservatively."""
+    suspect = set(stray[0].long().tolist())
+    suspect |= set(colour[torch.nonzero(flags.by_column.sum(0)).reshape(-1)].tolist())
+    cols = torch.nonzero(torch.isin(colour, torch.tensor(sorted(suspect)))).reshape(-1)
+    if not suspect or len(cols) > WHOLE_COLUMNS:
+        return
+    rows_o = sweep.output_of(stray[1].long())
+    for o, tally in enumerate(sweep.tallies):
+        tally.mismatched -= int(flags.by_column[o].sum()) + int((rows_o == o).sum())
+        tally.checked -= (sweep.out_bounds[o + 1] - sweep.out_bounds[o]) * len(cols)
+    flags.by_column.zero_()
+    step = chunk_size(sweep.out_bounds[-1] + sweep.size, limit=1024)
+    for start in range(0, len(cols), step):
+        _exact(sweep, jac, cols[start:start + step])
+
+
+def _settle(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor, cols: torch.Tensor,
+            flags: Flags, stray: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact columns replace the coloured sweep's counts for them. Returns the stray flags
+    that these columns do not explain, and the (row, col) mask of failing elements."""
+    for o, tally in enumerate(sweep.tallies):
+        tally.mismatched -= int(flags.by_column[o, cols].sum())
+        tally.checked -= (sweep.out_bounds[o + 1] - sweep.out_bounds[o]) * len(cols)
+    flags.by_column[:, cols] = 0
+    failing = torch.zeros(sweep.out_bounds[-1], len(cols), dtype=torch.bool)
+    step = chunk_size(sweep.out_bounds[-1] + sweep.size, limit=1024)
+    for start in range(0, len(cols), step):
+        failing[:, start:start + step] = _exact(sweep, jac, cols[start:start + step])
+    explained = torch.zeros(stray.shape[1], dtype=torch.bool)
+    for k, col in enumerate(cols.tolist()):
+        explained |= (stray[0] == float(colour[col])) & failing[stray[1].long(), k]
+    rows_o = sweep.output_of(stray[1, explained].long())
+    for o, tally in enumerate(sweep.tallies):  # those stray flags were counted already
+        tally.mismatched -= int((rows_o == o).sum())
+    return stray[:, ~explained], failing
+
+
+def _subset_fails(sweep: Sweep, weights: torch.Tensor, subset: torch.Tensor, row: int,
+                  analytical_row: torch.Tensor) -> bool:
+    """Whether one weighted central difference over `subset` disagrees at `row`."""
+    direction = torch.zeros(1, sweep.size, dtype=weights.dtype)
+    direction[0, subset] = weights[subset]
+    numerical = float(central(sweep.problem, sweep.values, sweep.which, direction,
+                              sweep.h)[0, row])
+    analytical = float(analytical_row[subset] @ weights[subset])
+    atol, rtol = sweep.tallies[0].atol, sweep.tallies[0].rtol
+    return not abs(analytical - numerical) <= 2 * atol + rtol * abs(numerical)

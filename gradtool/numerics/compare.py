@@ -1,0 +1,87 @@
+"""Element-wise comparison of Jacobian blocks: |a - n| <= atol + rtol * |n|, and the worst ones."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..results import Block, Element
+
+
+@dataclass
+class BlockTally:
+    """Running statistics of one (input, output) block, fed chunk by chunk."""
+
+    input: str
+    input_shape: tuple[int, ...]
+    output: str
+    output_shape: tuple[int, ...]
+    atol: float
+    rtol: float
+    keep: int = 5
+    checked: int = 0
+    mismatched: int = 0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    # (excess over tolerance, output flat index, input flat index, analytical, numerical)
+    worst: list[tuple[float, int, int, float, float]] = field(default_factory=list)
+
+    def note(self, checked: int, max_abs: float) -> None:
+        """Elements compared elsewhere (a compressed sweep) that all passed."""
+        self.checked += checked
+        self.max_abs = max(self.max_abs, max_abs)
+
+    def add(self, analytical: torch.Tensor, numerical: torch.Tensor, col_offset: int = 0,
+            cols: torch.Tensor | None = None) -> None:
+        """Compare a (n_out, n_cols) chunk: its columns are input elements `cols`, or
+        col_offset, col_offset + 1, ... when cols is None."""
+        diff = (analytical - numerical).abs()
+        diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+        tol = self.atol + self.rtol * numerical.abs()
+        bad = diff > tol
+        self.checked += diff.numel()
+        if diff.numel():
+            self.max_abs = max(self.max_abs, diff.max().item())
+        n_bad = int(bad.sum())
+        if not n_bad:
+            return
+        rel = diff / numerical.abs().clamp_min(1e-300)
+        self.max_rel = max(self.max_rel, torch.where(bad, rel, 0 * rel).max().item())
+        self.mismatched += n_bad
+        excess = torch.where(bad, diff - tol, torch.full_like(diff, -1.0)).reshape(-1)
+        top = torch.topk(excess, min(self.keep, n_bad)).indices
+        n_cols = diff.shape[1]
+        for flat in top.tolist():
+            r, c = divmod(flat, n_cols)
+            col = int(cols[c]) if cols is not None else c + col_offset
+            self.worst.append((excess[flat].item(), r, col,
+                               analytical[r, c].item(), numerical[r, c].item()))
+        self.worst = sorted(self.worst, key=lambda w: -w[0])[: self.keep]
+
+    def element(self, out_index: int, in_index: int, analytical: float, numerical: float,
+                inconclusive: bool = False) -> Element:
+        diff = abs(analytical - numerical)
+        return Element(self.input, unravel(in_index, self.input_shape), self.output,
+                       unravel(out_index, self.output_shape), analytical, numerical, diff,
+                       diff / abs(numerical) if numerical else float("inf"), inconclusive)
+
+    def to_block(self, elements: tuple[Element, ...] = (), diagnosis: str | None = None,
+                 exhaustive: bool = True) -> Block:
+        if not elements:
+            elements = tuple(self.element(r, c, a, n) for _, r, c, a, n in self.worst)
+        return Block(self.input, self.input_shape, self.output, self.output_shape, self.checked,
+                     self.mismatched, self.max_abs, self.max_rel, elements, diagnosis, exhaustive)
+
+
+def unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Flat index -> multi-dimensional index (row-major, as torch stores it)."""
+    out = []
+    for size in reversed(shape):
+        index, rem = divmod(index, size) if size else (index, 0)
+        out.append(rem)
+    return tuple(reversed(out))
+
+
+def within(analytical: float, numerical: float, atol: float, rtol: float) -> bool:
+    return abs(analytical - numerical) <= atol + rtol * abs(numerical)

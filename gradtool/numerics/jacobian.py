@@ -1,0 +1,290 @@
+"""Jacobian comparison engine: mode choice, and full mode (every element, block by block)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config.settings import CheckConfig
+from ..results import Block, Outcome
+from .columns import Sweep, sweep_coloured, sweep_dense
+from .compare import BlockTally
+from .problem import Problem, output_names
+from .sparsity import (
+    AnalyticalJacobian,
+    Strides,
+    Trials,
+    analytical_jacobian,
+    colour_columns,
+    find_strides,
+)
+from .steps import analytical_rows, numerical_columns, one_sided
+
+# A reference gives the intended VJP rows (B, n_out) -> (B, n_in) instead of finite differences.
+Reference = Callable[[torch.Tensor], torch.Tensor]
+DENSE_LIMIT = 2_000_000  # dense blocks for diagnosis, on failure, up to this many elements
+SMALL = 4096             # Jacobians this small go to full mode without a prediction
+
+
+@dataclass
+class Verdict:
+    """What the engine found: an outcome, one Block per (input, output) pair, and how."""
+
+    outcome: Outcome
+    blocks: list[Block]
+    mode: str
+    mode_reason: str
+    details: list[str] = field(default_factory=list)
+    dense: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    """What full mode would cost, from a few timed rows and columns; reused by check_full."""
+
+    seconds: float
+    memory: float
+    forwards: int
+    backwards: int
+    strides: Strides           # per output: row stride of the grouped VJPs, or None (one-hot)
+    trials: Trials = field(default_factory=dict)  # groups decoded while searching
+
+    def describe(self) -> str:
+        grouped = [m for m in self.strides if m]
+        rows = (f"rows grouped by stride {', '.join(map(str, grouped))}" if grouped
+                else "one-hot rows")
+        return (f"predicted {self.seconds:.2g} s, ~{self.forwards} forward and "
+                f"~{self.backwards} backward evaluations, ~{_bytes(self.memory)}, {rows}")
+
+
+def prime(problem: Problem) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Run the forward once with a graph; fix which outputs are differentiable and their names."""
+    problem.output_mask = None
+    problem.plan = None
+    start = time.perf_counter()
+    leaves, outs = problem.graph()
+    problem.forward_seconds = time.perf_counter() - start  # for plan_full's prediction
+    problem.output_mask = [o.is_floating_point() or o.is_complex() for o in outs]
+    labels = problem.output_labels or output_names(len(outs))
+    problem.output_names = [n for n, keep in zip(labels, problem.output_mask) if keep]
+    return leaves, [o for o, keep in zip(outs, problem.output_mask) if keep]
+
+
+def choose_mode(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+                outs: Sequence[torch.Tensor]) -> tuple[str, str]:
+    """full while predicted to take about config.full_budget_s and fit in memory, else probe."""
+    n_in = sum(v.numel() for v in leaves)
+    n_out = sum(o.numel() for o in outs)
+    size = f"{n_out} x {n_in} Jacobian"
+    if config.mode == "probe":
+        return "probe", "--mode probe"
+    dense_seconds = problem.forward_seconds * (2 * n_in + n_out)
+    # --mode full on a small Jacobian needs no plan (and no timing-dependent choice).
+    if n_in * n_out <= SMALL and (config.mode == "full"
+                                  or dense_seconds <= config.full_budget_s / 4):
+        return "full", f"small {size}: full mode predicted well under {config.full_budget_s:g} s"
+    plan = problem.plan = plan_full(problem, leaves, outs)
+    if config.mode == "full":
+        if plan.memory > config.max_memory:
+            raise MemoryError(f"full mode needs ~{_bytes(plan.memory)} for the {size}, "
+                              f"above --max-memory {_bytes(config.max_memory)}")
+        return "full", f"--mode full: {size}, {plan.describe()}"
+    if plan.memory > config.max_memory:
+        return "probe", f"full mode would need ~{_bytes(plan.memory)} for the {size}"
+    if plan.seconds <= config.full_budget_s:
+        return "full", f"{size}, {plan.describe()}"
+    return "probe", f"full mode {plan.describe()} for the {size}"
+
+
+def plan_full(problem: Problem, leaves: Sequence[torch.Tensor],
+              outs: Sequence[torch.Tensor]) -> Plan:
+    """Time two one-hot rows (they also show how sparse rows are), look for a row grouping,
+    and extrapolate; a forward's cost is the priming forward's."""
+    n_out = sum(o.numel() for o in outs)
+    in_sizes = [v.numel() for v in leaves]
+    sample = torch.tensor(sorted({0, n_out // 2}))
+    start = time.perf_counter()
+    rows = analytical_rows(problem, leaves, outs, sample)
+    per_row = (time.perf_counter() - start) / len(sample)
+    sparse = float((rows != 0).sum()) / len(sample) * 8 <= sum(in_sizes)
+    strides, trials = (find_strides(problem, leaves, outs) if sparse
+                       else ([None] * len(outs), {}))
+    per_eval = problem.forward_seconds or per_row
+    return _predict(rows, in_sizes, outs, strides, per_row, per_eval, trials)
+
+
+def _predict(rows: torch.Tensor, in_sizes: Sequence[int], outs: Sequence[torch.Tensor],
+             strides: Strides, per_row: float, per_eval: float, trials: Trials) -> Plan:
+    """Seconds, bytes and evaluations: grouped or one-hot rows, coloured or column-by-column
+    differences."""
+    n_in, n_out = sum(in_sizes), sum(o.numel() for o in outs)
+    nnz = float((rows != 0).sum()) / max(1, len(rows)) * n_out
+    backwards = sum(2 * m if m else o.numel() for o, m in zip(outs, strides))
+    forwards, offset = 0, 0
+    for size in in_sizes:
+        widest = int((rows[:, offset:offset + size] != 0).sum(1).max()) if len(rows) else 0
+        # a colouring needs at least `widest` colours; twice that is the usual outcome
+        colours = 2 * max(1, widest)
+        forwards += 4 * colours if colours * 8 <= size else 2 * size
+        offset += size
+    seconds = per_row * backwards + per_eval * forwards
+    if any(strides):  # entries kept sparse (values and indices)
+        seconds, memory = seconds + 2e-7 * nnz, 48.0 * nnz + 64 * 2**20
+    else:
+        seconds, memory = seconds + 3e-9 * n_in * n_out, 8.0 * n_in * n_out + 64 * 2**20
+    return Plan(seconds, memory, forwards, backwards, strides, trials)
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} TB"
+
+
+def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+               outs: Sequence[torch.Tensor], reference: Reference | None, reason: str) -> Verdict:
+    """Every element: the analytical Jacobian (grouped rows where possible), then each input's
+    numerical columns (coloured where the pattern allows) compared chunk by chunk."""
+    tallies = _tallies(problem, leaves, outs, config.tolerance("atol"),
+                       config.tolerance("rtol"), config.max_worst)
+    if reference is not None:
+        return _check_reference(problem, config, leaves, outs, reference, tallies, reason)
+    plan = problem.plan
+    jac = (analytical_jacobian(problem, leaves, outs, plan.strides, plan.trials)
+           if plan is not None else analytical_jacobian(problem, leaves, outs))
+    n_out = jac.n_out
+    bounds = [0]
+    for o in outs:
+        bounds.append(bounds[-1] + o.numel())
+    offset = 0
+    for i, leaf in enumerate(leaves):
+        size = leaf.numel()
+        sweep = Sweep(problem, problem.inputs, i, offset, size, tallies[i], bounds,
+                      config.tolerance("eps"))
+        rows, cols, _ = jac.entries(offset, offset + size)
+        colour = colour_columns(rows, cols, n_out, tuple(leaf.shape))
+        if colour is not None:
+            sweep_coloured(sweep, jac, colour, config.seed)
+        else:
+            sweep_dense(sweep, jac)
+        offset += size
+    dense = {}
+    if any(t.mismatched for row in tallies for t in row) and _affordable(problem, jac):
+        # Whole blocks: for the diagnosis, and exact counts where the sweep only had bounds.
+        dense = _dense_blocks(problem, config, jac, leaves, bounds)
+        tallies = _tallies(problem, leaves, outs, config.tolerance("atol"),
+                           config.tolerance("rtol"), config.max_worst)
+        for (i, o), (analytical, numerical) in dense.items():
+            tallies[i][o].add(analytical, numerical)
+    verdict = _finish(problem, config, tallies, False, "full", reason)
+    verdict.dense = dense
+    return verdict
+
+
+def _affordable(problem: Problem, jac: AnalyticalJacobian) -> bool:
+    """Dense blocks on failure: small Jacobians, and few evaluations when they are a loop."""
+    evaluations = 2 * jac.n_in
+    return (jac.n_out * jac.n_in <= DENSE_LIMIT
+            and evaluations <= (20_000 if problem.vmap_ok else 1_000))
+
+
+def _check_reference(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+                     outs: Sequence[torch.Tensor], reference: Reference,
+                     tallies: list[list[BlockTally]], reason: str) -> Verdict:
+    """A declared surrogate: its intended rows against the analytical ones, densely."""
+    n_out = sum(o.numel() for o in outs)
+    analytical = analytical_rows(problem, leaves, outs, torch.arange(n_out))
+    expected = reference(torch.eye(n_out, dtype=outs[0].dtype))
+    dense, in_off = {}, 0
+    keep = n_out * analytical.shape[1] <= DENSE_LIMIT
+    for i, leaf in enumerate(leaves):
+        out_off = 0
+        for o, out in enumerate(outs):
+            rows = slice(out_off, out_off + out.numel())
+            block_a = analytical[rows, in_off:in_off + leaf.numel()]
+            block_e = expected[rows, in_off:in_off + leaf.numel()]
+            tallies[i][o].add(block_a, block_e)
+            if keep:
+                dense[(i, o)] = (block_a.clone(), block_e.clone())
+            out_off += out.numel()
+        in_off += leaf.numel()
+    verdict = _finish(problem, config, tallies, True, "full", reason)
+    verdict.dense = dense
+    return verdict
+
+
+def _dense_blocks(problem: Problem, config: CheckConfig, jac: AnalyticalJacobian,
+                  leaves: Sequence[torch.Tensor], bounds: Sequence[int]
+                  ) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+    """Whole blocks for the diagnosis of a failure (small problems only)."""
+    dense, offset = {}, 0
+    h = config.tolerance("eps")
+    for i, leaf in enumerate(leaves):
+        cols = torch.arange(leaf.numel())
+        numerical = numerical_columns(problem, problem.inputs, i, cols, h)
+        analytical = jac.columns(cols + offset, numerical.dtype)
+        for o in range(len(bounds) - 1):
+            rows = slice(bounds[o], bounds[o + 1])
+            dense[(i, o)] = (analytical[rows].clone(), numerical[rows].clone())
+        offset += leaf.numel()
+    return dense
+
+
+def _tallies(problem: Problem, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+             atol: float, rtol: float, keep: int) -> list[list[BlockTally]]:
+    return [[BlockTally(name, tuple(v.shape), oname, tuple(o.shape), atol, rtol, keep)
+             for oname, o in zip(problem.output_names, outs)]
+            for name, v in zip(problem.input_names, leaves)]
+
+
+def _finish(problem: Problem, config: CheckConfig, tallies: list[list[BlockTally]],
+            has_reference: bool, mode: str, reason: str) -> Verdict:
+    """Re-estimate failing elements with other steps: disagreement means inconclusive."""
+    blocks, outcomes, details = [], [], []
+    for i, row in enumerate(tallies):
+        for o, tally in enumerate(row):
+            if not tally.mismatched:
+                blocks.append(tally.to_block())
+                continue
+            offset = sum(math.prod(t.output_shape) for t in row[:o])
+            elements, inconclusive = _confirm(problem, config, tally, i, offset, has_reference)
+            blocks.append(tally.to_block(tuple(elements)))
+            outcomes.append(Outcome.INCONCLUSIVE if inconclusive else Outcome.FAILED)
+            if inconclusive:
+                details.append(_kink_note(tally, elements))
+    outcome = Outcome.PASSED
+    if outcomes:
+        outcome = Outcome.FAILED if Outcome.FAILED in outcomes else Outcome.INCONCLUSIVE
+    return Verdict(outcome, blocks, mode, reason, details)
+
+
+def _confirm(problem: Problem, config: CheckConfig, tally: BlockTally, i: int, out_offset: int,
+             has_reference: bool) -> tuple[list, bool]:
+    """Worst elements, each marked inconclusive when finite differences disagree there."""
+    elements = []
+    if has_reference:  # a declared surrogate is exact: nothing to re-estimate
+        return [tally.element(r, c, a, n) for _, r, c, a, n in tally.worst], False
+    if not tally.worst:  # failures counted past the budget of exact columns: no values
+        return [], False
+    h = config.tolerance("eps")
+    cache: dict[int, dict[str, torch.Tensor]] = {}
+    for _, r, c, a, n in tally.worst:
+        if c not in cache:
+            cache[c] = one_sided(problem, problem.inputs, i, c, h)
+        estimates = [e[out_offset + r].item() for e in cache[c].values()]
+        spread = max(estimates) - min(estimates)
+        shaky = not math.isfinite(spread) or spread > tally.atol + tally.rtol * abs(n)
+        elements.append(tally.element(r, c, a, n, inconclusive=shaky))
+    return elements, all(e.inconclusive for e in elements)
+
+
+def _kink_note(tally: BlockTally, elements: Sequence) -> str:
+    where = ", ".join(f"{tally.input}{list(e.input_index)}" for e in elements[:3])
+    return (f"inconclusive: finite differences disagree across step sizes at {where} — "
+            f"a non-differentiable point (kink, tie) near the input; try --resample")

@@ -1,0 +1,214 @@
+"""Probe mode: vᵀ(J u) by finite differences against (vᵀJ) u by backward, then localisation."""
+
+# Cost is fixed whatever the size: P directions u over all inputs at once (3 forwards each, at
+# x + h u, x - h u, x + 2h u; f(x) comes from the forward that built the graph) and Q cotangents
+# v over all outputs (one VJP each); every (u, v) pair is a test, so the default P = 1, Q = 2
+# gives two tests for 3 forwards and 2 backwards. Blocks are separated
+# only when a test fails. u and v are ±[1, 2) per element: never a tiny step or weight, never an
+# exact cancellation between two elements. The tolerance comes from the finite-difference error
+# measured between steps h and 2h, and is never multiplied by the number of elements.
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..config.settings import CheckConfig
+from ..results import Outcome
+from .compare import BlockTally
+from .jacobian import Reference, Verdict, _tallies
+from .localise import Locator, Test, Tests
+from .problem import Problem, flat_cat
+from .steps import FINITE_MACHINE, directional, vjp_rows
+
+
+@dataclass
+class Probes:
+    """The random vectors of one probe run and what backward and the forward made of them."""
+
+    u: list[list[torch.Tensor]]      # P directions, one tensor per input
+    v: torch.Tensor                  # (Q, n_out) cotangents
+    grads: torch.Tensor              # (Q, n_in): vᵀJ from backward
+    diffs: torch.Tensor              # (2, P, n_out): J u at steps h and 2h
+    f0: torch.Tensor
+    in_slices: list[slice]
+    out_slices: list[slice]
+
+
+def check_probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+                outs: Sequence[torch.Tensor], reference: Reference | None, reason: str,
+                seed: int) -> Verdict:
+    """A fixed number of calls whatever the size; tolerance from the measured FD error."""
+    tallies = _tallies(problem, leaves, outs, config.tolerance("atol"), config.tolerance("rtol"),
+                       config.max_worst)
+    if reference is not None:
+        v = _vectors(problem, outs, config, seed)[1]
+        return _against_reference(problem, leaves, outs, tallies, v, reference,
+                                  _slices([x.numel() for x in problem.inputs]),
+                                  _slices([o.numel() for o in outs]), reason)
+    probes, failing = screen(problem, config, leaves, outs, seed, tallies)
+    if not failing:
+        return Verdict(Outcome.PASSED, [t.to_block(exhaustive=False) for row in tallies
+                                        for t in row], "probe", reason)
+    return _localise(problem, config, leaves, outs, tallies, probes, failing, reason)
+
+
+def screen(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+           outs: Sequence[torch.Tensor], seed: int,
+           tallies: list[list[BlockTally]] | None = None
+           ) -> tuple[Probes, list[tuple[int, int]]]:
+    """The fixed-cost part: P directions, Q cotangents, every pair tested; the failing pairs."""
+    values = [v.detach() for v in problem.inputs]
+    u, v = _vectors(problem, outs, config, seed)
+    grads = vjp_rows(problem, leaves, outs, v)
+    f0 = flat_cat(outs).detach()
+    diffs = directional(problem, values, u, config.tolerance("eps"), f0)
+    probes = Probes(u, v, grads, diffs, f0, _slices([x.numel() for x in values]),
+                    _slices([o.numel() for o in outs]))
+    if tallies is None:
+        tallies = _tallies(problem, leaves, outs, config.tolerance("atol"),
+                           config.tolerance("rtol"), config.max_worst)
+    return probes, _screen(probes, tallies, config, values[0].dtype)
+
+
+def _vectors(problem: Problem, outs: Sequence[torch.Tensor], config: CheckConfig, seed: int
+             ) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
+    """Seeded directions u and cotangents v, every entry in ±[1, 2): no tiny entry that would
+    hide an element, and continuous, so no exact cancellation between two elements."""
+    gen = torch.Generator().manual_seed(seed + 7919)
+    # One direction already makes an exact cancellation a probability-0 event; two cotangents
+    # square the chance of a near one. More probes, more directions.
+    n_dirs, n_cots = max(1, config.probes // 4), min(config.probes, 2)
+    values = [x.detach() for x in problem.inputs]
+    sizes = [x.numel() for x in values]
+    n_in, n_out = sum(sizes), sum(o.numel() for o in outs)
+    # The generator costs more than a forward at 1e5 elements, so one draw serves u and v:
+    # v is the draw read from an offset (rotated), so each output weight comes from another
+    # position than the input weights it meets in an elementwise op, and stays independent.
+    drawn = _uniform(max(n_dirs * n_in, n_out + 1), gen, values[0].dtype)
+    u = [[d.view(x.shape) for d, x in zip(drawn[k * n_in:(k + 1) * n_in].split(sizes), values)]
+         for k in range(n_dirs)]
+    shift = max(1, n_out // 2)
+    v = torch.stack([drawn.roll(shift + k)[:n_out] for k in range(n_cots)])
+    return u, v
+
+
+def _uniform(size: int, gen: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """±[1, 2), from float32 draws (half the generator's and the memory's work of float64)."""
+    r = torch.rand(size, generator=gen, dtype=torch.float32).mul_(2)   # [0, 2)
+    return torch.where(r < 1, r - 2, r).to(dtype)                   # [-2, -1) ∪ [1, 2)
+
+
+def _slices(sizes: Sequence[int]) -> list[slice]:
+    out, start = [], 0
+    for size in sizes:
+        out.append(slice(start, start + size))
+        start += size
+    return out
+
+
+def _screen(probes: Probes, tallies: list[list[BlockTally]], config: CheckConfig,
+            dtype: torch.dtype) -> list[tuple[int, int]]:
+    """Every (direction, cotangent) pair over all blocks at once; the failing pairs."""
+    u = torch.stack([flat_cat(d) for d in probes.u])                  # (P, n_in)
+    tests = Tests(probes.v, probes.diffs, probes.f0, probes.grads, u, config.tolerance("eps"),
+                  FINITE_MACHINE.get(dtype, 2.2e-16), config.tolerance("atol"))
+    worst = float(tests.difference.max()) if tests.difference.size else 0.0
+    for row in tallies:
+        for tally in row:
+            tally.checked += tests.difference.size
+            tally.max_abs = max(tally.max_abs, worst)
+    return [(int(p), int(q)) for p, q in zip(*tests.fails.nonzero())]
+
+
+def _localise(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+              outs: Sequence[torch.Tensor], tallies: list[list[BlockTally]], probes: Probes,
+              failing: list[tuple[int, int]], reason: str) -> Verdict:
+    """Split the first failing test by input and output, then bisect inside failing blocks."""
+    p, q = failing[0]
+    pairs = _failing_blocks(problem, config, leaves, outs, probes, p, q)
+    blocks, outcomes, details = {}, [], []
+    for (i, o), (g, v) in pairs.items():
+        tally = tallies[i][o]
+        locator = Locator(problem, config, leaves, outs, i, probes.u[p][i].reshape(-1), v, g,
+                          probes.in_slices[i], probes.out_slices[o])
+        elements = locator.elements()
+        bad = [e for e in elements if e.abs_diff > tally.atol + tally.rtol * abs(e.numerical)
+               or e.inconclusive]
+        tally.mismatched = max(1, len(bad))
+        tally.max_rel = max((e.rel_diff for e in bad), default=0.0)
+        if bad and all(e.inconclusive for e in bad):
+            outcomes.append(Outcome.INCONCLUSIVE)
+            details.append(_kink_note(tally, bad))
+        else:
+            outcomes.append(Outcome.FAILED)
+            if not bad:
+                details.append(f"{tally.input} -> {tally.output}: probes disagree by "
+                               f"{tally.max_abs:.3g}, beyond the measured finite-difference "
+                               "error, but no single element stands out")
+        blocks[(i, o)] = tally.to_block(tuple(bad), exhaustive=False)
+    if not pairs:
+        outcomes.append(Outcome.FAILED)
+        details.append("the joint probe fails but no single (input, output) pair does: "
+                       "small errors spread over several pairs")
+    all_blocks = [blocks.get((i, o)) or t.to_block(exhaustive=False)
+                  for i, row in enumerate(tallies) for o, t in enumerate(row)]
+    outcome = Outcome.FAILED if Outcome.FAILED in outcomes else Outcome.INCONCLUSIVE
+    return Verdict(outcome, all_blocks, "probe", reason, details)
+
+
+def _failing_blocks(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+                    outs: Sequence[torch.Tensor], probes: Probes, p: int, q: int
+                    ) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+    """{(input, output): (vᵀJ on that input, v on that output)} for the pairs whose own test
+    fails: one direction per input, one cotangent per output."""
+    values = [x.detach() for x in problem.inputs]
+    n_in, n_out = len(values), len(outs)
+    v_rows = torch.zeros(n_out, probes.v.shape[1], dtype=probes.v.dtype)
+    for o, sl in enumerate(probes.out_slices):
+        v_rows[o, sl] = probes.v[q, sl]
+    grads = vjp_rows(problem, leaves, outs, v_rows) if n_out > 1 else probes.grads[q:q + 1]
+    if n_in > 1:
+        dirs = [[probes.u[p][j] if j == i else torch.zeros_like(values[j]) for j in range(n_in)]
+                for i in range(n_in)]
+        diffs = directional(problem, values, dirs, config.tolerance("eps"), probes.f0)
+    else:
+        diffs = probes.diffs[:, p:p + 1]
+    eps_m = FINITE_MACHINE.get(values[0].dtype, 2.2e-16)
+    found = {}
+    for i, isl in enumerate(probes.in_slices):
+        for o, osl in enumerate(probes.out_slices):
+            g = grads[o, isl]
+            test = Test(probes.v[q, osl], diffs[:, i, osl], probes.f0[osl], g,
+                        probes.u[p][i].reshape(-1), config.tolerance("eps"), eps_m,
+                        config.tolerance("atol"))
+            if test.fails:
+                found[(i, o)] = (g, probes.v[q, osl])
+    return found
+
+
+def _kink_note(tally: BlockTally, elements: Sequence) -> str:
+    where = ", ".join(f"{tally.input}{list(e.input_index)}" for e in elements[:3])
+    return (f"inconclusive: finite differences disagree across step sizes at {where} — "
+            f"a non-differentiable point (kink, tie) near the input; try --resample")
+
+
+def _against_reference(problem: Problem, leaves: Sequence[torch.Tensor],
+                       outs: Sequence[torch.Tensor], tallies: list[list[BlockTally]],
+                       v: torch.Tensor, reference: Reference, in_slices: list[slice],
+                       out_slices: list[slice], reason: str) -> Verdict:
+    """A declared surrogate is exact: compare the VJP vectors element by element, per output."""
+    rows = torch.zeros(len(v) * len(out_slices), v.shape[1], dtype=v.dtype)
+    for k in range(len(v)):
+        for o, sl in enumerate(out_slices):
+            rows[k * len(out_slices) + o, sl] = v[k, sl]
+    grads, expected = vjp_rows(problem, leaves, outs, rows), reference(rows)
+    for i, isl in enumerate(in_slices):
+        for o in range(len(out_slices)):
+            picked = slice(o, None, len(out_slices))
+            tallies[i][o].add(grads[picked, isl].T, expected[picked, isl].T)
+    blocks = [t.to_block(exhaustive=False) for row in tallies for t in row]
+    failed = any(t.mismatched for row in tallies for t in row)
+    return Verdict(Outcome.FAILED if failed else Outcome.PASSED, blocks, "probe", reason)

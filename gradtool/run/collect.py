@@ -1,0 +1,99 @@
+"""Collection: command-line arguments (targets, spec files, folders) -> jobs, or rejections."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config.settings import CheckConfig
+from ..errors import GradtoolError, SpecError
+from ..results import Rejected
+from ..targets.inputs import InputSpec
+from ..targets.load import Target, make_target, resolve
+from .runner import CaseSpec, Job
+
+SPEC_SUFFIXES = (".yaml", ".yml")
+
+
+def is_spec_argument(arg: str) -> bool:
+    """A YAML file or a folder is read as specs; anything else is a target."""
+    path = Path(arg)
+    return path.suffix in SPEC_SUFFIXES or path.is_dir()
+
+
+def collect_one(arg: str, config: CheckConfig, inputs: list[InputSpec] | None = None
+                ) -> tuple[list[Job], list[Rejected]]:
+    """The jobs one argument names; invalid spec files become Rejected entries.
+
+    Raises GradtoolError when a target string cannot be resolved at all."""
+    if is_spec_argument(arg):
+        return collect_specs(arg, config)
+    return target_jobs(arg, config, inputs), []
+
+
+def target_jobs(arg: str, config: CheckConfig, inputs: list[InputSpec] | None) -> list[Job]:
+    """Jobs for a target string; raises GradtoolError (exit 2) when it cannot be resolved."""
+    targets = resolve(arg)
+    if inputs is not None and len(targets) > 1:
+        raise GradtoolError(f"{arg} holds {len(targets)} targets; --input applies to one",
+                            "name one: " + ", ".join(t.name for t in targets[:4]))
+    return [Job(t, [CaseSpec("case 0", inputs, config.seed)], config) for t in targets]
+
+
+def collect_specs(arg: str, config: CheckConfig) -> tuple[list[Job], list[Rejected]]:
+    from ..spec.schema import find_spec_files, load_file
+
+    path = Path(arg)
+    if not path.exists():
+        raise GradtoolError(f"spec path not found: {arg}", "check the path")
+    files = find_spec_files(path)
+    jobs, rejected = [], []
+    for file in files:
+        try:
+            jobs += [job for spec in load_file(file) for job in spec_jobs(spec, config)]
+        except GradtoolError as exc:
+            rejected.append(Rejected(str(file), str(exc)))
+    return jobs, rejected
+
+
+def spec_jobs(spec, config: CheckConfig) -> list[Job]:
+    """One job per spec: its target (or expr), its cases and its settings."""
+    job_config = config.with_(**{k: (tuple(v) if k == "checks" else v)
+                                 for k, v in spec.config.items()})
+    target = _spec_target(spec)
+    seed = job_config.seed
+    cases = [CaseSpec(c.label, list(c.inputs) if c.inputs else None,
+                      c.seed if c.seed is not None else seed) for c in spec.cases] or \
+        [CaseSpec("case 0", None, seed)]
+    return [Job(target, cases, job_config, dict(spec.check_config), dict(spec.xfail),
+                spec.surrogate, f"{spec.path}:{spec.line}",
+                reproduce=f"gradtool check {spec.path}")]
+
+
+def _spec_target(spec) -> Target:
+    try:
+        if spec.expr is not None:
+            return _expr_target(spec)
+        targets = resolve(spec.target, init=spec.init)
+    except SpecError:
+        raise
+    except GradtoolError as exc:
+        raise SpecError(str(exc), path=spec.path, line=spec.line, key="target") from None
+    if len(targets) != 1:
+        raise SpecError("target must name one Function, Module or callable",
+                        path=spec.path, line=spec.line, key="target")
+    target = targets[0]
+    target.name = spec.name or target.name
+    return target
+
+
+def _expr_target(spec) -> Target:
+    from ..spec.exprs import compile_expr
+
+    names = [i.name for i in spec.cases[0].inputs] if spec.cases else []
+    fn = compile_expr(spec.expr, names)
+    target = make_target(fn, spec.name)
+    target.arg_names = tuple(names)
+    target.signature = None
+    target.qualname = f"expr: {spec.expr}"
+    target.source = f"{spec.path}:{spec.line}"
+    return target

@@ -1,0 +1,305 @@
+"""Locate the wrong custom Function in a model: capture each one's inputs, check it on its own."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+from torch.autograd import Function
+
+from ..config.settings import DEFAULT_TOLERANCES, CheckConfig
+from ..numerics.problem import Problem, tensor_outputs
+from ..results import CheckResult, InputInfo, Outcome
+from ..targets.cases import Case, bind
+from ..targets.inputs import InputSpec, LiteralSpec, TensorSpec
+from ..targets.load import Target, display_path, make_target
+
+# Every cls.apply(...) runs this one Python frame (unless a class overrides apply): its locals
+# hold cls and the exact arguments, and its return value holds the outputs and so the node.
+_APPLY_CODE = Function.apply.__func__.__code__  # type: ignore[attr-defined]
+_PACKAGE = str(Path(__file__).resolve().parents[1]).replace("\\", "/")  # gradtool/
+
+
+@dataclass(frozen=True)
+class FunctionFinding:
+    """The verdict on one custom Function application, checked alone on the inputs it received."""
+
+    qualname: str
+    source: str | None        # file:line of the Function's backward
+    created_at: str | None    # file:line of the forward line that applied it (user frame)
+    outcome: Outcome          # passed / failed / inconclusive / error (skipped: inputs not seen)
+    wrong_inputs: tuple[str, ...]  # forward argument names whose gradient is wrong
+    summary: str              # "LinearFunction at model.py:42 is wrong w.r.t. weight ..."
+
+
+@dataclass
+class Application:
+    """One Function.apply call seen during the forward: class, argument copies, call site, node."""
+
+    cls: type
+    args: list[Any]
+    kwargs: dict[str, Any]
+    created_at: str | None
+    node: Any = None          # the grad_fn its outputs got (None: no graph was recorded)
+    mutates: bool = False     # returned one of its inputs (ctx.mark_dirty)
+
+
+class _Recorder:
+    """A sys.setprofile hook that records every Function.apply call and the node it creates."""
+
+    def __init__(self) -> None:
+        self.calls: list[Application] = []
+        self._open: dict[int, tuple[Application, tuple[Any, ...]]] = {}
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
+        if frame.f_code is not _APPLY_CODE:
+            return
+        try:
+            if event == "call":
+                self._enter(frame)
+            elif event == "return":
+                self._leave(frame, arg)
+        except Exception:  # noqa: BLE001 - an error in a profile hook would unset it mid-forward
+            pass
+
+    def _enter(self, frame: FrameType) -> None:
+        local = frame.f_locals
+        args, kwargs = tuple(local.get("args", ())), dict(local.get("kwargs", {}))
+        app = Application(local["cls"], [_snapshot(v) for v in args],
+                          {k: _snapshot(v) for k, v in kwargs.items()}, _user_site(frame.f_back))
+        self.calls.append(app)
+        self._open[id(frame)] = (app, (*args, *kwargs.values()))
+
+    def _leave(self, frame: FrameType, result: Any) -> None:
+        app, originals = self._open.pop(id(frame), (None, ()))
+        if app is None:
+            return
+        outputs = tensor_outputs(result)
+        app.mutates = any(o is v for o in outputs for v in originals)
+        for out in outputs:
+            node = out.grad_fn
+            if node is not None and getattr(type(node), "_forward_cls", None) is app.cls:
+                app.node = node
+                break
+
+
+def _snapshot(value: Any) -> Any:
+    """A copy taken before forward runs (it may write in place); requires_grad travels along."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone().requires_grad_(value.requires_grad)
+    return value
+
+
+def _user_site(frame: FrameType | None) -> str | None:
+    """file:line of the innermost caller that is neither torch's nor gradtool's."""
+    fallback = None  # code without a file (exec, a REPL): better than nothing
+    while frame is not None:
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if not (path.startswith(_PACKAGE) or "/torch/" in path):
+            site = f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+            if not path.startswith("<"):
+                return site
+            fallback = fallback or site
+        frame = frame.f_back
+    return fallback
+
+
+def record(problem: Problem) -> tuple[list[Application], list[Any]]:
+    """Run the forward once: (applications whose node is in the graph, graph nodes not captured)."""
+    recorder = _Recorder()
+    previous = sys.getprofile()
+    sys.setprofile(recorder)
+    try:
+        _, outs = problem.graph()
+    finally:
+        sys.setprofile(previous)  # never leave our hook behind, even when the forward raises
+    nodes = function_nodes(outs)
+    seen = {id(app.node) for app in recorder.calls if app.node is not None}
+    # A Function applied inside another Function's forward records no node: it is not checked.
+    used = [app for app in recorder.calls if app.node is not None and id(app.node) in nodes]
+    return used, [node for key, node in nodes.items() if key not in seen]
+
+
+def function_nodes(outputs: Sequence[torch.Tensor]) -> dict[int, Any]:
+    """Every custom Function node reachable from the outputs, by id (an iterative walk)."""
+    stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
+    visited: dict[int, Any] = {}  # holds the nodes too, so their ids stay unique
+    found: dict[int, Any] = {}
+    while stack:
+        node = stack.pop()
+        if id(node) in visited:
+            continue
+        visited[id(node)] = node
+        if getattr(type(node), "_forward_cls", None) is not None:
+            found[id(node)] = node
+        stack.extend(n for n, _ in node.next_functions if n is not None)
+    return found
+
+
+def case_from_values(target: Target, values: Sequence[Any], config: CheckConfig,
+                     differentiable: Sequence[bool] | None = None,
+                     kwargs: dict[str, Any] | None = None, label: str = "captured") -> Case:
+    """A Case for a Function target from concrete values (default: tensors that require grad)."""
+    if differentiable is None:
+        differentiable = [isinstance(v, torch.Tensor) and v.requires_grad for v in values]
+    args, names, diff, specs, infos = [], [], [], [], []
+    for position, (value, grad) in enumerate(zip(values, differentiable)):
+        name = target.arg_names[position] if position < len(target.arg_names) else f"arg{position}"
+        spec: InputSpec
+        if isinstance(value, torch.Tensor):
+            grad = grad and (value.is_floating_point() or value.is_complex())
+            value = value.detach()
+            spec = TensorSpec(tuple(value.shape), str(value.dtype).removeprefix("torch."),
+                              requires_grad=grad, name=name)
+        else:
+            spec, grad = LiteralSpec(value, name), False
+        diff += [position] if grad else []
+        args.append(value)
+        names.append(name)
+        specs.append(spec)
+        infos.append(InputInfo(name, f"captured {spec.describe(config.dtype)}", grad))
+    fn, batched_fn, _ = bind(target, len(args), config, config.seed)
+    if kwargs:  # keyword-only forward arguments: passed along, never checked
+        fn = functools.partial(fn, **kwargs)
+        batched_fn = functools.partial(batched_fn, **kwargs) if batched_fn else None
+    problem = Problem(fn, args, names, diff, batched_fn=batched_fn)
+    return Case(label, config.seed, specs, problem, infos)
+
+
+def locate_functions(problem: Problem, config: CheckConfig) -> list[FunctionFinding]:
+    """Check every custom Function applied in one forward of `problem` on its captured inputs.
+
+    One finding per Function class and call site, in forward order. Never raises: a forward
+    that cannot be re-run yields no findings.
+    """
+    try:
+        applications, missed = record(problem)
+    except Exception:  # noqa: BLE001 - locating is a diagnosis; it must not break the report
+        return []
+    unique: dict[tuple[type, str | None], Application] = {}
+    for app in applications:
+        unique.setdefault((app.cls, app.created_at), app)
+    findings = [check_application(app, config, problem.freeze_seed) for app in unique.values()]
+    for cls in dict.fromkeys(type(node)._forward_cls for node in missed):
+        findings.append(_not_captured(cls))
+    return findings
+
+
+def check_application(app: Application, config: CheckConfig,
+                      freeze_seed: int | None = None) -> FunctionFinding:
+    """The first-order gradient check of one Function on the inputs it received."""
+    from ..checks.gradient import check_gradient  # lazy: gradient.py calls into this module
+
+    target: Target | None = None
+    try:
+        target = make_target(app.cls, f"{app.cls.__module__}:{app.cls.__qualname__}")
+        args, kwargs = _positional(target, app)
+        own = _config_for(config, args)
+        case = case_from_values(target, args, own, kwargs=kwargs)
+        case.problem.mutates = app.mutates
+        case.problem.freeze_seed = freeze_seed  # a fixed RNG keeps dropout-like masks fixed
+        result = check_gradient(case, target, own)
+    except Exception as exc:  # noqa: BLE001 - e.g. arguments that no longer bind
+        result = CheckResult("gradient", Outcome.ERROR, f"{type(exc).__name__}: {exc}")
+    source = target.source if target is not None else None
+    return _finding(app, source, result)
+
+
+def _positional(target: Target, app: Application) -> tuple[list[Any], dict[str, Any]]:
+    """Keyword arguments given to apply moved to their positions, as forward sees them."""
+    if not app.kwargs or target.signature is None:
+        return list(app.args), dict(app.kwargs)
+    bound = target.signature.bind(*app.args, **app.kwargs)
+    return list(bound.args), dict(bound.kwargs)
+
+
+def _config_for(config: CheckConfig, values: Sequence[Any]) -> CheckConfig:
+    """The run's settings, with the dtype (so the default tolerances) of the captured tensors."""
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            dtype = str(value.dtype).removeprefix("torch.")
+            return config.with_(dtype=dtype) if dtype in DEFAULT_TOLERANCES else config
+    return config
+
+
+def _finding(app: Application, source: str | None, result: CheckResult) -> FunctionFinding:
+    name, where = app.cls.__qualname__, app.created_at or "an unknown line"
+    wrong: tuple[str, ...] = ()
+    if result.outcome is Outcome.FAILED:
+        wrong = tuple(dict.fromkeys(b.input for b in result.blocks if b.mismatched))
+        causes = [b.diagnosis for b in result.blocks if b.mismatched and b.diagnosis]
+        text = f"{name} at {where} is wrong w.r.t. {', '.join(wrong) or '?'}"
+        text += f" (backward at {source})" if source else ""
+        text += f": {causes[0]}" if causes else f": {result.summary}"
+    elif result.outcome is Outcome.PASSED:
+        text = f"{name} at {where} passes"
+    elif result.outcome is Outcome.ERROR:
+        text = f"{name} at {where} could not be checked alone: {result.summary}"
+    else:
+        text = f"{name} at {where} is {result.outcome.value}: {result.summary}"
+    return FunctionFinding(name, source, app.created_at, result.outcome, wrong, text)
+
+
+def _not_captured(cls: type) -> FunctionFinding:
+    from ..targets.load import source_of
+
+    text = (f"{cls.__qualname__} is in the graph but its inputs were not captured "
+            "(applied without Function.apply)")
+    return FunctionFinding(cls.__qualname__, source_of(cls.backward), None, Outcome.SKIPPED,
+                           (), text)
+
+
+def describe(findings: Sequence[FunctionFinding]) -> list[str]:
+    """Report lines: one verdict per Function, then the detail of each that did not pass."""
+    if not findings:
+        return []
+    counts: dict[str, int] = {}
+    for f in findings:
+        counts[f.qualname] = counts.get(f.qualname, 0) + 1
+    parts = [_short(f, counts[f.qualname] > 1) for f in findings]
+    lines = ["custom Functions, each checked alone on the inputs it received: " + "; ".join(parts)]
+    lines += [f.summary for f in findings if f.outcome is not Outcome.PASSED]
+    if all(f.outcome is Outcome.PASSED for f in findings):
+        lines.append("every custom Function passes alone: the mismatch comes from code "
+                     "between them (a detach, an in-place write, a non-differentiable op)")
+    return lines
+
+
+def _short(finding: FunctionFinding, ambiguous: bool) -> str:
+    where = f" ({finding.created_at})" if finding.created_at else ""
+    if finding.outcome is Outcome.PASSED:
+        return f"{finding.qualname}{where if ambiguous else ''} passes"
+    if finding.outcome is Outcome.FAILED:
+        return f"{finding.qualname}{where} is wrong w.r.t. {', '.join(finding.wrong_inputs)}"
+    return f"{finding.qualname}{where} {finding.outcome.value}"
+
+
+def forward_line(problem: Problem) -> str | None:
+    """file:line of the forward line that applied the first custom Function in the graph."""
+    try:
+        applications, _ = record(problem)
+    except Exception:  # noqa: BLE001 - a pointer is optional
+        return None
+    return next((app.created_at for app in applications if app.created_at), None)
+
+
+def annotate(result: CheckResult, problem: Problem, config: CheckConfig) -> CheckResult:
+    """A failed module/callable gradient result, with each Function's own verdict added."""
+    if result.outcome is not Outcome.FAILED:
+        return result
+    findings = locate_functions(problem, config)
+    if not findings:
+        return result
+    bad = next((f for f in findings if f.outcome is Outcome.FAILED and f.source), None)
+    return replace(result, details=(*result.details, *describe(findings)),
+                   source=bad.source if bad else result.source)
+
+
+__all__ = ["Application", "FunctionFinding", "annotate", "case_from_values", "check_application",
+           "describe", "forward_line", "function_nodes", "locate_functions", "record"]

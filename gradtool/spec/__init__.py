@@ -1,0 +1,1 @@
+"""YAML op specs: line-numbered loading, validation, values, safe expressions, surrogates."""

@@ -1,0 +1,194 @@
+"""Input inference: from forward's signature, then candidate shapes, until forward runs."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ..config.settings import CheckConfig
+from ..errors import GradtoolError, InputError
+from .cases import Case, build_case
+from .inputs import Domain, InputSpec, LiteralSpec, TensorSpec
+from .load import Target
+
+# Elementwise ops first (every tensor the same shape), then shapes that make small matmuls work.
+# Distinct sizes (3, 4, 5) keep a transposed or swapped gradient from hiding behind a square.
+SAME_SHAPES = [(3, 4), (5,), (4, 4), (2, 3, 4)]
+MIXED_SHAPES = [(3, 4), (5, 4), (5,), (4, 5), (4,), (3,), (4, 4), (2, 3, 4)]
+MAX_ATTEMPTS = 400
+NUMBER_GUESS = {int: 2, float: 2.5, bool: True}
+
+
+def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
+    """The first candidate input set that forward accepts; InputError when none does."""
+    slots = _slots(target)
+    hinted = _parameter_shapes(target, seed)
+    tried = 0
+    last_error: BaseException | None = None
+    fallback: Case | None = None  # forward ran, backward did not: used only if nothing better
+    for specs in _candidates(slots, hinted):
+        tried += 1
+        if tried > MAX_ATTEMPTS:
+            break
+        try:
+            case = build_case(target, specs, config, seed, inferred=True)
+            _run_forward(case)
+        except GradtoolError:
+            raise
+        except Exception as exc:  # the candidate did not fit; try the next one
+            last_error = exc
+            continue
+        if _backward_runs(case):
+            return _prefer_literals(target, case, config, seed)
+        fallback = fallback or case
+    if fallback is not None:  # a broken backward must be reported by the checks, not hidden here
+        return _prefer_literals(target, fallback, config, seed)
+    raise InputError(
+        f"could not infer inputs for {target.name}: forward({', '.join(target.arg_names)}) "
+        f"rejected {tried} candidate shapes"
+        + (f" (last error: {type(last_error).__name__}: {_first_line(last_error)})"
+           if last_error else ""),
+        f"pass them with --input, one per argument, e.g. "
+        f"{' '.join('-i 3x4' for _ in target.arg_names) or '-i 3x4'}  (see gradtool check --help)")
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+
+
+def _slots(target: Target) -> list[list[Any]]:
+    """For each forward argument, the kinds of value to try: 'tensor', None, or a literal."""
+    slots = []
+    params = list(target.signature.parameters.values()) if target.signature else []
+    for p in params:
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            continue
+        if p.default is not inspect.Parameter.empty and p.default is not None:
+            slots.append([LiteralSpec(p.default)])
+        elif p.annotation in NUMBER_GUESS or p.annotation in ("int", "float", "bool"):
+            kind = p.annotation if not isinstance(p.annotation, str) else eval_number(p.annotation)
+            slots.append([LiteralSpec(NUMBER_GUESS[kind])])
+        elif p.default is None:
+            slots.append(["tensor", LiteralSpec(None)])  # optional: check it if a tensor fits
+        else:
+            slots.append(["tensor"])
+    return slots
+
+
+def eval_number(name: str) -> type:
+    return {"int": int, "float": float, "bool": bool}[name]
+
+
+def _parameter_shapes(target: Target, seed: int) -> list[tuple[int, ...]]:
+    """Shapes an nn.Module's parameters suggest: (n,) for a vector, (3, in) for a weight."""
+    if target.kind != "module":
+        return []
+    from .cases import instantiate
+
+    shapes: list[tuple[int, ...]] = []
+    for p in instantiate(target, seed).parameters():
+        shape = tuple(p.shape)
+        for guess in ([shape] if len(shape) == 1 else [(3, shape[-1]), shape]):
+            if guess not in shapes:
+                shapes.append(guess)
+    return shapes[:4]
+
+
+def _candidates(slots: list[list[Any]], hinted: list[tuple[int, ...]]
+                ) -> Iterator[list[InputSpec]]:
+    """Shapes with real inputs, then positive ones (log, sqrt, ...); 0-d tensors last, since
+    a scalar makes almost any forward run and hides shape mistakes."""
+    for domain, zero_d in ((Domain(), False), (Domain("positive"), False), (Domain(), True)):
+        for specs in _shape_candidates(slots, hinted, zero_d):
+            yield [TensorSpec(s.shape, domain=domain) if isinstance(s, TensorSpec) else s
+                   for s in specs]
+
+
+def _shape_candidates(slots: list[list[Any]], hinted: list[tuple[int, ...]], zero_d: bool
+                      ) -> Iterator[list[InputSpec]]:
+    extra = [()] if zero_d else []
+    same, mixed = hinted + SAME_SHAPES + extra, hinted + MIXED_SHAPES + extra
+    for choice in itertools.product(*slots):
+        n_tensors = sum(1 for c in choice if c == "tensor")
+        shapes = itertools.chain(([s] * n_tensors for s in same),
+                                 itertools.product(mixed, repeat=n_tensors))
+        seen = set()
+        for shape_set in shapes:
+            key = tuple(shape_set)
+            if key in seen:
+                continue
+            seen.add(key)
+            it = iter(shape_set)
+            yield [TensorSpec(tuple(next(it))) if c == "tensor" else c for c in choice]
+
+
+def _run_forward(case: Case) -> None:
+    problem = case.problem
+    with torch.no_grad():
+        result = problem.fn(*problem.args)
+    from ..numerics.problem import tensor_outputs
+
+    outs = [t for t in tensor_outputs(result) if t.is_floating_point() or t.is_complex()]
+    if not outs:
+        raise TypeError("forward returned no floating-point tensor")
+    if not all(bool(torch.isfinite(t).all()) for t in outs):
+        raise ValueError("forward returned NaN/Inf on these inputs (outside its domain?)")
+
+
+def _backward_runs(case: Case) -> bool:
+    """Backward accepts these shapes and gives finite gradients (else keep looking)."""
+    problem = case.problem
+    if not problem.diff:
+        return True
+    try:
+        leaves, outs = problem.graph()
+        outs = [o for o in outs if (o.is_floating_point() or o.is_complex()) and o.requires_grad]
+        grads = problem.vjp(leaves, outs, [torch.ones_like(o) for o in outs])
+    except Exception:
+        return False
+    return all(bool(torch.isfinite(g).all()) for g in grads)
+
+
+def _prefer_literals(target: Target, case: Case, config: CheckConfig, seed: int) -> Case:
+    """A Function whose backward returns None for a tensor we guessed takes a constant there."""
+    if target.kind != "function":
+        return case
+    problem = case.problem
+    leaves, outs = problem.graph()
+    node = next((o.grad_fn for o in outs if o.grad_fn is not None), None)
+    if node is None:
+        return case
+    try:
+        grads = node.apply(*[torch.ones_like(o) for o in outs])
+    except Exception:
+        return case
+    grads = grads if isinstance(grads, tuple) else (grads,)
+    specs = list(case.specs)
+    changed = False
+    for position, spec in enumerate(specs):
+        annotated = _annotation(target, position) is torch.Tensor
+        if isinstance(spec, TensorSpec) and not annotated and position < len(grads) \
+                and grads[position] is None:
+            specs[position] = LiteralSpec(NUMBER_GUESS[float])
+            changed = True
+    if not changed:
+        return case
+    try:
+        better = build_case(target, specs, config, seed, inferred=True)
+        _run_forward(better)
+    except Exception:
+        return case
+    better.notes.append("backward returns None for "
+                        + ", ".join(better.infos[i].name for i, s in enumerate(specs)
+                                    if s is not case.specs[i])
+                        + ": treated as a constant")
+    return better
+
+
+def _annotation(target: Target, position: int) -> Any:
+    params = list(target.signature.parameters.values()) if target.signature else []
+    return params[position].annotation if position < len(params) else None

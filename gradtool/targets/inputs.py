@@ -1,0 +1,220 @@
+"""Input specs: the --input mini-language, and seeded sampling of tensors in a domain."""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..config.settings import DTYPES
+from ..errors import InputError, did_you_mean
+
+DOMAINS = ("real", "positive", "negative", "nonzero", "range", "spd", "simplex", "integer")
+INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
+
+INPUT_HELP = """\
+Each --input/-i is one positional forward argument, in order.
+  tensor:   SHAPE[:OPTION...]   SHAPE is 3x4, (3,4), (5,) or () for 0-d;
+            OPTIONs: a dtype (float64, float32, int64, ...), a domain
+            (real, positive, negative, nonzero, [lo,hi], spd, simplex, integer),
+            nograd (no gradient is checked for it)
+  literal:  5, 2.5, None, True, 'mean'  (a non-tensor argument);
+            prefix = to force a literal: =(1,2)
+Examples: -i 3x4 -i 4x5:positive -i 5   |   -i '(10,)' -i '(10,):[-1,1]:nograd'"""
+
+
+@dataclass(frozen=True)
+class Domain:
+    """Where a tensor's values are drawn: a kind and, for range/integer, the bounds."""
+
+    kind: str = "real"
+    lo: float | None = None
+    hi: float | None = None
+
+    def describe(self) -> str:
+        if self.kind in ("range", "integer") and self.lo is not None:
+            return f"{'integer' if self.kind == 'integer' else ''}[{self.lo:g},{self.hi:g}]"
+        return self.kind
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor argument: shape, dtype (None = the run's dtype), domain, and whether it is checked."""
+
+    shape: tuple[int, ...]
+    dtype: str | None = None
+    domain: Domain = Domain()
+    requires_grad: bool = True
+    name: str | None = None
+
+    def describe(self, default_dtype: str = "float64") -> str:
+        shape = "x".join(map(str, self.shape)) if self.shape else "()"
+        if len(self.shape) == 1:
+            shape = f"({self.shape[0]},)"
+        parts = [shape, self.dtype or ("int64" if self.domain.kind == "integer" else default_dtype)]
+        if self.domain.kind != "real":
+            parts.append(self.domain.describe())
+        if not self.differentiable(default_dtype):
+            parts.append("nograd")
+        return ":".join(parts)
+
+    def differentiable(self, default_dtype: str = "float64") -> bool:
+        dtype = self.dtype or default_dtype
+        return self.requires_grad and dtype not in INTEGER_DTYPES and self.domain.kind != "integer"
+
+
+@dataclass(frozen=True)
+class LiteralSpec:
+    """A non-tensor argument passed as is (a constant, None for an optional bias, a flag)."""
+
+    value: Any
+    name: str | None = None
+
+    def describe(self, default_dtype: str = "float64") -> str:
+        return repr(self.value)
+
+    def differentiable(self, default_dtype: str = "float64") -> bool:
+        return False
+
+
+InputSpec = TensorSpec | LiteralSpec
+
+_SHAPE_X = re.compile(r"^\d+(x\d+)+$|^\d+x$")
+_SHAPE_PAREN = re.compile(r"^\(\s*(\d+\s*(,\s*\d+\s*)*,?\s*)?\)$")
+_RANGE = re.compile(r"^(integer)?\[\s*([^,\]]+)\s*,\s*([^,\]]+)\s*\]$")
+
+
+def parse_input(text: str) -> InputSpec:
+    """Parse one --input value; raises InputError naming the bad part and the fix."""
+    raw = text.strip()
+    if raw.startswith("="):
+        return LiteralSpec(_literal(raw[1:], text))
+    head, *options = _split_options(raw)
+    shape = _parse_shape(head)
+    if shape is None and options and head.isdigit():
+        shape = (int(head),)  # '5:positive' — options make a bare number a 1-d shape
+    if shape is None:
+        if options:
+            raise InputError(f"--input {text!r}: {head!r} is not a shape", _shape_hint())
+        return LiteralSpec(_literal(raw, text))
+    return _apply_options(TensorSpec(shape), options, text)
+
+
+def _split_options(raw: str) -> list[str]:
+    # Colons separate options, but not inside the brackets of a range.
+    parts, depth, current = [], 0, ""
+    for char in raw:
+        depth += char in "[("
+        depth -= char in "])"
+        if char == ":" and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    return [p.strip() for p in parts]
+
+
+def _parse_shape(head: str) -> tuple[int, ...] | None:
+    if _SHAPE_X.match(head):
+        return tuple(int(d) for d in head.split("x") if d)
+    if _SHAPE_PAREN.match(head):
+        inner = head.strip()[1:-1]
+        return tuple(int(d) for d in inner.split(",") if d.strip())
+    return None
+
+
+def _shape_hint() -> str:
+    return "write a shape as 3x4, (3,4), (5,) or () — e.g. --input 3x4:positive"
+
+
+def _apply_options(spec: TensorSpec, options: list[str], text: str) -> TensorSpec:
+    dtype, domain, requires_grad = spec.dtype, spec.domain, spec.requires_grad
+    for option in options:
+        range_match = _RANGE.match(option)
+        if option in DTYPES or option in INTEGER_DTYPES:
+            dtype = option
+        elif option == "nograd":
+            requires_grad = False
+        elif option in DOMAINS and option != "range":
+            domain = Domain(option)
+        elif range_match:
+            domain = _range_domain(range_match, option, text)
+        else:
+            known = (*DOMAINS, *DTYPES, *INTEGER_DTYPES, "nograd")
+            raise InputError(f"--input {text!r}: unknown option {option!r}",
+                             did_you_mean(option, known) or
+                             f"options are a dtype, a domain ({', '.join(DOMAINS[:-3])}, "
+                             "[lo,hi], spd, simplex, integer) or nograd")
+    return TensorSpec(spec.shape, dtype, domain, requires_grad)
+
+
+def _range_domain(match: re.Match[str], option: str, text: str) -> Domain:
+    try:
+        lo, hi = float(match.group(2)), float(match.group(3))
+    except ValueError:
+        raise InputError(f"--input {text!r}: range {option!r} needs two numbers",
+                         "write it as [lo,hi], e.g. [-1,1]") from None
+    if not lo < hi:
+        raise InputError(f"--input {text!r}: range {option!r} is empty (lo must be < hi)")
+    return Domain("integer" if match.group(1) else "range", lo, hi)
+
+
+def _literal(raw: str, text: str) -> Any:
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        raise InputError(f"--input {text!r} is neither a tensor shape nor a Python literal",
+                         _shape_hint() + "; a literal is 5, 2.5, None, True or 'name'") from None
+
+
+def validate_tensor_spec(spec: TensorSpec) -> None:
+    """Check that the domain fits the shape (spd needs square matrices, etc.)."""
+    kind = spec.domain.kind
+    if kind == "spd" and (len(spec.shape) < 2 or spec.shape[-1] != spec.shape[-2]):
+        raise InputError(f"domain spd needs a square matrix shape (..., n, n), got {spec.shape}")
+    if kind == "simplex" and (not spec.shape or spec.shape[-1] < 1):
+        raise InputError(f"domain simplex needs at least one dimension, got {spec.shape}")
+    if any(d < 0 for d in spec.shape):
+        raise InputError(f"shape {spec.shape} has a negative dimension")
+
+
+def sample(spec: TensorSpec, generator: Any, default_dtype: str, device: str) -> Any:
+    """Draw one tensor for the spec from the seeded generator (torch imported here, lazily)."""
+    import torch
+
+    validate_tensor_spec(spec)
+    # Integer-valued inputs are indices more often than not: int64 unless a dtype is given.
+    dtype_name = spec.dtype or ("int64" if spec.domain.kind == "integer" else default_dtype)
+    dtype = getattr(torch, dtype_name)
+    shape, kind = spec.shape, spec.domain.kind
+    if kind == "integer" or dtype_name in INTEGER_DTYPES:
+        lo, hi = (spec.domain.lo, spec.domain.hi) if spec.domain.lo is not None else (0, 10)
+        values = torch.randint(int(lo), int(hi) + 1, shape, generator=generator)
+        return values.to(dtype=dtype, device=device)
+    base = torch.randn(shape, generator=generator, dtype=torch.float64)
+    unit = torch.rand(shape, generator=generator, dtype=torch.float64)
+    values = _in_domain(spec.domain, base, unit, shape)
+    return values.to(dtype=dtype, device=device)
+
+
+def _in_domain(domain: Domain, base: Any, unit: Any, shape: tuple[int, ...]) -> Any:
+    import torch
+
+    kind = domain.kind
+    if kind == "positive":
+        return 0.5 + 1.5 * unit          # away from 0, where log/sqrt/1/x blow up
+    if kind == "negative":
+        return -(0.5 + 1.5 * unit)
+    if kind == "nonzero":
+        return torch.where(base >= 0, 1.0, -1.0) * (0.5 + 1.5 * unit)
+    if kind == "range":
+        lo, hi = domain.lo, domain.hi
+        return lo + (hi - lo) * (0.05 + 0.9 * unit)  # a margin keeps x ± eps inside
+    if kind == "spd":
+        n = shape[-1]
+        return base @ base.mT / n + torch.eye(n, dtype=base.dtype)
+    if kind == "simplex":
+        return torch.softmax(base, dim=-1)
+    return base

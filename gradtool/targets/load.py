@@ -1,0 +1,258 @@
+"""Resolve "pkg.mod:Name" / "path/file.py:Name" / a module alone into checkable targets."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+from ..errors import TargetError, did_you_mean
+
+KINDS = ("function", "module", "callable")
+
+
+@dataclass
+class Target:
+    """One thing to check: how to call it, what its arguments are called, where its code is."""
+
+    name: str                     # as shown and reproduced: "specs/examples/linear.py:LinearFunction"
+    kind: str                     # function | module | callable
+    obj: Any                      # the Function class, nn.Module (class or instance) or callable
+    qualname: str
+    arg_names: tuple[str, ...]    # forward's positional arguments (no ctx / self)
+    signature: inspect.Signature | None = None
+    init: Any = None              # constructor arguments for an nn.Module class
+    function_cls: type | None = None  # the autograd.Function class, for Function targets
+    source: str | None = None     # file:line of backward (Function) or forward
+    forward_source: str | None = None
+    once_differentiable: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve(text: str, init: Any = None) -> list[Target]:
+    """Turn a target string into targets; a module alone yields every Function and Module in it."""
+    location, name = split_target(text)
+    module = load_module(location)
+    display = location
+    if name is None:
+        found = discover(module, display)
+        if not found:
+            from ..errors import NothingToCheck
+
+            raise NothingToCheck(f"{location} defines no torch.autograd.Function or nn.Module "
+                                 f"subclass (nothing to check); name a callable explicitly: "
+                                 f"{location}:NAME")
+        return found
+    obj = _lookup(module, name, location)
+    return [make_target(obj, f"{display}:{name}", init)]
+
+
+def split_target(text: str) -> tuple[str, str | None]:
+    """'a/b.py:Name' -> ('a/b.py', 'Name'); 'pkg.mod' -> ('pkg.mod', None)."""
+    head, sep, tail = text.rpartition(":")
+    if sep and tail and all(part.isidentifier() for part in tail.split(".")):
+        return head, tail
+    if sep and not tail:
+        raise TargetError(f"target {text!r} has an empty name after ':'",
+                          "write it as module:Name or path/to/file.py:Name")
+    return text, None
+
+
+def is_path(location: str) -> bool:
+    return location.endswith(".py") or os.sep in location or "/" in location
+
+
+def load_module(location: str) -> ModuleType:
+    """Import a dotted module, or load a .py file by path (registered in sys.modules first)."""
+    if is_path(location):
+        return _load_path(Path(location))
+    try:
+        return importlib.import_module(location)
+    except ModuleNotFoundError as exc:
+        hint = None
+        if Path(location + ".py").exists():
+            hint = f"to load the file, write {location}.py"
+        raise TargetError(f"cannot import module {location!r}: {exc}",
+                          hint or "check the spelling, or pass a file path like path/to/file.py")
+    except SyntaxError as exc:
+        raise _syntax_error(exc) from None
+    except Exception as exc:  # user code raising at import time is a bad target, not a gradtool bug
+        raise TargetError(f"importing {location!r} raised {type(exc).__name__}: {exc}") from exc
+
+
+def _load_path(path: Path) -> ModuleType:
+    if not path.exists():
+        raise TargetError(f"file not found: {path}", "check the path (relative to the current folder)")
+    if path.suffix != ".py":
+        raise TargetError(f"{path} is not a Python file", "a target file must end in .py")
+    resolved = path.resolve()
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        # Compare names first: resolving all ~1,000 of torch's module paths costs ~0.2 s.
+        if file and os.path.basename(file) == resolved.name and Path(file).resolve() == resolved:
+            return module
+    name = _free_module_name(path.stem)
+    spec = importlib.util.spec_from_file_location(name, resolved)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # Registered before it runs: dataclasses and pickling inside the user's file look it up.
+    sys.modules[name] = module
+    folder = str(resolved.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # so the file can import its neighbours
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        del sys.modules[name]
+        raise _syntax_error(exc) from None
+    except Exception as exc:
+        del sys.modules[name]
+        raise TargetError(f"importing {path} raised {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def _free_module_name(stem: str) -> str:
+    name = stem if stem.isidentifier() else "_gradtool_user"
+    candidate, n = name, 1
+    while candidate in sys.modules:
+        candidate, n = f"{name}_{n}", n + 1
+    return candidate
+
+
+def _syntax_error(exc: SyntaxError) -> TargetError:
+    where = f"{exc.filename}:{exc.lineno}" if exc.filename else "the target file"
+    line = (exc.text or "").strip()
+    return TargetError(f"syntax error in {where}: {exc.msg}" + (f"\n    {line}" if line else ""))
+
+
+def _lookup(module: ModuleType, name: str, location: str) -> Any:
+    obj: Any = module
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            raise TargetError(f"{location} has no attribute {name!r}",
+                              did_you_mean(part, names) or f"available: {', '.join(names[:12])}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def discover(module: ModuleType, display: str) -> list[Target]:
+    """Every Function and nn.Module subclass defined in the module itself (not imported ones)."""
+    import torch
+
+    found = []
+    for attr, obj in vars(module).items():
+        if not inspect.isclass(obj) or obj.__module__ != module.__name__:
+            continue
+        if issubclass(obj, torch.autograd.Function) or issubclass(obj, torch.nn.Module):
+            found.append(make_target(obj, f"{display}:{attr}"))
+    return found
+
+
+def make_target(obj: Any, name: str, init: Any = None) -> Target:
+    """Classify an object as a Function, nn.Module or callable target."""
+    import torch
+
+    owner = getattr(obj, "__self__", None)  # LinearFunction.apply -> LinearFunction
+    if inspect.isclass(owner) and issubclass(owner, torch.autograd.Function):
+        obj = owner
+    if inspect.isclass(obj) and issubclass(obj, torch.autograd.Function):
+        return _function_target(obj, name)
+    if isinstance(obj, torch.nn.Module) or (inspect.isclass(obj) and issubclass(obj, torch.nn.Module)):
+        return _module_target(obj, name, init)
+    if callable(obj) and not inspect.isclass(obj):
+        return _callable_target(obj, name)
+    raise TargetError(f"{name} is a {type(obj).__name__}, not something gradtool can check",
+                      "a target is a torch.autograd.Function subclass, an nn.Module "
+                      "(class or instance) or a callable taking tensors")
+
+
+def _function_target(cls: type, name: str) -> Target:
+    from torch.autograd import Function
+
+    if cls.forward is Function.forward or cls.backward is Function.backward:
+        raise TargetError(f"{name}: Function subclass must define both forward and backward "
+                          "as static methods")
+    combined = _has_combined_forward(cls)
+    signature = inspect.signature(cls.forward)
+    params = list(signature.parameters.values())[1 if combined else 0:]
+    backward = cls.backward
+    return Target(
+        name=name, kind="function", obj=cls, qualname=cls.__qualname__,
+        arg_names=tuple(p.name for p in params if p.kind in _POSITIONAL),
+        signature=signature.replace(parameters=params), function_cls=cls,
+        source=source_of(backward), forward_source=source_of(cls.forward),
+        once_differentiable=is_once_differentiable(backward),
+    )
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _has_combined_forward(cls: type) -> bool:
+    """forward(ctx, ...) unless the class defines setup_context (the PyTorch 2 style)."""
+    from torch.autograd import Function
+
+    return getattr(cls, "setup_context", Function.setup_context) is Function.setup_context
+
+
+def is_once_differentiable(fn: Callable[..., Any]) -> bool:
+    """True for a backward wrapped by torch.autograd.function.once_differentiable."""
+    wrapped = getattr(fn, "__wrapped__", None)
+    code = getattr(fn, "__code__", None)
+    return wrapped is not None and code is not None and \
+        code.co_filename.replace("\\", "/").endswith("torch/autograd/function.py")
+
+
+def _module_target(obj: Any, name: str, init: Any) -> Target:
+    cls = obj if inspect.isclass(obj) else type(obj)
+    signature = inspect.signature(cls.forward)
+    params = list(signature.parameters.values())[1:]  # drop self
+    return Target(
+        name=name, kind="module", obj=obj, qualname=cls.__qualname__,
+        arg_names=tuple(p.name for p in params if p.kind in _POSITIONAL),
+        signature=signature.replace(parameters=params), init=init,
+        source=source_of(cls.forward), forward_source=source_of(cls.forward),
+    )
+
+
+def _callable_target(fn: Callable[..., Any], name: str) -> Target:
+    try:
+        signature: inspect.Signature | None = inspect.signature(fn)
+    except (TypeError, ValueError):
+        signature = None
+    params = list(signature.parameters.values()) if signature else []
+    return Target(
+        name=name, kind="callable", obj=fn, qualname=getattr(fn, "__qualname__", name),
+        arg_names=tuple(p.name for p in params if p.kind in _POSITIONAL), signature=signature,
+        source=source_of(fn), forward_source=source_of(fn),
+    )
+
+
+def source_of(fn: Any) -> str | None:
+    """'path:line' of a function's definition (relative to the current folder when inside it)."""
+    try:
+        fn = inspect.unwrap(fn)
+        path = inspect.getsourcefile(fn)
+        lines, line = inspect.getsourcelines(fn)
+    except (TypeError, OSError):
+        return None
+    # Point at the `def` line, not at a decorator above it.
+    line += next((k for k, text in enumerate(lines)
+                  if text.lstrip().startswith(("def ", "async def "))), 0)
+    if path is None:
+        return None
+    return f"{display_path(path)}:{line}"
+
+
+def display_path(path: str) -> str:
+    try:
+        return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+    except ValueError:
+        return path
