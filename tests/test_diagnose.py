@@ -425,3 +425,15 @@ def test_double_backward_factor_nan_few_and_no_pattern() -> None:
     assert diagnose_double_backward(few, n).startswith("1 of 36 elements wrong, the rest agree")
     noise = rand(6, 6, seed=9)
     assert diagnose_double_backward(noise, n).startswith("no simple pattern")
+
+
+def test_two_elements_with_an_arbitrary_common_ratio_are_no_factor() -> None:
+    # Two random ratios that happen to agree (a chance seen in the property test above): one
+    # coincidence is no evidence of a factor the user wrote; a simple factor on two elements is.
+    n = np.array([[-0.47081211, 0.84026727]])
+    chance = diagnose_block(-1.1234 * n, n, input_name="x", input_shape=(2,), output_shape=(1,),
+                            input_values=np.array([-0.2, -0.3]))
+    assert chance is not None and chance.startswith("no simple pattern"), chance
+    simple = diagnose_block(2.0 * n, n, input_name="x", input_shape=(2,), output_shape=(1,),
+                            input_values=np.array([-0.2, -0.3]))
+    assert simple is not None and "factor 2" in simple, simple

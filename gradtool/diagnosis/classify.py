@@ -12,6 +12,7 @@ import numpy as np
 
 _MAX_LISTED = 5  # elements named in a "few elements wrong" message
 _MIN_FIT = 2  # nonzero elements a structural fit (factor, transpose, shift) must rest on
+_MIN_FREE_FIT = 3  # ...and an arbitrary (not simple) factor: two ratios agreeing once is chance
 _MIN_SIDE = 3  # input elements needed on each side of a sign split
 _MIN_SPLITS = 100  # same-size column sets a sign split must be one of: chance match under 1%
 _MAX_DENOMINATOR = 12  # simplest fractions tried when rounding a factor (0.2000001 -> 1/5)
@@ -107,7 +108,8 @@ def _fit_factor(a: np.ndarray, n: np.ndarray, atol: float, rtol: float) -> float
     k = float(np.dot(a[sig], n[sig]) / np.dot(n[sig], n[sig]))
     if not np.isfinite(k) or abs(k) * float(np.abs(n).max()) <= atol:
         return None  # a zero factor is a missing gradient, told apart elsewhere
-    for cand in (*_simple_values(k), k):
+    candidates = (*_simple_values(k), k) if int(sig.sum()) >= _MIN_FREE_FIT else _simple_values(k)
+    for cand in candidates:
         # k near 1 is a tolerance matter, not a factor the user could have written.
         if cand and abs(cand - 1) > rtol and np.all(_close(a, cand * n, atol, rtol)):
             return cand
