@@ -1,0 +1,278 @@
+"""Low precision: a float32/float16/bfloat16 run judged against a float64 reference, per element."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..config.settings import CheckConfig
+from ..numerics.problem import Problem
+from ..numerics.rounding import (
+    FINEST_FIRST, MAX_SAMPLES, UNIT_ROUNDOFF, Bound, dtype_name, finest_resolving, measure_bound,
+)
+from ..results import Block, CheckResult, Outcome
+from ..targets.cases import Case
+from ..targets.load import Target
+from ._common import calls_since, error_result
+
+NAME = "gradient"
+DRAWS = 1   # grad_output draws (one VJP of random grad_outputs covers every input element)
+
+
+def low_precision(problem: Problem, config: CheckConfig) -> str | None:
+    """The least precise floating dtype the target computes in, or None for a float64 run."""
+    names = {dtype_name(a.dtype) for a in problem.args
+             if isinstance(a, torch.Tensor) and a.is_floating_point()}
+    if config.autocast:
+        names.add(config.autocast)
+    known = [n for n in names if n in UNIT_ROUNDOFF]
+    if not known:
+        return None
+    coarsest = max(known, key=FINEST_FIRST.index)
+    return None if coarsest == "float64" else coarsest
+
+
+def check_precision(case: Case, target: Target, config: CheckConfig,
+                    reference: Callable[..., Any] | None = None,
+                    float64_check: Callable[[Problem], CheckResult] | None = None) -> CheckResult:
+    """Forward and VJPs of the low-precision run against a float64 reference on the same inputs.
+
+    `reference` is the user's float64 callable; without one the target itself runs in float64
+    (`float64_check` then verifies that run's own gradient). A target that cannot run in float64
+    falls back on the Taylor-remainder test.
+    """
+    start, problem = time.perf_counter(), case.problem
+    before = dict(problem.calls)
+    if not problem.diff:
+        return CheckResult(NAME, Outcome.SKIPPED, "no differentiable inputs to check")
+    try:
+        low_run = _vjp_run(problem, case.seed)
+    except Exception as exc:  # the user's forward or backward raised in its own dtype
+        return error_result(NAME, exc, target, start, problem, before)
+    dtype = low_precision(problem, config) or "float32"
+    dtype = max([dtype, *(dtype_name(t.dtype) for t in low_run.values)], key=_coarseness)
+    ref = _reference_problem(problem, target, config, reference, len(case.specs), case.seed)
+    try:
+        exact = _vjp_run(ref, case.seed, low_run.grad_outputs)
+    except Exception as exc:
+        if reference is not None:
+            return error_result(NAME, exc, target, start, problem, before)
+        from .taylor import taylor_result
+
+        return taylor_result(problem, target, case.seed, dtype, exc, start, before)
+    bound = measure_bound(lambda: _vjp_run(ref, case.seed, low_run.grad_outputs).values,
+                          exact.values, dtype, case.seed)
+    verdict = judge(problem, low_run, exact, bound)
+    while verdict.outcome is not Outcome.PASSED and bound.samples < MAX_SAMPLES:
+        verdict = judge(problem, low_run, exact, bound.sample(bound.samples))
+    own = float64_check(ref) if float64_check is not None and reference is None else None
+    return _result(verdict, own, bound, config, target, calls_since(problem, before),
+                   time.perf_counter() - start, reference is not None)
+
+
+def _coarseness(name: str) -> int:
+    return FINEST_FIRST.index(name) if name in FINEST_FIRST else 0
+
+
+@dataclass
+class Run:
+    """Outputs then, per grad_output draw, the gradient of every differentiable input."""
+
+    values: list[torch.Tensor]
+    grad_outputs: list[list[torch.Tensor]]
+    n_outputs: int
+
+
+def _vjp_run(problem: Problem, seed: int,
+             grad_outputs: list[list[torch.Tensor]] | None = None) -> Run:
+    leaves, outs = problem.graph()
+    if grad_outputs is None:
+        generator = torch.Generator().manual_seed(seed + 1)
+        grad_outputs = [[torch.randn(o.shape, generator=generator, dtype=torch.float64)
+                         .to(dtype=o.dtype, device=o.device) for o in outs]
+                        for _ in range(DRAWS)]
+    values = [o.detach() for o in outs]
+    for draw in grad_outputs:
+        grads = [g.to(dtype=o.dtype) for g, o in zip(draw, outs)]
+        values += [v.detach() for v in problem.vjp(leaves, outs, grads)]
+    return Run(values, grad_outputs, len(outs))
+
+
+def _reference_problem(problem: Problem, target: Target, config: CheckConfig,
+                       reference: Callable[..., Any] | None, n_args: int, seed: int) -> Problem:
+    """The same (already rounded) values in float64, bound to the reference or the target."""
+    from ..targets.cases import bind
+
+    args = [a.detach().to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point()
+            else a for a in problem.args]
+    # bind() again in float64: a module's frozen buffers too, and no autocast region.
+    fn = reference or bind(target, n_args, config.with_(dtype="float64"), seed)[0]
+    return Problem(fn, args, list(problem.names), list(problem.diff),
+                   output_names=list(problem.output_names), freeze_seed=problem.freeze_seed,
+                   output_mask=problem.output_mask, mutates=problem.mutates)
+
+
+@dataclass
+class Verdict:
+    """Per compared tensor: its label, element counts, and the worst elements found."""
+
+    outcome: Outcome
+    forward_bad: int
+    blocks: list[Block]
+    lines: list[str]
+    resolve_with: str | None
+
+
+def judge(problem: Problem, low: Run, exact: Run, bound: Bound) -> Verdict:
+    """Every element: |low - reference| <= its bound, or resolved as beyond it."""
+    labels = _labels(problem, low)
+    failed = unresolved = forward_bad = 0
+    lines: list[str] = []
+    stats: dict[str, list[Any]] = {}
+    finer: list[str] = []
+    for (kind, name, shape), lo, ex, tol in zip(labels, low.values, exact.values,
+                                                bound.tolerances):
+        diff = (lo.double() - ex).abs().cpu()
+        tol, ex = tol.cpu(), ex.cpu()
+        over = diff > tol
+        # Beyond the bound, but the dtype cannot resolve the value itself: no verdict there.
+        vague = over & (tol >= 0.5 * ex.abs()) & (diff <= 3 * tol)
+        bad = over & ~vague
+        failed += int(bad.sum())
+        unresolved += int(vague.sum())
+        forward_bad += int(bad.sum()) if kind == "forward" else 0
+        entry = stats.setdefault(name, [kind, shape, 0, 0, 0.0, 0.0])
+        entry[2] += diff.numel()
+        entry[3] += int(over.sum())
+        entry[4] = max(entry[4], float(diff.max()) if diff.numel() else 0.0)
+        entry[5] = max(entry[5], float((diff / ex.abs().clamp_min(1e-300)).max())
+                       if diff.numel() else 0.0)
+        lines += _worst_lines(kind, name, shape, lo, ex, diff, tol, over)
+        for index in torch.nonzero(vague.reshape(-1)).reshape(-1)[:1].tolist():
+            need = finest_resolving(bound.dtype, float(tol.reshape(-1)[index])
+                                    / float(diff.reshape(-1)[index]))
+            finer += [need] if need else []
+    outcome = (Outcome.FAILED if failed else Outcome.INCONCLUSIVE if unresolved
+               else Outcome.PASSED)
+    blocks = [Block(name, tuple(shape) if kind == "gradient" else (), "VJP" if kind == "gradient"
+                    else name, tuple(shape) if kind == "forward" else (), n, bad_n, mad, mrd)
+              for name, (kind, shape, n, bad_n, mad, mrd) in stats.items()]
+    resolve_with = min(finer, key=FINEST_FIRST.index, default=None) if finer else None
+    return Verdict(outcome, forward_bad, blocks, lines[:8], resolve_with)
+
+
+def _labels(problem: Problem, run: Run) -> list[tuple[str, str, tuple[int, ...]]]:
+    outs = [("forward", name, tuple(v.shape))
+            for name, v in zip(_output_names(problem, run.n_outputs), run.values)]
+    grads = [("gradient", name, tuple(v.shape)) for name, v in
+             zip(problem.input_names, run.values[run.n_outputs:run.n_outputs + len(problem.diff)])]
+    return outs + grads * len(run.grad_outputs)
+
+
+def _output_names(problem: Problem, count: int) -> list[str]:
+    from ..numerics.problem import output_names
+
+    names = problem.output_labels or problem.output_names
+    return list(names) if len(names) == count else output_names(count)
+
+
+def _worst_lines(kind: str, name: str, shape: tuple[int, ...], low: torch.Tensor,
+                 exact: torch.Tensor, diff: torch.Tensor, tol: torch.Tensor,
+                 over: torch.Tensor) -> list[str]:
+    excess = torch.where(over, diff / tol.clamp_min(1e-300), torch.zeros_like(diff)).reshape(-1)
+    lines = []
+    for flat in torch.argsort(excess, descending=True)[:3].tolist():
+        if not excess[flat] > 0:
+            break
+        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), shape)) \
+            if shape else ()
+        what = f"output {name!r}" if kind == "forward" else f"gradient of {name!r}"
+        lines.append(f"{what} at {index}: low precision {float(low.reshape(-1)[flat]):.6g}, "
+                     f"float64 reference {float(exact.reshape(-1)[flat]):.6g}, diff "
+                     f"{float(diff[flat] if diff.dim() == 0 else diff.reshape(-1)[flat]):.3g}"
+                     f" > rounding bound {float(tol.reshape(-1)[flat]):.3g}")
+    return lines
+
+
+def _result(verdict: Verdict, own: CheckResult | None, bound: Bound, config: CheckConfig,
+            target: Target, calls: dict[str, int], seconds: float, user_reference: bool
+            ) -> CheckResult:
+    against = "the reference callable" if user_reference else "the same target in float64"
+    summary = _summary(verdict, bound.dtype, against)
+    details = list(verdict.lines)
+    outcome = verdict.outcome
+    if own is not None:
+        details.append(f"float64 run's own gradient vs finite differences: {own.outcome.value}"
+                       f" ({own.summary})")
+        if own.outcome in (Outcome.FAILED, Outcome.ERROR):
+            outcome = Outcome.FAILED
+            summary = (f"the float64 run's own gradient is wrong ({own.summary}); "
+                       f"low precision: {summary}")
+        elif own.outcome is Outcome.INCONCLUSIVE and outcome is Outcome.PASSED:
+            outcome = Outcome.INCONCLUSIVE
+    details.append(f"rounding bound: {bound.describe()}")
+    if verdict.resolve_with:
+        details.append(f"{verdict.resolve_with} would resolve the differences {bound.dtype} "
+                       "cannot (check the kernel in that dtype to decide)")
+    tolerance = {"unit_roundoff": UNIT_ROUNDOFF[bound.dtype], "samples": float(bound.samples)}
+    return CheckResult(NAME, outcome, summary, tuple(details), tuple(verdict.blocks),
+                       f"{bound.dtype} vs float64", f"judged against {against}",
+                       tolerance=tolerance, calls=calls, duration_s=seconds,
+                       source=target.source if outcome is not Outcome.PASSED else None)
+
+
+def _summary(verdict: Verdict, dtype: str, against: str) -> str:
+    grads = [b for b in verdict.blocks if b.output == "VJP"]
+    outs = [b for b in verdict.blocks if b.output != "VJP"]
+    bad = [b for b in grads if b.mismatched]
+    if verdict.outcome is Outcome.PASSED:
+        n = sum(b.checked for b in verdict.blocks)
+        return (f"{dtype} forward and backward agree with {against} within rounding bounds "
+                f"at all {n} elements")
+    text = (f"{dtype} backward disagrees with {against} beyond the rounding bound at "
+            f"{sum(b.mismatched for b in bad)} element(s) of "
+            + ", ".join(repr(b.input) for b in bad)) if bad else \
+        f"{dtype} backward agrees with {against} within rounding bounds"
+    if verdict.forward_bad:
+        bad_outs = sum(b.mismatched for b in outs)
+        return (f"{dtype} forward disagrees with {against} beyond the rounding bound at "
+                f"{bad_outs} element(s), so the gradient verdict rests on a wrong forward: "
+                f"{text}")
+    if verdict.outcome is Outcome.INCONCLUSIVE:
+        return (f"{dtype} cannot resolve the differences from {against}: they exceed the "
+                f"rounding bound only where the bound is as large as the values")
+    return text
+
+
+def run_precision_check(case: Case, target: Target, config: CheckConfig) -> CheckResult:
+    """The entry point: load --reference if given, and verify the float64 run's own gradient."""
+    from .gradient import diagnose_first_order, jacobian_result
+
+    reference = load_reference(config.reference) if config.reference else None
+    config64 = config.with_(dtype="float64")
+
+    def float64_check(problem: Problem) -> CheckResult:
+        return jacobian_result("gradient", problem, target, config64, case.seed, None, None,
+                               diagnose_first_order)
+
+    return check_precision(case, target, config, reference, float64_check)
+
+
+def load_reference(text: str) -> Callable[..., Any]:
+    """'module:fn' or 'file.py:fn' -> the callable (a Function class -> its apply)."""
+    from ..errors import TargetError
+    from ..targets.load import resolve
+
+    targets = resolve(text)
+    if len(targets) != 1:
+        raise TargetError(f"--reference {text!r} must name one callable, found {len(targets)}",
+                          "give module:function or file.py:function")
+    found = targets[0]
+    if found.kind == "module":
+        raise TargetError(f"--reference {text!r} is an nn.Module; give a function of the "
+                          "target's arguments (inputs, then parameters)", "wrap it in a function")
+    return found.obj.apply if found.kind == "function" else found.obj
