@@ -13,6 +13,7 @@ from ..config.settings import CheckConfig
 from ..numerics.problem import Problem
 from ..numerics.rounding import (
     FINEST_FIRST, MAX_SAMPLES, UNIT_ROUNDOFF, Bound, dtype_name, finest_resolving, measure_bound,
+    scale_error,
 )
 from ..results import Block, CheckResult, Outcome
 from ..targets.cases import Case
@@ -20,6 +21,10 @@ from ..targets.load import Target
 from ._common import calls_since, error_result
 
 NAME = "gradient"
+# A fitted scale error counts when it is this many standard errors out, and larger than this
+# many unit roundoffs (a biased rounding mode could shift every element by about u).
+SCALE_SIGNIFICANCE = 6.0
+SCALE_BIAS = 4.0
 DRAWS = 1   # grad_output draws (one VJP of random grad_outputs covers every input element)
 
 
@@ -65,13 +70,15 @@ def check_precision(case: Case, target: Target, config: CheckConfig,
 
         return taylor_result(problem, target, case.seed, dtype, exc, start, before)
     bound = measure_bound(lambda: _vjp_run(ref, case.seed, low_run.grad_outputs).values,
-                          exact.values, dtype, case.seed)
+                          exact.values, dtype, case.seed, round_operands=bool(config.autocast))
     verdict = judge(problem, low_run, exact, bound)
     while verdict.outcome is not Outcome.PASSED and bound.samples < MAX_SAMPLES:
         verdict = judge(problem, low_run, exact, bound.sample(bound.samples))
     own = float64_check(ref) if float64_check is not None and reference is None else None
-    return _result(verdict, own, bound, config, target, calls_since(problem, before),
-                   time.perf_counter() - start, reference is not None)
+    calls = calls_since(problem, before)
+    calls.update({f"float64 {k}": v for k, v in ref.calls.items()})
+    return _result(verdict, own, bound, config, target, calls, time.perf_counter() - start,
+                   reference is not None)
 
 
 def _coarseness(name: str) -> int:
@@ -125,6 +132,7 @@ class Verdict:
     blocks: list[Block]
     lines: list[str]
     resolve_with: str | None
+    scaled: list[str]   # tensors whose every element is off by one common factor
 
 
 def judge(problem: Problem, low: Run, exact: Run, bound: Bound) -> Verdict:
@@ -134,11 +142,19 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound) -> Verdict:
     lines: list[str] = []
     stats: dict[str, list[Any]] = {}
     finer: list[str] = []
-    for (kind, name, shape), lo, ex, tol in zip(labels, low.values, exact.values,
-                                                bound.tolerances):
+    scaled_names: list[str] = []
+    for (kind, name, shape), lo, ex, tol, sigma in zip(labels, low.values, exact.values,
+                                                       bound.tolerances, bound.sigmas):
         diff = (lo.double() - ex).abs().cpu()
-        tol, ex = tol.cpu(), ex.cpu()
+        tol, ex, lo = tol.cpu(), ex.cpu(), lo.cpu()
         over = diff > tol
+        # Elements beyond their bound are reported as such; the fit looks for what hides below.
+        scaled = _scale_line(kind, name, lo[~over], ex[~over], sigma.cpu()[~over], bound.dtype)
+        if scaled:
+            lines.insert(0, scaled)
+            scaled_names.append(name)
+            failed += 1
+            forward_bad += kind == "forward"
         # Beyond the bound, but the dtype cannot resolve the value itself: no verdict there.
         vague = over & (tol >= 0.5 * ex.abs()) & (diff <= 3 * tol)
         bad = over & ~vague
@@ -162,7 +178,20 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound) -> Verdict:
                     else name, tuple(shape) if kind == "forward" else (), n, bad_n, mad, mrd)
               for name, (kind, shape, n, bad_n, mad, mrd) in stats.items()]
     resolve_with = min(finer, key=FINEST_FIRST.index, default=None) if finer else None
-    return Verdict(outcome, forward_bad, blocks, lines[:8], resolve_with)
+    return Verdict(outcome, forward_bad, blocks, lines[:8], resolve_with,
+                   list(dict.fromkeys(scaled_names)))
+
+
+def _scale_line(kind: str, name: str, low: torch.Tensor, exact: torch.Tensor,
+                sigma: torch.Tensor, dtype: str) -> str | None:
+    """A scale error over the whole tensor: significant, and beyond what rounding bias can do."""
+    s, error = scale_error(low, exact, sigma)
+    if not (abs(s) > SCALE_SIGNIFICANCE * error and abs(s) > SCALE_BIAS * UNIT_ROUNDOFF[dtype]):
+        return None
+    what = f"output {name!r}" if kind == "forward" else f"gradient of {name!r}"
+    return (f"{what} is {1 + s:.4g} x the float64 reference, fitted over the {low.numel()} "
+            f"elements within their bounds (± {error:.1g}); rounding cannot bias a result by more than "
+            f"{SCALE_BIAS:g}u = {SCALE_BIAS * UNIT_ROUNDOFF[dtype]:.2g}")
 
 
 def _labels(problem: Problem, run: Run) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -215,7 +244,7 @@ def _result(verdict: Verdict, own: CheckResult | None, bound: Bound, config: Che
         elif own.outcome is Outcome.INCONCLUSIVE and outcome is Outcome.PASSED:
             outcome = Outcome.INCONCLUSIVE
     details.append(f"rounding bound: {bound.describe()}")
-    if verdict.resolve_with:
+    if verdict.resolve_with and outcome is Outcome.INCONCLUSIVE:
         details.append(f"{verdict.resolve_with} would resolve the differences {bound.dtype} "
                        "cannot (check the kernel in that dtype to decide)")
     tolerance = {"unit_roundoff": UNIT_ROUNDOFF[bound.dtype], "samples": float(bound.samples)}
@@ -237,6 +266,10 @@ def _summary(verdict: Verdict, dtype: str, against: str) -> str:
             f"{sum(b.mismatched for b in bad)} element(s) of "
             + ", ".join(repr(b.input) for b in bad)) if bad else \
         f"{dtype} backward agrees with {against} within rounding bounds"
+    if verdict.scaled:
+        text = (f"{dtype} run differs from {against} by a common scale factor, beyond what "
+                f"rounding can do, in {', '.join(repr(n) for n in verdict.scaled)}"
+                + (f"; and {text}" if bad else ""))
     if verdict.forward_bad:
         bad_outs = sum(b.mismatched for b in outs)
         return (f"{dtype} forward disagrees with {against} beyond the rounding bound at "

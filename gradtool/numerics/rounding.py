@@ -55,17 +55,20 @@ class SimulatedRounding(TorchDispatchMode):
     in place.
     """
 
-    def __init__(self, dtype: str, pool: _Pool) -> None:
+    def __init__(self, dtype: str, pool: _Pool, round_operands: bool = False) -> None:
         super().__init__()
         self.u = unit_roundoff(dtype)
         self.u_acc = accumulation_roundoff(dtype)
         self.pool = pool
+        self.round_operands = round_operands  # autocast casts a product's operands down
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
                            ) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         kind = _kind(func)
+        if kind == "product" and self.round_operands:
+            args, kwargs = tree_map(self._operand, (args, kwargs))
+        out = func(*args, **kwargs)
         if kind == "exact":
             return out
         if kind == "inplace":
@@ -81,6 +84,11 @@ class SimulatedRounding(TorchDispatchMode):
             return type(out)(self._jitter(o, s) if isinstance(o, torch.Tensor) else o
                              for o, s in zip(out, spreads))
         return out
+
+    def _operand(self, x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel():
+            return torch.addcmul(x, x, self.pool.draw(x), value=self.u)
+        return x
 
     def _jitter(self, t: torch.Tensor, spread: Any) -> torch.Tensor:
         if not t.is_floating_point() or t.numel() == 0:
@@ -171,6 +179,14 @@ class Bound:
     pool: _Pool
     squares: list[torch.Tensor]
     samples: int = 0
+    round_operands: bool = False
+
+    @property
+    def sigmas(self) -> list[torch.Tensor]:
+        """Per element: the RMS simulated deviation, floored at u|value| (one rounding)."""
+        u = unit_roundoff(self.dtype)
+        return [(acc / self.samples).sqrt() + u * e.abs()
+                for acc, e in zip(self.squares, self.exact)]
 
     @property
     def tolerances(self) -> list[torch.Tensor]:
@@ -182,7 +198,7 @@ class Bound:
     def sample(self, count: int) -> Bound:
         """`count` more re-runs under simulated rounding, their squared deviations added."""
         for _ in range(count):
-            with SimulatedRounding(self.dtype, self.pool):
+            with SimulatedRounding(self.dtype, self.pool, self.round_operands):
                 noisy = self.run()
             for acc, n, e in zip(self.squares, noisy, self.exact):
                 acc += (n.detach().double() - e) ** 2
@@ -196,11 +212,28 @@ class Bound:
 
 
 def measure_bound(run: Callable[[], Sequence[torch.Tensor]], exact: Sequence[torch.Tensor],
-                  dtype: str, seed: int, samples: int = SAMPLES) -> Bound:
-    """Re-run `run` (a float64 computation) under simulated rounding; the spread per element."""
+                  dtype: str, seed: int, samples: int = SAMPLES,
+                  round_operands: bool = False) -> Bound:
+    """Re-run `run` (a float64 computation) under simulated rounding; the spread per element.
+
+    round_operands: also round the operands of matrix products (what autocast does)."""
     exact64 = [e.detach().double() for e in exact]
     squares = [torch.zeros_like(e) for e in exact64]
-    return Bound(run, exact64, dtype, _Pool(seed), squares).sample(samples)
+    return Bound(run, exact64, dtype, _Pool(seed), squares,
+                 round_operands=round_operands).sample(samples)
+
+
+def scale_error(low: torch.Tensor, exact: torch.Tensor, sigma: torch.Tensor
+                ) -> tuple[float, float]:
+    """(s, its standard error): low = (1 + s) exact fitted over every element, each weighted by
+    its rounding spread. A scale error hides below every element's bound but not in the sum."""
+    weight = (exact / sigma.clamp_min(1e-300)) ** 2
+    weight = torch.where(sigma > 0, weight, torch.zeros_like(weight))
+    total = float(weight.sum())
+    if total <= 0:
+        return 0.0, math.inf
+    ratio = torch.where(exact != 0, (low.double() - exact) / exact, torch.zeros_like(exact))
+    return float((weight * ratio).sum()) / total, total ** -0.5
 
 
 def finest_resolving(dtype: str, ratio: float) -> str | None:

@@ -42,8 +42,8 @@ def taylor_test(problem: Problem, seed: int) -> TaylorVerdict:
     scale = [float(x.double().abs().mean()) or 1.0 for x in xs]
     direction = [_draw(x, generator).double() * s for x, s in zip(xs, scale)]
     base = _value(problem, xs, weights)
-    noise = RESOLVED * sum(unit_roundoff(dtype_name(o.dtype)) * float((w.double() * o.double())
-                                                                       .abs().sum())
+    noise = RESOLVED * sum(unit_roundoff(dtype_name(o.dtype))
+                           * float((w.double() * o.detach().double()).abs().sum())
                            for o, w in zip(outs, weights))
     points = []
     for h in STEPS:
