@@ -27,8 +27,8 @@ _PRODUCTS = ("mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "c
 
 # Samples of simulated rounding: a first round, doubled up to MAX_SAMPLES while any element
 # lies beyond its bound (a spread from few samples is sometimes underestimated by chance).
-SAMPLES = 4
-MAX_SAMPLES = 16
+SAMPLES = 3
+MAX_SAMPLES = 12
 # Tolerance = SAFETY x the root-mean-square simulated deviation (real rounding errors are
 # bounded by their own worst case; random signs reach about its root-sum-square).
 SAFETY = 6.0
