@@ -1,4 +1,4 @@
-"""Low-precision detection and cost: gradtool's float64-reference check vs a hand-loosened gradcheck.
+"""Low precision: gradtool's float64-reference check vs a hand-loosened gradcheck, detection + cost.
 
 For an elementwise kernel (tanh-GELU) and a matmul kernel at 64x64, in float32, float16 and
 bfloat16, over N seeds: how often a correct kernel fails, and how often a one-element or a
@@ -26,12 +26,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fixtures"))
 
-import lowprec as L  # noqa: E402
+import lowprec as L
 
-from gradtool.config.settings import CheckConfig  # noqa: E402
-from gradtool.targets.cases import build_case  # noqa: E402
-from gradtool.targets.inputs import parse_input  # noqa: E402
-from gradtool.targets.load import make_target  # noqa: E402
+from gradtool.config.settings import CheckConfig
+from gradtool.targets.cases import build_case
+from gradtool.targets.inputs import parse_input
+from gradtool.targets.load import make_target
 
 # The issue's goals: (one-element error, scale error) per dtype.
 ERRORS = {"float32": (1.001, 1.001), "float16": (1.02, 1.03), "bfloat16": (1.10, 1.03)}

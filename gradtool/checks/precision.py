@@ -12,7 +12,13 @@ import torch
 from ..config.settings import CheckConfig
 from ..numerics.problem import Problem
 from ..numerics.rounding import (
-    FINEST_FIRST, MAX_SAMPLES, UNIT_ROUNDOFF, Bound, dtype_name, finest_resolving, measure_bound,
+    FINEST_FIRST,
+    MAX_SAMPLES,
+    UNIT_ROUNDOFF,
+    Bound,
+    dtype_name,
+    finest_resolving,
+    measure_bound,
     scale_error,
 )
 from ..results import Block, CheckResult, Outcome
@@ -34,11 +40,13 @@ def low_precision(problem: Problem, config: CheckConfig) -> str | None:
              if isinstance(a, torch.Tensor) and a.is_floating_point()}
     if config.autocast:
         names.add(config.autocast)
+    found = coarsest(names)
+    return None if found in (None, "float64") else found
+
+
+def coarsest(names: Any) -> str | None:
     known = [n for n in names if n in UNIT_ROUNDOFF]
-    if not known:
-        return None
-    coarsest = max(known, key=FINEST_FIRST.index)
-    return None if coarsest == "float64" else coarsest
+    return max(known, key=FINEST_FIRST.index) if known else None
 
 
 def check_precision(case: Case, target: Target, config: CheckConfig,
@@ -58,8 +66,9 @@ def check_precision(case: Case, target: Target, config: CheckConfig,
         low_run = _vjp_run(problem, case.seed)
     except Exception as exc:  # the user's forward or backward raised in its own dtype
         return error_result(NAME, exc, target, start, problem, before)
-    dtype = low_precision(problem, config) or "float32"
-    dtype = max([dtype, *(dtype_name(t.dtype) for t in low_run.values)], key=_coarseness)
+    # Outputs may come out coarser than every input (a kernel that returns bfloat16).
+    dtype = coarsest([low_precision(problem, config) or "float32",
+                      *(dtype_name(t.dtype) for t in low_run.values)]) or "float32"
     ref = _reference_problem(problem, target, config, reference, len(case.specs), case.seed)
     try:
         exact = _vjp_run(ref, case.seed, low_run.grad_outputs)
@@ -74,15 +83,13 @@ def check_precision(case: Case, target: Target, config: CheckConfig,
     verdict = judge(problem, low_run, exact, bound)
     while verdict.outcome is not Outcome.PASSED and bound.samples < MAX_SAMPLES:
         verdict = judge(problem, low_run, exact, bound.sample(bound.samples))
-    own = float64_check(ref) if float64_check is not None and reference is None else None
     calls = calls_since(problem, before)
     calls.update({f"float64 {k}": v for k, v in ref.calls.items()})
+    own = float64_check(ref) if float64_check is not None and reference is None else None
+    for k, v in (own.calls.items() if own is not None else ()):
+        calls[f"float64 check {k}"] = v
     return _result(verdict, own, bound, config, target, calls, time.perf_counter() - start,
                    reference is not None)
-
-
-def _coarseness(name: str) -> int:
-    return FINEST_FIRST.index(name) if name in FINEST_FIRST else 0
 
 
 @dataclass
@@ -147,7 +154,7 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound) -> Verdict:
                                                        bound.tolerances, bound.sigmas):
         diff = (lo.double() - ex).abs().cpu()
         tol, ex, lo = tol.cpu(), ex.cpu(), lo.cpu()
-        over = diff > tol
+        over = ~(diff <= tol)  # NaN too: a low-precision overflow or NaN is beyond any bound
         # Elements beyond their bound are reported as such; the fit looks for what hides below.
         scaled = _scale_line(kind, name, lo[~over], ex[~over], sigma.cpu()[~over], bound.dtype)
         if scaled:
@@ -190,7 +197,8 @@ def _scale_line(kind: str, name: str, low: torch.Tensor, exact: torch.Tensor,
         return None
     what = f"output {name!r}" if kind == "forward" else f"gradient of {name!r}"
     return (f"{what} is {1 + s:.4g} x the float64 reference, fitted over the {low.numel()} "
-            f"elements within their bounds (± {error:.1g}); rounding cannot bias a result by more than "
+            f"elements within their bounds (± {error:.1g}); rounding cannot bias a result by "
+            "more than "
             f"{SCALE_BIAS:g}u = {SCALE_BIAS * UNIT_ROUNDOFF[dtype]:.2g}")
 
 

@@ -14,6 +14,10 @@ from torch.utils._pytree import tree_map
 # Unit roundoff u = 2^-p of each floating dtype (p significand bits, round to nearest).
 UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11,
                  "bfloat16": 2.0 ** -8}
+# Absolute rounding error below the normal range: half the spacing of the subnormals, so
+# fl(x) = x (1 + d) + e with |d| <= u, |e| <= eta (float16's subnormals start at 6e-5).
+ETA = {"float64": 2.0 ** -1075, "float32": 2.0 ** -150, "float16": 2.0 ** -25,
+       "bfloat16": 2.0 ** -134}
 # Finest first: the precisions offered when a dtype cannot resolve a difference.
 FINEST_FIRST = ("float64", "float32", "float16", "bfloat16")
 
@@ -58,6 +62,7 @@ class SimulatedRounding(TorchDispatchMode):
     def __init__(self, dtype: str, pool: _Pool, round_operands: bool = False) -> None:
         super().__init__()
         self.u = unit_roundoff(dtype)
+        self.eta = ETA[dtype]
         self.u_acc = accumulation_roundoff(dtype)
         self.pool = pool
         self.round_operands = round_operands  # autocast casts a product's operands down
@@ -73,7 +78,7 @@ class SimulatedRounding(TorchDispatchMode):
             return out
         if kind == "inplace":
             if isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel():
-                out.addcmul_(out, self.pool.draw(out), value=self.u)
+                out.addcmul_(out * self.u + self.eta, self.pool.draw(out))
             return out
         spread = _accumulated(func, args, kwargs, kind == "product") \
             if kind in ("sum", "product") else None
@@ -87,14 +92,14 @@ class SimulatedRounding(TorchDispatchMode):
 
     def _operand(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel():
-            return torch.addcmul(x, x, self.pool.draw(x), value=self.u)
+            return torch.addcmul(x, x * self.u + self.eta, self.pool.draw(x))
         return x
 
     def _jitter(self, t: torch.Tensor, spread: Any) -> torch.Tensor:
         if not t.is_floating_point() or t.numel() == 0:
             return t
-        # t (1 + u z): z is symmetric, so this is t ± u|t| z in distribution, in one operation.
-        noisy = torch.addcmul(t, t, self.pool.draw(t), value=self.u)
+        # t + (u t + eta) z: z is symmetric, so this is t ± (u|t| + eta) z in distribution.
+        noisy = torch.addcmul(t, t * self.u + self.eta, self.pool.draw(t))
         if isinstance(spread, torch.Tensor) and spread.shape == t.shape:
             noisy.addcmul_(spread, self.pool.draw(t), value=self.u_acc)
         return noisy
@@ -117,7 +122,8 @@ class _Pool:
         values = self.values.get(key)
         if values is None or values.numel() < 4 * n:
             generator = torch.Generator().manual_seed(self.seed)
-            values = torch.randn(4 * n, generator=generator, dtype=torch.float64).to(dtype=t.dtype, device=t.device)
+            values = torch.randn(4 * n, generator=generator, dtype=torch.float64)
+            values = values.to(dtype=t.dtype, device=t.device)
             self.values[key] = values
         start = self.offsets.randrange(values.numel() - n + 1)
         return values.narrow(0, start, n).view(t.shape)
@@ -183,16 +189,16 @@ class Bound:
 
     @property
     def sigmas(self) -> list[torch.Tensor]:
-        """Per element: the RMS simulated deviation, floored at u|value| (one rounding)."""
-        u = unit_roundoff(self.dtype)
-        return [(acc / self.samples).sqrt() + u * e.abs()
+        """Per element: the RMS simulated deviation, floored at one rounding of the value."""
+        u, eta = unit_roundoff(self.dtype), ETA[self.dtype]
+        return [(acc / self.samples).sqrt() + u * e.abs() + eta
                 for acc, e in zip(self.squares, self.exact)]
 
     @property
     def tolerances(self) -> list[torch.Tensor]:
         # Floor: the result itself is rounded once more when it is stored in the low dtype.
-        u = unit_roundoff(self.dtype)
-        return [SAFETY * (acc / self.samples).sqrt() + 2 * u * e.abs()
+        u, eta = unit_roundoff(self.dtype), ETA[self.dtype]
+        return [SAFETY * (acc / self.samples).sqrt() + 2 * (u * e.abs() + eta)
                 for acc, e in zip(self.squares, self.exact)]
 
     def sample(self, count: int) -> Bound:
@@ -206,7 +212,7 @@ class Bound:
         return self
 
     def describe(self) -> str:
-        return (f"per element: {SAFETY:g} x RMS deviation (+ 2u|value|) of {self.samples} "
+        return (f"per element: {SAFETY:g} x RMS deviation (+ 2 (u|value| + eta)) of {self.samples} "
                 f"float64 re-runs with every operation rounded at {self.dtype}'s unit roundoff "
                 f"u = 2^{round(math.log2(unit_roundoff(self.dtype)))}")
 

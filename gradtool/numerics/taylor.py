@@ -10,7 +10,7 @@ import torch
 from .problem import Problem, flat_cat
 from .rounding import dtype_name, unit_roundoff
 
-STEPS = tuple(2.0 ** -k for k in range(0, 14))
+STEPS = tuple(2.0 ** -k for k in range(14))
 # A remainder is resolved when it stands this far above the rounding noise of L.
 RESOLVED = 20.0
 

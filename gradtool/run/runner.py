@@ -200,7 +200,7 @@ def reproduce_command(target: Target, specs: Sequence[InputSpec], config: CheckC
         parts.append(pin_flags(specs, config))
     parts += ["--seed", str(seed)]
     defaults = CheckConfig()
-    for name in ("dtype", "eps", "atol", "rtol", "nondet_tol", "mode"):
+    for name in ("dtype", "eps", "atol", "rtol", "nondet_tol", "mode", "autocast", "reference"):
         value = getattr(config, name)
         if value is not None and value != getattr(defaults, name):
             parts += [f"--{name.replace('_', '-')}", str(value)]
