@@ -107,16 +107,37 @@ def timing(reps: int) -> list[dict[str, Any]]:
     return rows
 
 
+def tables(result: dict[str, Any]) -> str:
+    """Markdown: detection (caught / failed per seeds) and cost, from a results file."""
+    lines = ["| kernel | dtype | variant | gradtool failed | gradtool inconclusive "
+             "| gradcheck (loosened) failed |", "|---|---|---|---|---|---|"]
+    for r in result["detection"]:
+        lines.append(f"| {r['kernel']} | {r['dtype']} | {r['variant']} | "
+                     f"{r['gradtool_failed']}/{r['seeds']} | {r['gradtool_inconclusive']} | "
+                     f"{r['gradcheck_failed']}/{r['seeds']} |")
+    lines += ["", "| kernel | dtype | float64 check | low-precision check | ratio |",
+              "|---|---|---|---|---|"]
+    for r in result["timing"]:
+        lines.append(f"| {r['kernel']} | {r['dtype']} | {r['float64_check_s'] * 1e3:.3g} ms | "
+                     f"{r['low_precision_check_s'] * 1e3:.3g} ms | {r['ratio']:.2g}x |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=100)
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "lowprec.json"))
+    parser.add_argument("--table", action="store_true", help="print the tables of --out and stop")
     args = parser.parse_args()
+    if args.table:
+        print(tables(json.loads(Path(args.out).read_text())))
+        return
     torch.set_num_threads(1)
     result = {"versions": {"torch": torch.__version__, "python": sys.version.split()[0]},
               "timing": timing(args.reps), "detection": detection(args.seeds)}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(tables(result))
 
 
 if __name__ == "__main__":

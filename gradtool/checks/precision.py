@@ -27,6 +27,7 @@ from ..targets.load import Target
 from ._common import calls_since, error_result
 
 NAME = "gradient"
+GRADIENT = "gradient"  # the output label of a gradient block (the VJP of every output)
 # A fitted scale error counts when it is this many standard errors out, and larger than this
 # many unit roundoffs (a biased rounding mode could shift every element by about u).
 SCALE_SIGNIFICANCE = 6.0
@@ -147,7 +148,7 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound) -> Verdict:
     labels = _labels(problem, low)
     failed = unresolved = forward_bad = 0
     lines: list[str] = []
-    stats: dict[str, list[Any]] = {}
+    stats: dict[tuple[str, str], list[Any]] = {}
     finer: list[str] = []
     scaled_names: list[str] = []
     for (kind, name, shape), lo, ex, tol, sigma in zip(labels, low.values, exact.values,
@@ -168,11 +169,11 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound) -> Verdict:
         failed += int(bad.sum())
         unresolved += int(vague.sum())
         forward_bad += int(bad.sum()) if kind == "forward" else 0
-        entry = stats.setdefault(name, [kind, shape, 0, 0, 0.0, 0.0])
-        entry[2] += diff.numel()
-        entry[3] += int(over.sum())
-        entry[4] = max(entry[4], float(diff.max()) if diff.numel() else 0.0)
-        entry[5] = max(entry[5], float((diff / ex.abs().clamp_min(1e-300)).max())
+        entry = stats.setdefault((kind, name), [shape, 0, 0, 0.0, 0.0])
+        entry[1] += diff.numel()
+        entry[2] += int(over.sum())
+        entry[3] = max(entry[3], float(diff.max()) if diff.numel() else 0.0)
+        entry[4] = max(entry[4], float((diff / ex.abs().clamp_min(1e-300)).max())
                        if diff.numel() else 0.0)
         lines += _worst_lines(kind, name, shape, lo, ex, diff, tol, over)
         for index in torch.nonzero(vague.reshape(-1)).reshape(-1)[:1].tolist():
@@ -181,9 +182,12 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound) -> Verdict:
             finer += [need] if need else []
     outcome = (Outcome.FAILED if failed else Outcome.INCONCLUSIVE if unresolved
                else Outcome.PASSED)
-    blocks = [Block(name, tuple(shape) if kind == "gradient" else (), "VJP" if kind == "gradient"
-                    else name, tuple(shape) if kind == "forward" else (), n, bad_n, mad, mrd)
-              for name, (kind, shape, n, bad_n, mad, mrd) in stats.items()]
+    # A gradient block reads "input 'x' (64, 64) -> gradient (64, 64)"; a forward one
+    # "input '(forward)' () -> output (64, 64)".
+    blocks = [Block(name if kind == "gradient" else "(forward)",
+                    shape if kind == "gradient" else (), GRADIENT if kind == "gradient" else name,
+                    shape, n, bad_n, mad, mrd)
+              for (kind, name), (shape, n, bad_n, mad, mrd) in stats.items()]
     resolve_with = min(finer, key=FINEST_FIRST.index, default=None) if finer else None
     return Verdict(outcome, forward_bad, blocks, lines[:8], resolve_with,
                    list(dict.fromkeys(scaled_names)))
@@ -259,12 +263,13 @@ def _result(verdict: Verdict, own: CheckResult | None, bound: Bound, config: Che
     return CheckResult(NAME, outcome, summary, tuple(details), tuple(verdict.blocks),
                        f"{bound.dtype} vs float64", f"judged against {against}",
                        tolerance=tolerance, calls=calls, duration_s=seconds,
-                       source=target.source if outcome is not Outcome.PASSED else None)
+                       source=None if outcome is Outcome.PASSED else
+                       target.forward_source if verdict.forward_bad else target.source)
 
 
 def _summary(verdict: Verdict, dtype: str, against: str) -> str:
-    grads = [b for b in verdict.blocks if b.output == "VJP"]
-    outs = [b for b in verdict.blocks if b.output != "VJP"]
+    grads = [b for b in verdict.blocks if b.output == GRADIENT]
+    outs = [b for b in verdict.blocks if b.output != GRADIENT]
     bad = [b for b in grads if b.mismatched]
     if verdict.outcome is Outcome.PASSED:
         n = sum(b.checked for b in verdict.blocks)
