@@ -211,3 +211,26 @@ def test_float16_overflow_is_beyond_any_bound():
     check = gradient(L.variant(L.Gelu, 1e5, False), ["8x8"], dtype="float16")  # -> inf
     assert check.outcome.value == "failed"
     assert "low precision inf" in "\n".join(check.details)
+
+
+def test_simulated_rounding_perturbs_arithmetic_at_the_unit_roundoff_only():
+    from gradtool.numerics.rounding import SimulatedRounding, _Pool
+
+    x = torch.linspace(1, 2, 1000, dtype=torch.float64)
+    with SimulatedRounding("bfloat16", _Pool(0)):
+        product, copy, view = x * 1.0, x.clone(), x.view(10, 100)
+    relative = (product - x) / x
+    assert 0.5 * 2 ** -8 < float(relative.std()) < 2 * 2 ** -8
+    assert torch.equal(copy, x) and torch.equal(view.reshape(-1), x)
+
+
+def test_matrix_products_also_carry_their_accumulation_error():
+    from gradtool.numerics.rounding import measure_bound
+
+    a = torch.randn(8, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    b = torch.randn(64, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    exact = a @ b
+    f32 = measure_bound(lambda: [a @ b], [exact], "float32", 0, samples=6)
+    terms = (a.abs() @ b.abs())
+    # well above one rounding of the (cancelling) result: sqrt(k) u sum|terms| per element
+    assert float((f32.sigmas[0] / (2 ** -24 * terms)).median()) > 2
