@@ -51,7 +51,8 @@ def run_check(kw: dict[str, Any]) -> int:
 
         click.echo(render_effective(settings, sources))
         return 0
-    config = config_from(settings, kw.get("resample"))
+    config = config_from(settings, kw.get("resample")).with_(
+        reference=kw.get("reference"), autocast=kw.get("autocast"))
     targets = list(settings.get("paths") or [])
     if not targets:
         raise NothingToCheck("nothing to check: give a target (module:Name, file.py:Name, a "

@@ -126,6 +126,10 @@ CHECK_EPILOG = "\b\nInputs:\n" + INPUT_HELP
                    "auto: full while cheap [auto].")
 @click.option("--check", "checks", multiple=True, type=click.Choice(CHECK_NAMES),
               help="Run only these checks (repeat) [all].")
+@click.option("--reference", metavar="MODULE:FN", default=None,
+              help="float64 reference of a low-precision kernel [the target in float64].")
+@click.option("--autocast", type=click.Choice(["float16", "bfloat16"]), default=None,
+              help="Run forward in a torch.autocast region of this dtype.")
 @click.option("--probes", type=click.IntRange(min=1), default=None,
               help="Probe budget in probe mode: 4 gives one random direction tested against "
                    "two random cotangents; each further 4 add a direction [4].")

@@ -42,6 +42,8 @@ class CheckConfig:
     strict: bool = False
     resample: int = 0
     max_worst: int = 5
+    reference: str | None = None     # module:fn, the float64 reference of a low-precision run
+    autocast: str | None = None      # run forward in a torch.autocast region of this dtype
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -61,6 +63,9 @@ class CheckConfig:
                 raise ConfigError(f"{name} must be a non-negative number, got {value!r}")
         if self.eps is not None and self.eps == 0:
             raise ConfigError("eps must be positive, got 0")
+        if self.autocast is not None and self.autocast not in ("float16", "bfloat16"):
+            raise ConfigError(f"autocast {self.autocast!r} is not float16 or bfloat16",
+                              did_you_mean(self.autocast, ("float16", "bfloat16")))
         if self.probes < 1:
             raise ConfigError(f"probes must be at least 1, got {self.probes}")
 

@@ -124,6 +124,10 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult:
     try:
         if name == "contract":
             result = check_contract(case, job.target, config)
+        elif name == "gradient" and job.surrogate is None and _low_precision(case, config):
+            from ..checks.precision import run_precision_check
+
+            result = run_precision_check(case, job.target, config)
         elif name == "gradient":
             reference = _reference(job, case) if job.surrogate is not None else None
             described = job.surrogate.describe() if job.surrogate is not None else None
@@ -139,6 +143,12 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult:
     except Exception as exc:  # user code raising where a check did not expect it: still a result
         result = error_result(name, exc, job.target, start, case.problem, before)
     return _apply_xfail(result, job.xfail.get(name))
+
+
+def _low_precision(case: Any, config: CheckConfig) -> bool:
+    from ..checks.precision import low_precision
+
+    return low_precision(case.problem, config) is not None
 
 
 def _apply_xfail(result: CheckResult, reason: str | None) -> CheckResult:
@@ -190,7 +200,7 @@ def reproduce_command(target: Target, specs: Sequence[InputSpec], config: CheckC
         parts.append(pin_flags(specs, config))
     parts += ["--seed", str(seed)]
     defaults = CheckConfig()
-    for name in ("dtype", "eps", "atol", "rtol", "nondet_tol", "mode"):
+    for name in ("dtype", "eps", "atol", "rtol", "nondet_tol", "mode", "autocast", "reference"):
         value = getattr(config, name)
         if value is not None and value != getattr(defaults, name):
             parts += [f"--{name.replace('_', '-')}", str(value)]

@@ -24,6 +24,7 @@ A spec file is one YAML mapping: `version: 1` and `specs:`, a list of specs. Eac
           requires_grad: true}, a literal {name: c, value: 5}, or a shorthand {x: '3x4:positive'}
   cases:  several input sets: [{name: big, seed: 1, inputs: {x: [8, 8]}}] (overrides by name)
   seed, dtype, device, mode (auto|full|probe), checks [contract, gradient, double_backward],
+  reference ('file.py:fn', a low-precision kernel's float64 reference), autocast (float16|bfloat16),
   eps, atol, rtol, nondet_tol; tolerances: {double_backward: {atol: 1.0e-4}} per check
   xfail:  {gradient: 'why this check is expected to fail'}
   surrogate: identity | {kind: scale, factor: -0.5} | {kind: clipped_identity, range: [-1, 1]}
@@ -31,7 +32,8 @@ A spec file is one YAML mapping: `version: 1` and `specs:`, a list of specs. Eac
 The whole file is validated first; every error is reported as file:line: key.path: message."""
 
 FILE_KEYS = ("version", "specs")
-CONFIG_KEYS = ("seed", "dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode", "checks")
+CONFIG_KEYS = ("seed", "dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode", "checks",
+               "reference", "autocast")
 SPEC_KEYS = ("name", "target", "expr", "init", "inputs", "cases", *CONFIG_KEYS, "tolerances",
              "xfail", "surrogate")
 CASE_KEYS = ("name", "seed", "inputs")
@@ -201,6 +203,14 @@ class _Validator:
             self.error(exc.message, _join(key, "target"), line_of(data, "target"), exc.hint)
             return None
 
+    def reference(self, data: LineDict, key: str) -> str | None:
+        """The float64 reference of a low-precision kernel: 'file.py:fn' or 'module:fn'."""
+        try:
+            return resolve_reference(data["reference"], self.base_dir)
+        except SpecError as exc:
+            self.error(exc.message, _join(key, "reference"), line_of(data, "reference"), exc.hint)
+            return None
+
     def expr(self, data: LineDict, key: str, names: tuple[str | None, ...] | None) -> str | None:
         if "expr" not in data:
             return None
@@ -295,8 +305,9 @@ class _Validator:
         result = {}
         for name in CONFIG_KEYS:
             if name in data:
-                value = self.seed(data, key) if name == "seed" else read_setting(
-                    name, data[name], _join(key, name), line_of(data, name), self.error)
+                value = self.seed(data, key) if name == "seed" else \
+                    self.reference(data, key) if name == "reference" else read_setting(
+                        name, data[name], _join(key, name), line_of(data, name), self.error)
                 if value is not None:
                     result[name] = value
         return result

@@ -229,7 +229,7 @@ def number(value: Any) -> float | None:
 
 def read_setting(name: str, value: Any, key: str, line: int | None, error: ErrorSink) -> Any:
     """Validate one spec-level check setting; report and return None when it is bad."""
-    choices = {"dtype": DTYPES, "mode": MODES}.get(name)
+    choices = {"dtype": DTYPES, "mode": MODES, "autocast": ("float16", "bfloat16")}.get(name)
     if choices is not None:
         if value in choices:
             return value

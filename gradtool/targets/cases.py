@@ -70,8 +70,21 @@ def build_case(target: Target, specs: Sequence[InputSpec], config: CheckConfig, 
         names.append(pname)
         infos.append(InputInfo(pname, f"parameter {'x'.join(map(str, value.shape)) or '()'}",
                                True))
+    if config.autocast:
+        fn, batched_fn = autocast(fn, config.autocast, config.device), None
     problem = Problem(fn, args, names, diff, batched_fn=batched_fn)
     return Case(label, seed, list(specs), problem, infos, inferred)
+
+
+def autocast(fn: Callable[..., Any], dtype: str, device: str) -> Callable[..., Any]:
+    """fn with its forward inside a torch.autocast region (--autocast)."""
+    device_type = torch.device(device).type
+
+    def run(*args: Any) -> Any:
+        with torch.autocast(device_type, dtype=getattr(torch, dtype)):
+            return fn(*args)
+
+    return run
 
 
 def _check_arity(target: Target, specs: Sequence[InputSpec]) -> None:

@@ -1,0 +1,324 @@
+"""Low precision: a float32/float16/bfloat16 run judged against a float64 reference, per element."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..config.settings import CheckConfig
+from ..numerics.problem import Problem
+from ..numerics.rounding import (
+    FINEST_FIRST,
+    MAX_SAMPLES,
+    UNIT_ROUNDOFF,
+    Bound,
+    dtype_name,
+    finest_resolving,
+    measure_bound,
+    scale_error,
+)
+from ..results import Block, CheckResult, Outcome
+from ..targets.cases import Case
+from ..targets.load import Target
+from ._common import calls_since, error_result
+
+NAME = "gradient"
+GRADIENT = "gradient"  # the output label of a gradient block (the VJP of every output)
+# A fitted scale error counts when it is this many standard errors out, and larger than this
+# many unit roundoffs (a biased rounding mode could shift every element by about u).
+SCALE_SIGNIFICANCE = 6.0
+SCALE_BIAS = 4.0
+DRAWS = 1   # grad_output draws (one VJP of random grad_outputs covers every input element)
+
+
+def low_precision(problem: Problem, config: CheckConfig) -> str | None:
+    """The least precise floating dtype the target computes in, or None for a float64 run."""
+    names = {dtype_name(a.dtype) for a in problem.args
+             if isinstance(a, torch.Tensor) and a.is_floating_point()}
+    if config.autocast:
+        names.add(config.autocast)
+    found = coarsest(names)
+    return None if found in (None, "float64") else found
+
+
+def coarsest(names: Any) -> str | None:
+    known = [n for n in names if n in UNIT_ROUNDOFF]
+    return max(known, key=FINEST_FIRST.index) if known else None
+
+
+def check_precision(case: Case, target: Target, config: CheckConfig,
+                    reference: Callable[..., Any] | None = None,
+                    float64_check: Callable[[Problem], CheckResult] | None = None) -> CheckResult:
+    """Forward and VJPs of the low-precision run against a float64 reference on the same inputs.
+
+    `reference` is the user's float64 callable; without one the target itself runs in float64
+    (`float64_check` then verifies that run's own gradient). A target that cannot run in float64
+    falls back on the Taylor-remainder test.
+    """
+    start, problem = time.perf_counter(), case.problem
+    before = dict(problem.calls)
+    if not problem.diff:
+        return CheckResult(NAME, Outcome.SKIPPED, "no differentiable inputs to check")
+    try:
+        low_run = _vjp_run(problem, case.seed)
+    except Exception as exc:  # the user's forward or backward raised in its own dtype
+        return error_result(NAME, exc, target, start, problem, before)
+    # Outputs may come out coarser than every input (a kernel that returns bfloat16).
+    dtype = coarsest([low_precision(problem, config) or "float32",
+                      *(dtype_name(t.dtype) for t in low_run.values)]) or "float32"
+    ref = _reference_problem(problem, target, config, reference, len(case.specs), case.seed)
+    try:
+        exact = _vjp_run(ref, case.seed, low_run.grad_outputs)
+    except Exception as exc:
+        if reference is not None:
+            return error_result(NAME, exc, target, start, problem, before)
+        from .taylor import taylor_result
+
+        return taylor_result(problem, target, case.seed, dtype, exc, start, before)
+    bound = measure_bound(lambda: _vjp_run(ref, case.seed, low_run.grad_outputs).values,
+                          exact.values, dtype, case.seed, round_operands=bool(config.autocast))
+    verdict = judge(problem, low_run, exact, bound)
+    while verdict.outcome is not Outcome.PASSED and bound.samples < MAX_SAMPLES:
+        verdict = judge(problem, low_run, exact, bound.sample(bound.samples))
+    calls = calls_since(problem, before)
+    calls.update({f"float64 {k}": v for k, v in ref.calls.items()})
+    own = float64_check(ref) if float64_check is not None and reference is None else None
+    for k, v in (own.calls.items() if own is not None else ()):
+        calls[f"float64 check {k}"] = v
+    return _result(verdict, own, bound, config, target, calls, time.perf_counter() - start,
+                   reference is not None)
+
+
+@dataclass
+class Run:
+    """Outputs then, per grad_output draw, the gradient of every differentiable input."""
+
+    values: list[torch.Tensor]
+    grad_outputs: list[list[torch.Tensor]]
+    n_outputs: int
+
+
+def _vjp_run(problem: Problem, seed: int,
+             grad_outputs: list[list[torch.Tensor]] | None = None) -> Run:
+    leaves, outs = problem.graph()
+    if grad_outputs is None:
+        generator = torch.Generator().manual_seed(seed + 1)
+        grad_outputs = [[torch.randn(o.shape, generator=generator, dtype=torch.float64)
+                         .to(dtype=o.dtype, device=o.device) for o in outs]
+                        for _ in range(DRAWS)]
+    values = [o.detach() for o in outs]
+    for draw in grad_outputs:
+        grads = [g.to(dtype=o.dtype) for g, o in zip(draw, outs)]
+        values += [v.detach() for v in problem.vjp(leaves, outs, grads)]
+    return Run(values, grad_outputs, len(outs))
+
+
+def _reference_problem(problem: Problem, target: Target, config: CheckConfig,
+                       reference: Callable[..., Any] | None, n_args: int, seed: int) -> Problem:
+    """The same (already rounded) values in float64, bound to the reference or the target."""
+    from ..targets.cases import bind
+
+    args = [a.detach().to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point()
+            else a for a in problem.args]
+    # bind() again in float64: a module's frozen buffers too, and no autocast region.
+    fn = reference or bind(target, n_args, config.with_(dtype="float64"), seed)[0]
+    return Problem(fn, args, list(problem.names), list(problem.diff),
+                   output_names=list(problem.output_names), freeze_seed=problem.freeze_seed,
+                   output_mask=problem.output_mask, mutates=problem.mutates)
+
+
+@dataclass
+class Verdict:
+    """Per compared tensor: its label, element counts, and the worst elements found."""
+
+    outcome: Outcome
+    forward_bad: int
+    blocks: list[Block]
+    lines: list[str]
+    resolve_with: str | None
+    scaled: list[str]   # tensors whose every element is off by one common factor
+
+
+def judge(problem: Problem, low: Run, exact: Run, bound: Bound) -> Verdict:
+    """Every element: |low - reference| <= its bound, or resolved as beyond it."""
+    labels = _labels(problem, low)
+    failed = unresolved = forward_bad = 0
+    lines: list[str] = []
+    stats: dict[tuple[str, str], list[Any]] = {}
+    finer: list[str] = []
+    scaled_names: list[str] = []
+    for (kind, name, shape), lo, ex, tol, sigma in zip(labels, low.values, exact.values,
+                                                       bound.tolerances, bound.sigmas):
+        diff = (lo.double() - ex).abs().cpu()
+        tol, ex, lo = tol.cpu(), ex.cpu(), lo.cpu()
+        over = ~(diff <= tol)  # NaN too: a low-precision overflow or NaN is beyond any bound
+        # Elements beyond their bound are reported as such; the fit looks for what hides below.
+        scaled = _scale_line(kind, name, lo[~over], ex[~over], sigma.cpu()[~over], bound.dtype)
+        if scaled:
+            lines.insert(0, scaled)
+            scaled_names.append(name)
+            failed += 1
+            forward_bad += kind == "forward"
+        # Beyond the bound, but the dtype cannot resolve the value itself: no verdict there.
+        vague = over & (tol >= 0.5 * ex.abs()) & (diff <= 3 * tol)
+        bad = over & ~vague
+        failed += int(bad.sum())
+        unresolved += int(vague.sum())
+        forward_bad += int(bad.sum()) if kind == "forward" else 0
+        entry = stats.setdefault((kind, name), [shape, 0, 0, 0.0, 0.0])
+        entry[1] += diff.numel()
+        entry[2] += int(over.sum())
+        entry[3] = max(entry[3], float(diff.max()) if diff.numel() else 0.0)
+        entry[4] = max(entry[4], float((diff / ex.abs().clamp_min(1e-300)).max())
+                       if diff.numel() else 0.0)
+        lines += _worst_lines(kind, name, shape, lo, ex, diff, tol, over)
+        for index in torch.nonzero(vague.reshape(-1)).reshape(-1)[:1].tolist():
+            need = finest_resolving(bound.dtype, float(tol.reshape(-1)[index])
+                                    / float(diff.reshape(-1)[index]))
+            finer += [need] if need else []
+    outcome = (Outcome.FAILED if failed else Outcome.INCONCLUSIVE if unresolved
+               else Outcome.PASSED)
+    # A gradient block reads "input 'x' (64, 64) -> gradient (64, 64)"; a forward one
+    # "input '(forward)' () -> output (64, 64)".
+    blocks = [Block(name if kind == "gradient" else "(forward)",
+                    shape if kind == "gradient" else (), GRADIENT if kind == "gradient" else name,
+                    shape, n, bad_n, mad, mrd)
+              for (kind, name), (shape, n, bad_n, mad, mrd) in stats.items()]
+    resolve_with = min(finer, key=FINEST_FIRST.index, default=None) if finer else None
+    return Verdict(outcome, forward_bad, blocks, lines[:8], resolve_with,
+                   list(dict.fromkeys(scaled_names)))
+
+
+def _scale_line(kind: str, name: str, low: torch.Tensor, exact: torch.Tensor,
+                sigma: torch.Tensor, dtype: str) -> str | None:
+    """A scale error over the whole tensor: significant, and beyond what rounding bias can do."""
+    s, error = scale_error(low, exact, sigma)
+    if not (abs(s) > SCALE_SIGNIFICANCE * error and abs(s) > SCALE_BIAS * UNIT_ROUNDOFF[dtype]):
+        return None
+    what = f"output {name!r}" if kind == "forward" else f"gradient of {name!r}"
+    return (f"{what} is {1 + s:.4g} x the float64 reference, fitted over the {low.numel()} "
+            f"elements within their bounds (± {error:.1g}); rounding cannot bias a result by "
+            "more than "
+            f"{SCALE_BIAS:g}u = {SCALE_BIAS * UNIT_ROUNDOFF[dtype]:.2g}")
+
+
+def _labels(problem: Problem, run: Run) -> list[tuple[str, str, tuple[int, ...]]]:
+    outs = [("forward", name, tuple(v.shape))
+            for name, v in zip(_output_names(problem, run.n_outputs), run.values)]
+    grads = [("gradient", name, tuple(v.shape)) for name, v in
+             zip(problem.input_names, run.values[run.n_outputs:run.n_outputs + len(problem.diff)])]
+    return outs + grads * len(run.grad_outputs)
+
+
+def _output_names(problem: Problem, count: int) -> list[str]:
+    from ..numerics.problem import output_names
+
+    names = problem.output_labels or problem.output_names
+    return list(names) if len(names) == count else output_names(count)
+
+
+def _worst_lines(kind: str, name: str, shape: tuple[int, ...], low: torch.Tensor,
+                 exact: torch.Tensor, diff: torch.Tensor, tol: torch.Tensor,
+                 over: torch.Tensor) -> list[str]:
+    excess = torch.where(over, diff / tol.clamp_min(1e-300), torch.zeros_like(diff)).reshape(-1)
+    lines = []
+    for flat in torch.argsort(excess, descending=True)[:3].tolist():
+        if not excess[flat] > 0:
+            break
+        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), shape)) \
+            if shape else ()
+        what = f"output {name!r}" if kind == "forward" else f"gradient of {name!r}"
+        lines.append(f"{what} at {index}: low precision {float(low.reshape(-1)[flat]):.6g}, "
+                     f"float64 reference {float(exact.reshape(-1)[flat]):.6g}, diff "
+                     f"{float(diff[flat] if diff.dim() == 0 else diff.reshape(-1)[flat]):.3g}"
+                     f" > rounding bound {float(tol.reshape(-1)[flat]):.3g}")
+    return lines
+
+
+def _result(verdict: Verdict, own: CheckResult | None, bound: Bound, config: CheckConfig,
+            target: Target, calls: dict[str, int], seconds: float, user_reference: bool
+            ) -> CheckResult:
+    against = "the reference callable" if user_reference else "the same target in float64"
+    summary = _summary(verdict, bound.dtype, against)
+    details = list(verdict.lines)
+    outcome = verdict.outcome
+    if own is not None:
+        details.append(f"float64 run's own gradient vs finite differences: {own.outcome.value}"
+                       f" ({own.summary})")
+        if own.outcome in (Outcome.FAILED, Outcome.ERROR):
+            outcome = Outcome.FAILED
+            summary = (f"the float64 run's own gradient is wrong ({own.summary}); "
+                       f"low precision: {summary}")
+        elif own.outcome is Outcome.INCONCLUSIVE and outcome is Outcome.PASSED:
+            outcome = Outcome.INCONCLUSIVE
+    details.append(f"rounding bound: {bound.describe()}")
+    if verdict.resolve_with and outcome is Outcome.INCONCLUSIVE:
+        details.append(f"{verdict.resolve_with} would resolve the differences {bound.dtype} "
+                       "cannot (check the kernel in that dtype to decide)")
+    tolerance = {"unit_roundoff": UNIT_ROUNDOFF[bound.dtype], "samples": float(bound.samples)}
+    return CheckResult(NAME, outcome, summary, tuple(details), tuple(verdict.blocks),
+                       f"{bound.dtype} vs float64", f"judged against {against}",
+                       tolerance=tolerance, calls=calls, duration_s=seconds,
+                       source=None if outcome is Outcome.PASSED else
+                       target.forward_source if verdict.forward_bad else target.source)
+
+
+def _summary(verdict: Verdict, dtype: str, against: str) -> str:
+    grads = [b for b in verdict.blocks if b.output == GRADIENT]
+    outs = [b for b in verdict.blocks if b.output != GRADIENT]
+    bad = [b for b in grads if b.mismatched]
+    if verdict.outcome is Outcome.PASSED:
+        n = sum(b.checked for b in verdict.blocks)
+        return (f"{dtype} forward and backward agree with {against} within rounding bounds "
+                f"at all {n} elements")
+    text = (f"{dtype} backward disagrees with {against} beyond the rounding bound at "
+            f"{sum(b.mismatched for b in bad)} element(s) of "
+            + ", ".join(repr(b.input) for b in bad)) if bad else \
+        f"{dtype} backward agrees with {against} within rounding bounds"
+    if verdict.scaled:
+        text = (f"{dtype} run differs from {against} by a common scale factor, beyond what "
+                f"rounding can do, in {', '.join(repr(n) for n in verdict.scaled)}"
+                + (f"; and {text}" if bad else ""))
+    if verdict.forward_bad:
+        bad_outs = sum(b.mismatched for b in outs)
+        return (f"{dtype} forward disagrees with {against} beyond the rounding bound at "
+                f"{bad_outs} element(s), so the gradient verdict rests on a wrong forward: "
+                f"{text}")
+    if verdict.outcome is Outcome.INCONCLUSIVE:
+        return (f"{dtype} cannot resolve the differences from {against}: they exceed the "
+                f"rounding bound only where the bound is as large as the values")
+    return text
+
+
+def run_precision_check(case: Case, target: Target, config: CheckConfig) -> CheckResult:
+    """The entry point: load --reference if given, and verify the float64 run's own gradient."""
+    from .gradient import diagnose_first_order, jacobian_result
+
+    reference = load_reference(config.reference) if config.reference else None
+    config64 = config.with_(dtype="float64")
+
+    def float64_check(problem: Problem) -> CheckResult:
+        return jacobian_result("gradient", problem, target, config64, case.seed, None, None,
+                               diagnose_first_order)
+
+    return check_precision(case, target, config, reference, float64_check)
+
+
+def load_reference(text: str) -> Callable[..., Any]:
+    """'module:fn' or 'file.py:fn' -> the callable (a Function class -> its apply)."""
+    from ..errors import TargetError
+    from ..targets.load import resolve
+
+    targets = resolve(text)
+    if len(targets) != 1:
+        raise TargetError(f"--reference {text!r} must name one callable, found {len(targets)}",
+                          "give module:function or file.py:function")
+    found = targets[0]
+    if found.kind == "module":
+        raise TargetError(f"--reference {text!r} is an nn.Module; give a function of the "
+                          "target's arguments (inputs, then parameters)", "wrap it in a function")
+    return found.obj.apply if found.kind == "function" else found.obj

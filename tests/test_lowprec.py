@@ -1,0 +1,236 @@
+"""Low precision: float32/float16/bfloat16 runs judged against a float64 reference, per element."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import FIXTURES, load_fixture, result
+
+import gradtool
+from gradtool.errors import ConfigError, GradtoolError
+
+L = load_fixture("lowprec")
+DTYPES = ("float32", "float16", "bfloat16")
+# The issue's goals: a one-element error and a scale error each dtype must catch.
+ONE = {"float32": 1.001, "float16": 1.02, "bfloat16": 1.1}
+SCALE = {"float32": 1.001, "float16": 1.03, "bfloat16": 1.03}
+
+
+def gradient(target, inputs, **settings):
+    return result(gradtool.check(target, inputs, checks=["gradient"], **settings), "gradient")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_correct_gelu_passes_and_its_broken_twins_fail(dtype, seed):
+    correct = gradient(L.Gelu, ["64x64"], dtype=dtype, seed=seed)
+    assert correct.outcome.value == "passed", correct.summary
+    assert "within rounding bounds" in correct.summary
+    one = gradient(L.variant(L.Gelu, ONE[dtype], True), ["64x64"], dtype=dtype, seed=seed)
+    assert one.outcome.value == "failed" and "at 1 element(s) of 'x'" in one.summary
+    scaled = gradient(L.variant(L.Gelu, SCALE[dtype], False), ["64x64"], dtype=dtype, seed=seed)
+    assert scaled.outcome.value == "failed", scaled.summary
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_twins(dtype):
+    assert gradient(L.MatMul, ["24x24", "24x24"], dtype=dtype).outcome.value == "passed"
+    one = gradient(L.variant(L.MatMul, ONE[dtype], True), ["24x24", "24x24"], dtype=dtype)
+    assert one.outcome.value == "failed" and "'a'" in one.summary and "'b'" not in one.summary
+    scaled = gradient(L.variant(L.MatMul, SCALE[dtype], False), ["24x24", "24x24"], dtype=dtype)
+    assert scaled.outcome.value == "failed"
+
+
+def test_near_zero_gradients_with_large_relative_error_are_not_failures():
+    check = gradient(L.Gelu, ["64x64"], dtype="bfloat16")
+    assert check.outcome.value == "passed"
+    block = next(b for b in check.blocks if b.input == "x")
+    assert block.max_rel_diff > 0.05  # bfloat16 is far off where GELU' is near zero ...
+    assert block.mismatched == 0      # ... and that is within the rounding bound there
+
+
+def test_report_shows_the_bound_and_where_it_came_from():
+    check = gradient(L.GeluOneElement, ["64x64"], dtype="bfloat16")
+    text = "\n".join(check.details)
+    assert "rounding bound: per element" in text and "u = 2^-8" in text
+    assert "> rounding bound" in text
+    assert check.tolerance["unit_roundoff"] == 2.0 ** -8
+    assert "float64 run's own gradient vs finite differences: passed" in text
+
+
+def test_call_counts_of_the_low_and_the_float64_runs():
+    check = gradient(L.Gelu, ["16x16"], dtype="float16")
+    assert check.calls["forward"] == 1 and check.calls["backward"] == 1
+    # the float64 reference: once exactly, then 3 simulated-rounding samples, all passing
+    assert check.calls["float64 forward"] == 4 and check.calls["float64 backward"] == 4
+
+
+def test_a_bug_in_every_dtype_is_caught_by_the_float64_runs_own_check():
+    class Everywhere(L.Gelu):
+        @staticmethod
+        def backward(ctx, grad):
+            return L.Gelu.backward(ctx, grad) * 1.5
+
+    check = gradient(Everywhere, ["8x8"], dtype="bfloat16")
+    assert check.outcome.value == "failed"
+    assert "float64 run's own gradient is wrong" in check.summary
+
+
+def test_wrong_forward_is_reported_first():
+    check = gradient(L.GeluBadForward, ["32x32"], dtype="float16")
+    assert check.outcome.value == "failed"
+    assert "forward disagrees" in check.summary and "rests on a wrong forward" in check.summary
+    assert gradient(L.Gelu, ["32x32"], dtype="float16").outcome.value == "passed"
+
+
+REFERENCE = f"{FIXTURES}/lowprec.py:gelu_reference"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reference_callable_for_a_kernel_that_cannot_run_in_float64(dtype):
+    check = gradient(L.LowOnlyGelu, ["32x32"], dtype=dtype, reference=REFERENCE)
+    assert check.outcome.value == "passed" and "reference callable" in check.summary
+    broken = gradient(L.LowOnlyGeluDoubled, ["32x32"], dtype=dtype, reference=REFERENCE)
+    assert broken.outcome.value == "failed"
+
+
+def test_reference_that_is_not_a_callable_is_a_usage_error():
+    report = gradtool.check(L.Gelu, ["4x4"], dtype="float16", reference=f"{FIXTURES}/nope.py:f")
+    assert report.rejected and "nope.py" in report.rejected[0].message
+    with pytest.raises(GradtoolError):
+        from gradtool.checks.precision import load_reference
+        load_reference(f"{FIXTURES}/lowprec.py:GeluLayer")
+
+
+def test_mixed_dtypes_float32_and_float64_inputs():
+    assert gradient(L.ScaleBy, ["8x8:float32", "8x8"]).outcome.value == "passed"
+    broken = gradient(L.ScaleByScaled, ["8x8:float32", "8x8"])
+    assert broken.outcome.value == "failed" and "'x'" in broken.summary
+    assert "'w'" not in broken.summary
+
+
+def test_autocast_region_in_a_module():
+    correct = gradient(L.GeluLayer, ["4x16"], dtype="float32", autocast="bfloat16")
+    assert correct.outcome.value == "passed", correct.details
+    assert correct.summary.startswith("bfloat16")  # judged at the autocast dtype
+    broken = gradient(L.GeluLayerScaled, ["4x16"], dtype="float32", autocast="bfloat16")
+    assert broken.outcome.value == "failed"
+    assert "common scale factor" in broken.summary
+    # without autocast the float32 run is right: the bug lives in the bfloat16 path
+    assert gradient(L.GeluLayerScaled, ["4x16"], dtype="float32").outcome.value == "failed"
+
+
+def test_autocast_must_be_a_low_precision_dtype():
+    with pytest.raises(ConfigError, match="autocast 'float32'"):
+        gradtool.check(L.Gelu, ["4x4"], autocast="float32")
+
+
+def test_module_with_low_precision_parameters():
+    check = gradient(L.GeluLayer, ["4x16"], dtype="bfloat16")
+    assert check.outcome.value == "passed"
+    assert {b.input for b in check.blocks} >= {"x", "linear.weight", "linear.bias"}
+    broken = gradient(L.GeluLayerScaled, ["4x16"], dtype="bfloat16")
+    assert broken.outcome.value == "failed" and "linear.weight" in broken.summary
+
+
+def test_taylor_remainder_when_no_float64_run_is_possible():
+    correct = gradient(L.LowOnlyGelu, ["32x32"], dtype="float32")
+    assert correct.outcome.value == "passed" and correct.mode == "taylor"
+    assert "h^2" in correct.summary
+    broken = gradient(L.LowOnlyGeluDoubled, ["32x32"], dtype="float32")
+    assert broken.outcome.value == "failed" and "only as h" in broken.summary
+
+
+def test_taylor_is_inconclusive_when_rounding_dominates_and_names_a_finer_dtype():
+    check = gradient(L.LowOnlyGelu, ["32x32"], dtype="bfloat16")
+    assert check.outcome.value == "inconclusive"
+    assert "float16" in check.summary and "would resolve" in check.summary
+
+
+def test_unresolvable_difference_is_inconclusive_and_names_the_precision():
+    from gradtool.checks.precision import Run, judge
+    from gradtool.numerics.problem import Problem
+    from gradtool.numerics.rounding import measure_bound
+
+    exact = torch.tensor([1.0, 0.001], dtype=torch.float64)
+    bound = measure_bound(lambda: [exact * 1.0], [exact], "bfloat16", 0, samples=3)
+    # 0.001's bound is as large as the value: a difference just beyond it is no verdict
+    tol = float(bound.tolerances[0][1])
+    low = torch.tensor([1.0, 0.001 + 1.5 * tol], dtype=torch.float64)
+    problem = Problem(lambda x: x, [exact], ["x"], [0], output_names=["output"])
+    if tol >= 0.0005:
+        verdict = judge(problem, Run([low], [], 1), Run([exact], [], 1), bound)
+        assert verdict.outcome.value == "inconclusive"
+        assert verdict.resolve_with in ("float16", "float32")
+    far = torch.tensor([1.1, 0.001], dtype=torch.float64)
+    verdict = judge(problem, Run([far], [], 1), Run([exact], [], 1), bound)
+    assert verdict.outcome.value == "failed"
+
+
+def test_spec_reference_and_autocast_keys():
+    report = gradtool.check(str(FIXTURES / "lowprec.yaml"))
+    outcomes = [check.outcome.value for _, _, check in report.checks()]
+    assert outcomes == ["passed", "xfailed"]
+
+
+def test_float64_runs_keep_the_finite_difference_check():
+    check = gradient(L.GeluScaled, ["8x8"])  # the bug lives below float64 only
+    assert check.outcome.value == "passed" and "finite differences" in check.summary
+
+
+def cli(*args: str):
+    from click.testing import CliRunner
+
+    from gradtool.cli.main import main
+
+    return CliRunner().invoke(main, ["check", *args, "--check", "gradient", "--color", "never"])
+
+
+def test_cli_exit_codes_and_reproduce_flags():
+    fixture = f"{FIXTURES}/lowprec.py"
+    assert cli(f"{fixture}:Gelu", "-i", "16x16", "--dtype", "bfloat16").exit_code == 0
+    broken = cli(f"{fixture}:GeluScaled", "-i", "32x32", "--dtype", "bfloat16")
+    assert broken.exit_code == 1
+    assert "rounding" in broken.output and "--dtype bfloat16" in broken.output
+    layer = cli(f"{fixture}:GeluLayerScaled", "-i", "4x16", "--dtype", "float32",
+                "--autocast", "bfloat16")
+    assert layer.exit_code == 1 and "--autocast bfloat16" in layer.output
+    with_reference = cli(f"{fixture}:LowOnlyGelu", "-i", "16x16", "--dtype", "float16",
+                         "--reference", REFERENCE)
+    assert with_reference.exit_code == 0, with_reference.output
+
+
+def test_cli_reference_that_cannot_be_loaded_is_a_usage_error():
+    result = cli(f"{FIXTURES}/lowprec.py:Gelu", "-i", "4x4", "--dtype", "float16",
+                 "--reference", f"{FIXTURES}/lowprec.py:no_such_fn")
+    assert result.exit_code == 2
+    assert "no_such_fn" in result.output
+
+
+def test_float16_overflow_is_beyond_any_bound():
+    check = gradient(L.variant(L.Gelu, 1e5, False), ["8x8"], dtype="float16")  # -> inf
+    assert check.outcome.value == "failed"
+    assert "low precision inf" in "\n".join(check.details)
+
+
+def test_simulated_rounding_perturbs_arithmetic_at_the_unit_roundoff_only():
+    from gradtool.numerics.rounding import SimulatedRounding, _Pool
+
+    x = torch.linspace(1, 2, 1000, dtype=torch.float64)
+    with SimulatedRounding("bfloat16", _Pool(0)):
+        product, copy, view = x * 1.0, x.clone(), x.view(10, 100)
+    relative = (product - x) / x
+    assert 0.5 * 2 ** -8 < float(relative.std()) < 2 * 2 ** -8
+    assert torch.equal(copy, x) and torch.equal(view.reshape(-1), x)
+
+
+def test_matrix_products_also_carry_their_accumulation_error():
+    from gradtool.numerics.rounding import measure_bound
+
+    a = torch.randn(8, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    b = torch.randn(64, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    exact = a @ b
+    f32 = measure_bound(lambda: [a @ b], [exact], "float32", 0, samples=6)
+    terms = (a.abs() @ b.abs())
+    # well above one rounding of the (cancelling) result: sqrt(k) u sum|terms| per element
+    assert float((f32.sigmas[0] / (2 ** -24 * terms)).median()) > 2
