@@ -193,8 +193,8 @@ def instantiate(target: Target, seed: int) -> torch.nn.Module:
                 return target.obj(*init)
             return target.obj()
         except Exception as exc:
-            hint = ("give constructor arguments with a YAML spec's init: key, or check an "
-                    "instance (module:instance_name)")
+            hint = ("give constructor arguments with --init NAME=VALUE (repeat) or a YAML "
+                    "spec's init: key, or check an instance (module:instance_name)")
             raise TargetError(f"cannot construct {target.qualname}({_init_text(init)}): "
                               f"{type(exc).__name__}: {exc}", hint) from exc
 
