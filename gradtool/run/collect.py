@@ -74,9 +74,22 @@ def spec_jobs(spec, config: CheckConfig) -> list[Job]:
     cases = [CaseSpec(c.label, list(c.inputs) if c.inputs else None,
                       c.seed if c.seed is not None else seed) for c in spec.cases] or \
         [CaseSpec("case 0", None, seed)]
+    if spec.inputs_from:
+        cases = _factory_cases(spec, job_config)
     return [Job(target, cases, job_config, dict(spec.check_config), dict(spec.xfail),
                 spec.surrogate, f"{spec.path}:{spec.line}",
                 reproduce=f"gradtool check {spec.path}")]
+
+
+def _factory_cases(spec, config: CheckConfig) -> list[CaseSpec]:
+    from ..targets.factory import load_inputs
+
+    try:
+        found = load_inputs(spec.inputs_from, config.seed, config.dtype, config.device)
+    except GradtoolError as exc:
+        raise SpecError(exc.message, path=spec.path, line=spec.line, key="inputs_from",
+                        hint=exc.hint) from None
+    return [CaseSpec(label, specs, config.seed, spec.inputs_from) for label, specs in found]
 
 
 def _spec_target(spec) -> Target:

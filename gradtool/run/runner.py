@@ -209,10 +209,12 @@ def reproduce_command(target: Target, specs: Sequence[InputSpec], config: CheckC
 
 def _cli_input(spec: Any, config: CheckConfig) -> str:
     from ..targets.inputs import LiteralSpec
-    from ..targets.values import Keyword, ValueSpec
+    from ..targets.values import Keyword, Nested, ValueSpec
 
     if isinstance(spec, Keyword):
         return f"{spec.name}={_cli_input(spec.spec, config)}"
+    if isinstance(spec, Nested):
+        return _cli_input(spec.spec, config)
     if isinstance(spec, dict):
         return "{" + ", ".join(f"{k!r}: {_cli_input(v, config)}" for k, v in spec.items()) + "}"
     if isinstance(spec, (tuple, list)):

@@ -15,7 +15,7 @@ from ..numerics.problem import Problem
 from ..results import InputInfo
 from .inputs import InputSpec, LiteralSpec, TensorSpec, sample
 from .load import Target
-from .values import Keyword, ValueSpec, is_structured, leaves, structured
+from .values import Keyword, ValueSpec, is_structured, leaves, structured, unwrap
 
 
 @dataclass
@@ -61,6 +61,7 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
     args, infos, diff = [], [], []
     named = [(spec_name(s) or _arg_name(target, i), s) for i, s in enumerate(positional)]
     for base, top in named + [(k.name, k.spec) for k in keywords]:
+        top = unwrap(top)
         for path, spec in leaves(top):
             name = base + path
             if spec is None or not isinstance(spec, (TensorSpec, LiteralSpec, ValueSpec)):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .values import Keyword, given_specs, leaves, plain_values
+from .values import given_specs, leaves, plain_values, unwrap
 
 EXPECTED = ("a tuple of positional arguments, a pair (args tuple, kwargs dict), a single tensor, "
             "or a dict {case name: one of those}")
@@ -113,7 +113,7 @@ def save_inputs(path: str, cases: list[tuple[str, list[Any], list[Any]]]) -> Non
 
 
 def _pair(specs: list[Any], values: list[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    n = sum(1 for _ in leaves([s.spec if isinstance(s, Keyword) else s for s in specs]))
+    n = sum(1 for _ in leaves([unwrap(s) for s in specs]))
     args, kwargs = plain_values(specs, [v.detach().clone() if hasattr(v, "detach") else v
                                         for v in values[:n]])
     return tuple(args), kwargs

@@ -44,6 +44,19 @@ class Keyword:
     spec: Any
 
 
+@dataclass(frozen=True)
+class Nested:
+    """A named positional argument that is a tuple, list or dict of specs (from a spec file)."""
+
+    name: str
+    spec: Any
+
+
+def unwrap(spec: Any) -> Any:
+    """The structure under a Keyword or Nested wrapper (anything else as is)."""
+    return spec.spec if isinstance(spec, (Keyword, Nested)) else spec
+
+
 def content_hash(tensor: Any) -> str:
     """A short hash of a tensor's values (8 hex digits), to tell two given inputs apart."""
     import torch
@@ -56,7 +69,7 @@ def content_hash(tensor: Any) -> str:
 
 def is_structured(specs: list[Any]) -> bool:
     """Whether any argument is a keyword or a container (else the binding stays flat)."""
-    return any(isinstance(s, (Keyword, *CONTAINERS)) for s in specs)
+    return any(isinstance(s, (Keyword, Nested, *CONTAINERS)) for s in specs)
 
 
 def leaves(spec: Any, path: str = "") -> Iterator[tuple[str, Any]]:
@@ -85,7 +98,7 @@ def structured(inner: Callable[..., Any], positional: list[Any], keywords: list[
     """fn(*leaves, *extra) -> inner(*args, *extra, **kwargs): the engine stays flat."""
     def call(*flat: Any) -> Any:
         values = iter(flat[:n_leaves])
-        args = [rebuild(s, values) for s in positional]
+        args = [rebuild(unwrap(s), values) for s in positional]
         kwargs = {k.name: rebuild(k.spec, values) for k in keywords}
         return inner(*args, *flat[n_leaves:], **kwargs)
 
@@ -128,12 +141,12 @@ def _values(args: Any, kwargs: dict[str, Any] | None) -> Iterator[Any]:
 def _is_spec(value: Any) -> bool:
     from .inputs import LiteralSpec, TensorSpec
 
-    return isinstance(value, (TensorSpec, LiteralSpec, ValueSpec, Keyword))
+    return isinstance(value, (TensorSpec, LiteralSpec, ValueSpec, Keyword, Nested))
 
 
 def plain_values(specs: list[Any], leaves_values: list[Any]) -> tuple[list[Any], dict[str, Any]]:
     """(args, kwargs) rebuilt from flat leaf values, e.g. to save them with torch.save."""
     values = iter(leaves_values)
-    args = [rebuild(s, values) for s in specs if not isinstance(s, Keyword)]
+    args = [rebuild(unwrap(s), values) for s in specs if not isinstance(s, Keyword)]
     kwargs = {s.name: rebuild(s.spec, values) for s in specs if isinstance(s, Keyword)}
     return args, kwargs
