@@ -1,5 +1,4 @@
-"""Input factories: --inputs-from (a callable or a .pt file) -> named cases of given values;
---save-inputs writes the values a case used; --init constructor arguments as literals."""
+"""Inputs from outside: --inputs-from factories and .pt files, --save-inputs, --init literals."""
 
 from __future__ import annotations
 
