@@ -246,3 +246,20 @@ def test_given_values_spec_objects_and_strings_mix(fx):
     assert report.ok() and infos[0].description == "3x4:float64"
     assert infos[1].description.startswith("given 3x4:float64 #")
     assert isinstance(ValueSpec(w).describe(), str)
+
+
+def test_readme_input_examples_run(tmp_path, monkeypatch):
+    import re
+    import shlex
+
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"### Your own inputs.*?```bash\n(.*?)```", readme, re.S).group(1)
+    commands = [shlex.split(line) for line in block.splitlines() if line.startswith("gradtool")]
+    assert len(commands) == 7
+    monkeypatch.chdir(ROOT)
+    for argv in commands:
+        argv = [str(tmp_path / a) if a == "cell.pt" else a for a in argv]
+        result = run(*argv[1:], "--check", "gradient")
+        assert result.exit_code == 0, (argv, result.output)
