@@ -263,3 +263,15 @@ def test_readme_input_examples_run(tmp_path, monkeypatch):
         argv = [str(tmp_path / a) if a == "cell.pt" else a for a in argv]
         result = run(*argv[1:], "--check", "gradient")
         assert result.exit_code == 0, (argv, result.output)
+
+
+def test_inference_tries_a_tuple_where_forward_says_so():
+    from conftest import EXAMPLES
+
+    report = gradtool.check(f"{EXAMPLES}/inputs.py:GatedCell")
+    case = report.targets[0].cases[0]
+    assert report.ok() and case.inferred
+    assert [i.name for i in case.inputs][:3] == ["x", "state[0]", "state[1]"]
+    assert "-i '(3x4, 3x4)'" in case.pin
+    hint = run("check", f"{F}:RejectsEverything")
+    assert hint.exit_code == 2 and "-i 3x4 -i '(3x4, 3x4)'" in hint.output
