@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import FIXTURES, load_fixture
 
 import gradtool
-from conftest import FIXTURES, load_fixture
 from gradtool.cli.main import main
 from gradtool.errors import InputError
 from gradtool.targets.inputs import LiteralSpec, TensorSpec, parse_input
@@ -130,7 +130,8 @@ def test_cli_bad_nested_or_keyword_input_is_exit_2():
     unclosed = run("check", f"{F}:Cell", "-i", "2x4", "-i", "state=(2x4, 2x4")
     assert unclosed.exit_code == 2 and "state=(2x4, 2x4" in unclosed.output
     typo = run("check", f"{F}:Cell", "-i", "2x4", "-i", "stat=(2x4, 2x4)")
-    assert typo.exit_code == 2 and "stat" in typo.output and "NAME=SPEC" in typo.output
+    assert typo.exit_code == 2 and "did you mean 'state'" in typo.output
+    assert "NAME=SPEC" in typo.output
     bad_key = run("check", f"{F}:Cell", "-i", "2x4", "-i", "{w 3x4}")
     assert bad_key.exit_code == 2 and "'key: SPEC'" in bad_key.output
 
@@ -275,3 +276,11 @@ def test_inference_tries_a_tuple_where_forward_says_so():
     assert "-i '(3x4, 3x4)'" in case.pin
     hint = run("check", f"{F}:RejectsEverything")
     assert hint.exit_code == 2 and "-i 3x4 -i '(3x4, 3x4)'" in hint.output
+
+
+def test_pytest_fixture_takes_tensors_and_kwargs(gradtool_check, fx):
+    x, mask = torch.randn(2, 4, dtype=torch.float64), torch.rand(2, 4, dtype=torch.float64)
+    assert gradtool_check(fx.Masked, [x], kwargs={"mask": mask}).ok()
+    with pytest.raises(pytest.fail.Exception, match="w.r.t. 'mask'"):
+        gradtool_check(fx.MaskedWrongMask, [x], kwargs={"mask": mask})
+    assert mask.grad is None

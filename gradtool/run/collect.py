@@ -43,8 +43,8 @@ def target_jobs(arg: str, config: CheckConfig, inputs: list[InputSpec] | None,
         raise GradtoolError(f"{arg} holds {len(targets)} targets; {given} applies to one",
                             "name one: " + ", ".join(t.name for t in targets[:4]))
     if init and (targets[0].kind != "module" or not inspect.isclass(targets[0].obj)):
-        raise GradtoolError(f"--init applies to an nn.Module class; {arg} is a "
-                            f"{'module instance' if targets[0].kind == 'module' else targets[0].kind}",
+        what = "module instance" if targets[0].kind == "module" else targets[0].kind
+        raise GradtoolError(f"--init applies to an nn.Module class; {arg} is a {what}",
                             "drop --init, or name the class")
     return [Job(t, cases or [CaseSpec("case 0", inputs, config.seed)], config) for t in targets]
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from ..errors import SpecError, did_you_mean
 from ..targets.inputs import LiteralSpec, TensorSpec
-from .surrogates import Surrogate, make_surrogate
 from ..targets.values import Keyword
+from .surrogates import Surrogate, make_surrogate
 from .values import InputReader, read_setting, resolve_reference
 from .yaml_lines import MAX_BYTES, LineDict, LineList, line_of, plain, read_yaml, show
 

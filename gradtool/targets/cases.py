@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..config.settings import CheckConfig
-from ..errors import InputError, TargetError
+from ..errors import InputError, TargetError, did_you_mean
 from ..numerics.problem import Problem
 from ..results import InputInfo
 from .inputs import InputSpec, LiteralSpec, TensorSpec, sample
@@ -107,11 +107,14 @@ def _check_arity(target: Target, n_positional: int, keywords: list[str]) -> None
         signature.bind(*range(n_positional), **dict.fromkeys(keywords, 0))
     except TypeError as exc:
         names = ", ".join(target.arg_names) or "no arguments"
+        known = list(signature.parameters)
+        typo = next((did_you_mean(k, known) for k in keywords if k not in known), None)
         raise InputError(f"{target.name}: {n_positional} positional input(s)"
                          + (f" and keyword(s) {', '.join(keywords)}" if keywords else "")
                          + f" given, but forward takes ({names}): {exc}",
+                         (f"{typo}; " if typo else "") +
                          "pass one --input per forward argument, in order; a keyword argument "
-                         "as -i NAME=SPEC, a tuple argument as -i '(2x4, 2x4)'")
+                         "as -i NAME=SPEC, a tuple argument as -i '(2x4, 2x4)'") from None
 
 
 def _arg_name(target: Target, position: int) -> str:

@@ -1,4 +1,4 @@
-"""User values and structure: given tensors (gradcheck's convention), nested and keyword arguments."""
+"""Given values (gradcheck's convention) and structure: nested and keyword arguments."""
 
 from __future__ import annotations
 
