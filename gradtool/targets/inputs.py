@@ -83,6 +83,14 @@ class LiteralSpec:
 
 InputSpec = TensorSpec | LiteralSpec
 
+
+@dataclass(frozen=True)
+class Keyword:
+    """A keyword argument: its name and its spec (a leaf spec or a nested structure of them)."""
+
+    name: str
+    spec: Any
+
 _SHAPE_X = re.compile(r"^\d+(x\d+)+$|^\d+x$")
 _SHAPE_PAREN = re.compile(r"^\(\s*(\d+\s*(,\s*\d+\s*)*,?\s*)?\)$")
 _RANGE = re.compile(r"^(integer)?\[\s*([^,\]]+)\s*,\s*([^,\]]+)\s*\]$")
@@ -98,8 +106,6 @@ def parse_input(text: str) -> Any:
     specs; raises InputError naming the bad part and the fix."""
     keyword = _KEYWORD.match(text.strip())
     if keyword:
-        from .values import Keyword
-
         return Keyword(keyword.group(1), _parse_value(keyword.group(2).strip(), text))
     return _parse_value(text.strip(), text)
 

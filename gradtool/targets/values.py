@@ -7,6 +7,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .inputs import Keyword, LiteralSpec, TensorSpec
+
+__all__ = ["Keyword", "Nested", "ValueSpec", "given_specs", "leaves", "rebuild", "structured"]
+
 CONTAINERS = (tuple, list, dict)
 
 
@@ -34,14 +38,6 @@ class ValueSpec:
 
     def differentiable(self, default_dtype: str = "float64") -> bool:
         return self.requires_grad
-
-
-@dataclass(frozen=True)
-class Keyword:
-    """A keyword argument: its name and its spec (a leaf spec or a nested structure of them)."""
-
-    name: str
-    spec: Any
 
 
 @dataclass(frozen=True)
@@ -139,8 +135,6 @@ def _values(args: Any, kwargs: dict[str, Any] | None) -> Iterator[Any]:
 
 
 def _is_spec(value: Any) -> bool:
-    from .inputs import LiteralSpec, TensorSpec
-
     return isinstance(value, (TensorSpec, LiteralSpec, ValueSpec, Keyword, Nested))
 
 
