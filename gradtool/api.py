@@ -28,15 +28,19 @@ def _input_specs(inputs: Any, kwargs: dict[str, Any] | None) -> list[Any] | None
 
 
 def _given_dtype(specs: list[Any] | None, settings: dict[str, Any]) -> dict[str, Any]:
-    """Given floating tensors of one dtype set the run's dtype (so its tolerances), unless set."""
+    """Given tensors of one floating dtype (one device) set the run's dtype (so its tolerances)
+    and device, unless the caller set them: the check runs where the values are."""
+    import torch
+
     from .targets.values import ValueSpec, leaves
 
-    if "dtype" in settings or not specs:
-        return settings
-    dtypes = {str(leaf.value.dtype).removeprefix("torch.") for _, leaf in leaves(
-        [getattr(s, "spec", s) for s in specs]) if isinstance(leaf, ValueSpec)
-        and getattr(leaf.value, "is_floating_point", lambda: False)()}
-    return {**settings, "dtype": dtypes.pop()} if len(dtypes) == 1 else settings
+    given = [leaf.value for _, leaf in leaves([getattr(s, "spec", s) for s in specs or []])
+             if isinstance(leaf, ValueSpec) and isinstance(leaf.value, torch.Tensor)]
+    dtypes = {str(t.dtype).removeprefix("torch.") for t in given if t.is_floating_point()}
+    devices = {str(t.device) for t in given}
+    found = {"dtype": dtypes.pop() if len(dtypes) == 1 else None,
+             "device": devices.pop() if len(devices) == 1 else None}
+    return {**{k: v for k, v in found.items() if v is not None}, **settings}
 
 
 def check(target: Any, inputs: Any = None, kwargs: dict[str, Any] | None = None,
