@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from .config.settings import CheckConfig
@@ -10,29 +9,54 @@ from .errors import GradtoolError
 from .results import Report
 from .run.collect import collect_one, is_spec_argument
 from .run.runner import CaseSpec, Job, run
-from .targets.inputs import InputSpec, LiteralSpec, TensorSpec, parse_input
+from .targets.inputs import parse_input
 from .targets.load import make_target
 
 
-def _input_spec(value: InputSpec | str) -> InputSpec:
-    if isinstance(value, str):
-        return parse_input(value)
-    if isinstance(value, (TensorSpec, LiteralSpec)):
-        return value
-    raise TypeError(f"inputs takes --input strings ('3x4', '5') or TensorSpec/LiteralSpec, "
-                    f"got {type(value).__name__}; gradtool samples tensors itself (seeded)")
+def _input_specs(inputs: Any, kwargs: dict[str, Any] | None) -> list[Any] | None:
+    """--input strings, InputSpecs, the user's own values, or any nesting of them -> specs."""
+    from .targets.values import given_specs
+
+    if inputs is None and kwargs is None:
+        return None
+    if isinstance(inputs, str) or not isinstance(inputs, (tuple, list, type(None))):
+        inputs = (inputs,)  # gradcheck also takes a single tensor
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise GradtoolError(f"kwargs takes a dict of keyword arguments, got "
+                            f"{type(kwargs).__name__}", "e.g. kwargs={'mask': mask}")
+    return given_specs(list(inputs or ()), kwargs, parse_input)
 
 
-def check(target: Any, inputs: Sequence[InputSpec | str] | None = None, **settings: Any
-          ) -> Report:
+def _given_dtype(specs: list[Any] | None, settings: dict[str, Any]) -> dict[str, Any]:
+    """Given tensors of one floating dtype (one device) set the run's dtype (so its tolerances)
+    and device, unless the caller set them: the check runs where the values are."""
+    import torch
+
+    from .targets.values import ValueSpec, leaves
+
+    given = [leaf.value for _, leaf in leaves([getattr(s, "spec", s) for s in specs or []])
+             if isinstance(leaf, ValueSpec) and isinstance(leaf.value, torch.Tensor)]
+    dtypes = {str(t.dtype).removeprefix("torch.") for t in given if t.is_floating_point()}
+    devices = {str(t.device) for t in given}
+    found = {"dtype": dtypes.pop() if len(dtypes) == 1 else None,
+             "device": devices.pop() if len(devices) == 1 else None}
+    return {**{k: v for k, v in found.items() if v is not None}, **settings}
+
+
+def check(target: Any, inputs: Any = None, kwargs: dict[str, Any] | None = None,
+          **settings: Any) -> Report:
     """Check a target (an object, or a 'module:Name' / 'file.py:Name' string).
 
-    inputs: one per forward argument, as InputSpec objects or --input strings ('3x4',
-    '5', 'None'); omitted, they are inferred. settings: any CheckConfig field (seed, dtype,
-    eps, atol, rtol, nondet_tol, checks, mode, probes, ...).
+    inputs: the positional forward arguments, like gradcheck's: tensors (checked at exactly those
+    values, which are never modified), literals, --input strings ('3x4', '5', 'None'), InputSpec
+    objects, or tuples/lists/dicts of these; omitted, they are inferred. Which tensors are checked
+    follows gradcheck: those that require grad if any does, else every floating one.
+    kwargs: keyword arguments of forward, in the same forms. settings: any CheckConfig field
+    (seed, dtype, eps, atol, rtol, nondet_tol, checks, mode, probes, ...).
     """
+    specs = _input_specs(inputs, kwargs)
+    settings = _given_dtype(specs, settings)
     config = CheckConfig(**{k: (tuple(v) if k == "checks" else v) for k, v in settings.items()})
-    specs = None if inputs is None else [_input_spec(i) for i in inputs]
     if isinstance(target, str):
         if is_spec_argument(target) and specs is not None:
             raise GradtoolError(f"{target} is a spec: its inputs come from the file")
@@ -44,12 +68,12 @@ def check(target: Any, inputs: Sequence[InputSpec | str] | None = None, **settin
     return run(jobs, config)
 
 
-def assert_gradients(target: Any, inputs: Sequence[InputSpec | str] | None = None,
+def assert_gradients(target: Any, inputs: Any = None, kwargs: dict[str, Any] | None = None,
                      **settings: Any) -> Report:
     """Like check, but raise AssertionError with the plain-text report when anything fails."""
     from .render.terminal import render_plain
 
-    report = check(target, inputs, **settings)
+    report = check(target, inputs, kwargs, **settings)
     if not report.ok(bool(settings.get("strict", False))):
         raise AssertionError("gradtool found gradient problems:\n" + render_plain(report, quiet=True))
     return report

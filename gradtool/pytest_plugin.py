@@ -209,20 +209,22 @@ def node_name(text: str) -> str:
 
 @pytest.fixture
 def gradtool_check(request: pytest.FixtureRequest) -> Callable[..., Report]:
-    """check(target, inputs=None, **settings) -> Report; fails the test with the plain report.
+    """check(target, inputs=None, kwargs=None, **settings) -> Report; fails the test with the
+    plain report. inputs and kwargs take the test's own tensors, as gradtool.check does.
 
     Settings default to [tool.gradtool] (the ones `gradtool check` uses); keyword arguments
     override them (any CheckConfig field: seed, atol, rtol, mode, checks, strict, ...).
     """
     defaults = project_settings(request.config)
 
-    def check(target: Any, inputs: Any = None, **settings: Any) -> Report:
+    def check(target: Any, inputs: Any = None, kwargs: dict[str, Any] | None = None,
+              **settings: Any) -> Report:
         __tracebackhide__ = True
         from gradtool.api import check as run_checks
         from gradtool.render.terminal import render_plain
 
         merged = {**defaults, **settings}
-        report = run_checks(target, inputs, **merged)
+        report = run_checks(target, inputs, kwargs, **merged)
         if not report.ok(bool(merged.get("strict"))):
             pytest.fail("gradtool found gradient problems:\n" + render_plain(report, quiet=True))
         return report

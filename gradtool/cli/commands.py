@@ -44,6 +44,23 @@ def parse_inputs(raw: tuple[str, ...] | list[str]) -> list[Any] | None:
     return [parse_input(text) for text in raw] if raw else None
 
 
+def _sources(kw: dict[str, Any], config: CheckConfig) -> dict[str, Any]:
+    """What the options give besides targets: inputs, a factory's cases, constructor arguments."""
+    from ..targets.factory import parse_init
+
+    inputs = parse_inputs(kw.get("inputs") or ())
+    cases = None
+    if kw.get("inputs_from"):
+        if inputs is not None:
+            raise GradtoolError("give --input or --inputs-from, not both")
+        from ..run.runner import CaseSpec
+        from ..targets.factory import load_inputs
+
+        cases = [CaseSpec(label, specs, config.seed, kw["inputs_from"]) for label, specs in
+                 load_inputs(kw["inputs_from"], config.seed, config.dtype, config.device)]
+    return {"inputs": inputs, "cases": cases, "init": parse_init(kw.get("init") or ())}
+
+
 def run_check(kw: dict[str, Any]) -> int:
     settings, sources = settings_from(kw)
     if kw.get("show_config"):
@@ -57,8 +74,10 @@ def run_check(kw: dict[str, Any]) -> int:
     if not targets:
         raise NothingToCheck("nothing to check: give a target (module:Name, file.py:Name, a "
                              "spec file or folder), or set paths in [tool.gradtool]")
-    jobs, rejected = _collect(targets, config, parse_inputs(kw.get("inputs") or ()))
+    jobs, rejected = _collect(targets, config, **_sources(kw, config))
     report = _run(jobs, rejected, config, quiet=kw.get("quiet", False))
+    if kw.get("save_inputs"):
+        _save_inputs(kw["save_inputs"], jobs)
     try:
         _emit(report, settings, kw)
     except BrokenPipeError:  # `gradtool check ... | head`: the verdict still decides the code
@@ -68,14 +87,28 @@ def run_check(kw: dict[str, Any]) -> int:
     return 0 if report.ok(config.strict) else 1
 
 
-def _collect(targets: list[str], config: CheckConfig, inputs: list[Any] | None):
+def _save_inputs(path: str, jobs: list[Any]) -> None:
+    """Rebuild each case (same seed, same values) and write its inputs for --inputs-from."""
+    from ..run.runner import case_for
+    from ..targets.factory import save_inputs
+
+    if len(jobs) != 1:
+        raise GradtoolError(f"--save-inputs writes the inputs of one target; {len(jobs)} ran",
+                            "name one target")
+    job = jobs[0]
+    built = [case_for(job, spec) for spec in job.cases]
+    save_inputs(path, [(c.label, c.specs, c.problem.args) for c in built])
+
+
+def _collect(targets: list[str], config: CheckConfig, inputs: list[Any] | None,
+             cases: list[Any] | None = None, init: dict[str, Any] | None = None):
     from ..results import Rejected
     from ..run.collect import collect_one
 
     jobs, rejected, errors = [], [], []
     for arg in targets:
         try:
-            found, bad = collect_one(arg, config, inputs)
+            found, bad = collect_one(arg, config, inputs, cases, init)
         except GradtoolError as exc:
             errors.append(exc)
             rejected.append(Rejected(arg, str(exc)))
@@ -197,7 +230,7 @@ def run_list(kw: dict[str, Any]) -> int:
     targets = list(settings.get("paths") or [])
     if not targets:
         raise NothingToCheck("nothing to list: give a target, spec file or folder")
-    jobs, rejected = _collect(targets, config, parse_inputs(kw.get("inputs") or ()))
+    jobs, rejected = _collect(targets, config, **_sources(kw, config))
     from .listing import list_lines
 
     for line in list_lines(jobs, rejected, config):
@@ -212,7 +245,7 @@ def run_graph(kw: dict[str, Any]) -> int:
 
     settings, _ = settings_from(kw)
     config = config_from(settings)
-    jobs, rejected = _collect([kw["target"]], config, parse_inputs(kw.get("inputs") or ()))
+    jobs, rejected = _collect([kw["target"]], config, **_sources(kw, config))
     if rejected:
         raise GradtoolError(rejected[0].message)
     if len(jobs) != 1:

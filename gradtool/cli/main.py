@@ -103,6 +103,12 @@ def check_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--dtype", type=click.Choice(DTYPES), default=None,
                      help="Floating dtype of sampled tensors [float64]."),
         click.option("--device", default=None, help="Device of sampled tensors [cpu]."),
+        click.option("--inputs-from", metavar="FACTORY",
+                     help="Inputs from file.py:name / module:name (a callable taking generator, "
+                          "dtype, device) or a .pt file (see --save-inputs)."),
+        click.option("--init", "init", multiple=True, metavar="NAME=VALUE",
+                     help="Constructor argument of an nn.Module class target, a Python literal "
+                          "(repeat)."),
         click.option("--traceback", is_flag=True, help="Show Python tracebacks of usage errors."),
     ]
     for option in reversed(options):
@@ -141,6 +147,8 @@ CHECK_EPILOG = "\b\nInputs:\n" + INPUT_HELP
               help="Draw up to N new inputs when a case is inconclusive (kinks, ties).")
 @click.option("--format", "fmt", type=click.Choice(["terminal", "json"]), default=None,
               help="Report format on stdout [terminal].")
+@click.option("--save-inputs", type=click.Path(dir_okay=False), default=None,
+              help="Write the inputs each case used to this .pt file (--inputs-from replays it).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the JSON report to this file.")
 @click.option("--junit-xml", type=click.Path(dir_okay=False), default=None,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
+from typing import Any
 
 from ..config.settings import CheckConfig
 from ..errors import GradtoolError, SpecError
@@ -20,23 +22,31 @@ def is_spec_argument(arg: str) -> bool:
     return path.suffix in SPEC_SUFFIXES or path.is_dir()
 
 
-def collect_one(arg: str, config: CheckConfig, inputs: list[InputSpec] | None = None
+def collect_one(arg: str, config: CheckConfig, inputs: list[InputSpec] | None = None,
+                cases: list[CaseSpec] | None = None, init: dict[str, Any] | None = None
                 ) -> tuple[list[Job], list[Rejected]]:
     """The jobs one argument names; invalid spec files become Rejected entries.
 
     Raises GradtoolError when a target string cannot be resolved at all."""
     if is_spec_argument(arg):
         return collect_specs(arg, config)
-    return target_jobs(arg, config, inputs), []
+    return target_jobs(arg, config, inputs, cases, init), []
 
 
-def target_jobs(arg: str, config: CheckConfig, inputs: list[InputSpec] | None) -> list[Job]:
+def target_jobs(arg: str, config: CheckConfig, inputs: list[InputSpec] | None,
+                cases: list[CaseSpec] | None = None, init: dict[str, Any] | None = None
+                ) -> list[Job]:
     """Jobs for a target string; raises GradtoolError (exit 2) when it cannot be resolved."""
-    targets = resolve(arg)
-    if inputs is not None and len(targets) > 1:
-        raise GradtoolError(f"{arg} holds {len(targets)} targets; --input applies to one",
+    targets = resolve(arg, init=init)
+    given = "--input" if inputs is not None else "--inputs-from" if cases else "--init"
+    if (inputs is not None or cases or init) and len(targets) > 1:
+        raise GradtoolError(f"{arg} holds {len(targets)} targets; {given} applies to one",
                             "name one: " + ", ".join(t.name for t in targets[:4]))
-    return [Job(t, [CaseSpec("case 0", inputs, config.seed)], config) for t in targets]
+    if init and (targets[0].kind != "module" or not inspect.isclass(targets[0].obj)):
+        what = "module instance" if targets[0].kind == "module" else targets[0].kind
+        raise GradtoolError(f"--init applies to an nn.Module class; {arg} is a {what}",
+                            "drop --init, or name the class")
+    return [Job(t, cases or [CaseSpec("case 0", inputs, config.seed)], config) for t in targets]
 
 
 def collect_specs(arg: str, config: CheckConfig) -> tuple[list[Job], list[Rejected]]:
@@ -64,9 +74,22 @@ def spec_jobs(spec, config: CheckConfig) -> list[Job]:
     cases = [CaseSpec(c.label, list(c.inputs) if c.inputs else None,
                       c.seed if c.seed is not None else seed) for c in spec.cases] or \
         [CaseSpec("case 0", None, seed)]
+    if spec.inputs_from:
+        cases = _factory_cases(spec, job_config)
     return [Job(target, cases, job_config, dict(spec.check_config), dict(spec.xfail),
                 spec.surrogate, f"{spec.path}:{spec.line}",
                 reproduce=f"gradtool check {spec.path}")]
+
+
+def _factory_cases(spec, config: CheckConfig) -> list[CaseSpec]:
+    from ..targets.factory import load_inputs
+
+    try:
+        found = load_inputs(spec.inputs_from, config.seed, config.dtype, config.device)
+    except GradtoolError as exc:
+        raise SpecError(exc.message, path=spec.path, line=spec.line, key="inputs_from",
+                        hint=exc.hint) from None
+    return [CaseSpec(label, specs, config.seed, spec.inputs_from) for label, specs in found]
 
 
 def _spec_target(spec) -> Target:

@@ -24,6 +24,7 @@ class CaseSpec:
     label: str
     inputs: list[InputSpec] | None
     seed: int
+    origin: str | None = None  # where given values came from (--inputs-from), to reproduce them
 
 
 @dataclass
@@ -76,7 +77,8 @@ def _run_case_with_resample(job: Job, spec: CaseSpec) -> CaseResult:
     while tries < job.config.resample and _inconclusive(result):
         tries += 1
         seed = spec.seed + 1000 * tries
-        retry = run_case(job, CaseSpec(f"{spec.label} (resampled)", spec.inputs, seed))
+        retry = run_case(job, CaseSpec(f"{spec.label} (resampled)", spec.inputs, seed,
+                                       spec.origin))
         note = (f"seed {spec.seed} was inconclusive (non-differentiable point); "
                 f"resampled with seed {seed}")
         result = CaseResult(retry.label, retry.seed, retry.inputs, retry.checks, retry.inferred,
@@ -104,13 +106,18 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     """Sample one case and run every configured check on it."""
     config = job.config
     case = case_for(job, spec)
-    reproduce = job.reproduce or reproduce_command(job.target, case.specs, config, spec.seed)
+    reproduce = job.reproduce or reproduce_command(job.target, case.specs, config, spec.seed,
+                                                   spec.origin)
     checks = [_run_check(name, case, job) for name in config.checks]
     notes = list(case.notes)
+    if has_given_values(case.specs) and not spec.origin:
+        notes.append("inputs given as values: to replay them, torch.save((args, kwargs), "
+                     "'INPUTS.pt'), or run with --save-inputs INPUTS.pt")
     if case.problem.freeze_seed is not None:
         notes.append("forward is stochastic: RNG frozen (re-seeded) around every evaluation")
+    pin = "" if has_given_values(case.specs) else pin_flags(case.specs, config)
     return CaseResult(case.label, spec.seed, tuple(case.infos), tuple(checks), case.inferred,
-                      tuple(dict.fromkeys(notes)), reproduce, pin_flags(case.specs, config))
+                      tuple(dict.fromkeys(notes)), reproduce, pin)
 
 
 def _run_check(name: str, case: Any, job: Job) -> CheckResult:
@@ -193,10 +200,13 @@ def pin_flags(specs: Sequence[InputSpec], config: CheckConfig) -> str:
 
 
 def reproduce_command(target: Target, specs: Sequence[InputSpec], config: CheckConfig,
-                      seed: int) -> str:
-    """The one-line command that re-runs this case exactly."""
+                      seed: int, origin: str | None = None) -> str:
+    """The one-line command that re-runs this case exactly (given values: from a .pt file)."""
     parts = ["gradtool", "check", _quote(target.name)]
-    if specs:
+    if origin or has_given_values(specs):
+        # Given values cannot be written as --input: they are replayed from a saved file.
+        parts += ["--inputs-from", _quote(origin or "INPUTS.pt")]
+    elif specs:
         parts.append(pin_flags(specs, config))
     parts += ["--seed", str(seed)]
     defaults = CheckConfig()
@@ -207,14 +217,34 @@ def reproduce_command(target: Target, specs: Sequence[InputSpec], config: CheckC
     return " ".join(parts)
 
 
-def _cli_input(spec: InputSpec, config: CheckConfig) -> str:
+def _cli_input(spec: Any, config: CheckConfig) -> str:
     from ..targets.inputs import LiteralSpec
+    from ..targets.values import Keyword, Nested, ValueSpec
 
-    if isinstance(spec, LiteralSpec):
+    if isinstance(spec, Keyword):
+        return f"{spec.name}={_cli_input(spec.spec, config)}"
+    if isinstance(spec, Nested):
+        return _cli_input(spec.spec, config)
+    if isinstance(spec, dict):
+        return "{" + ", ".join(f"{k!r}: {_cli_input(v, config)}" for k, v in spec.items()) + "}"
+    if isinstance(spec, (tuple, list)):
+        items = [_cli_input(v, config) for v in spec]
+        if isinstance(spec, list):
+            return "[" + ", ".join(items) + "]"
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    if isinstance(spec, (LiteralSpec, ValueSpec)):
         text = repr(spec.value)
         return text if not text.startswith("(") else "=" + text
     return spec.describe(config.dtype).replace(f":{config.dtype}", "", 1) \
         if spec.dtype is None else spec.describe(config.dtype)
+
+
+def has_given_values(specs: Sequence[Any]) -> bool:
+    """Whether any input is a value the user gave (no --input string can reproduce it)."""
+    from ..targets.values import ValueSpec, leaves
+
+    return any(isinstance(leaf, ValueSpec) for _, leaf in leaves(
+        [getattr(s, "spec", s) for s in specs]))
 
 
 def _quote(text: str) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..errors import SpecError, did_you_mean
 from ..targets.inputs import LiteralSpec, TensorSpec
+from ..targets.values import Keyword
 from .surrogates import Surrogate, make_surrogate
 from .values import InputReader, read_setting, resolve_reference
 from .yaml_lines import MAX_BYTES, LineDict, LineList, line_of, plain, read_yaml, show
@@ -22,6 +23,8 @@ A spec file is one YAML mapping: `version: 1` and `specs:`, a list of specs. Eac
   inputs: forward's arguments in order; each {name: x, shape: [3, 4], dtype: float64,
           domain: positive | negative | nonzero | [lo, hi] | spd | simplex | integer | real,
           requires_grad: true}, a literal {name: c, value: 5}, or a shorthand {x: '3x4:positive'}
+  kwargs: keyword arguments of forward: {mask: '3x4:nograd'}; nested: {state: '(2x4, 2x4)'}
+  inputs_from: file.py:make_inputs (a factory taking generator/dtype/device) or inputs.pt
   cases:  several input sets: [{name: big, seed: 1, inputs: {x: [8, 8]}}] (overrides by name)
   seed, dtype, device, mode (auto|full|probe), checks [contract, gradient, double_backward],
   reference ('file.py:fn', a low-precision kernel's float64 reference), autocast (float16|bfloat16),
@@ -34,8 +37,8 @@ The whole file is validated first; every error is reported as file:line: key.pat
 FILE_KEYS = ("version", "specs")
 CONFIG_KEYS = ("seed", "dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode", "checks",
                "reference", "autocast")
-SPEC_KEYS = ("name", "target", "expr", "init", "inputs", "cases", *CONFIG_KEYS, "tolerances",
-             "xfail", "surrogate")
+SPEC_KEYS = ("name", "target", "expr", "init", "inputs", "kwargs", "inputs_from", "cases",
+             *CONFIG_KEYS, "tolerances", "xfail", "surrogate")
 CASE_KEYS = ("name", "seed", "inputs")
 MAX_ERRORS = 50
 
@@ -64,6 +67,7 @@ class Spec:
     check_config: dict[str, dict[str, float]] = field(default_factory=dict)
     surrogate: Surrogate | None = None
     xfail: dict[str, str] = field(default_factory=dict)
+    inputs_from: str | None = None  # a factory (file.py:name, module:name) or a .pt file
 
     @property
     def input_names(self) -> tuple[str | None, ...]:
@@ -171,7 +175,8 @@ class _Validator:
         if ("target" in data) == ("expr" in data):
             self.error("give exactly one of target: (file.py:Name or module:Name) or expr:",
                        key, line)
-        cases = self.cases(data, key)
+        cases = self.with_kwargs(self.cases(data, key), data, key)
+        inputs_from = self.inputs_from(data, key, cases)
         names = tuple(s.name for s in cases[0].inputs) if cases else None
         target = self.target(data, key)
         expr = self.expr(data, key, names)
@@ -180,7 +185,7 @@ class _Validator:
                     target=target, expr=expr, init=self.init(data, key), cases=cases,
                     config=config, check_config=self.tolerances(data, key),
                     surrogate=self.surrogate(data, key, names),
-                    xfail=self.xfail(data, key, config.get("checks")))
+                    xfail=self.xfail(data, key, config.get("checks")), inputs_from=inputs_from)
         return spec if len(self.errors) == before else None
 
     def name(self, data: LineDict, key: str, target: str | None, expr: str | None) -> str:
@@ -244,6 +249,45 @@ class _Validator:
         self.error(f"expected a mapping of keyword arguments or a list of positional arguments, "
                    f"got {show(value)}", _join(key, "init"), line_of(data, "init"))
         return None
+
+    def with_kwargs(self, cases: tuple[SpecCase, ...], data: LineDict, key: str
+                    ) -> tuple[SpecCase, ...]:
+        """kwargs: {name: description} -> keyword arguments added to every case."""
+        value, where = data.get("kwargs"), _join(key, "kwargs")
+        if value is None:
+            return cases
+        if not isinstance(value, LineDict) or not value:
+            self.error(f"expected a mapping {{keyword name: input description}}, got "
+                       f"{show(value)}", where, line_of(data, "kwargs"))
+            return cases
+        keywords = []
+        for name, desc in value.items():
+            if self.inputs.name(name, f"{where}.{name}", line_of(value, name)):
+                spec = self.inputs.describe(desc, f"{where}.{name}", line_of(value, name),
+                                            name, None)
+                keywords += [Keyword(name, getattr(spec, "spec", spec))] if spec else []
+        return tuple(SpecCase(c.label, (*c.inputs, *keywords), c.seed)
+                     for c in cases or (SpecCase("case 0", ()),))
+
+    def inputs_from(self, data: LineDict, key: str, cases: tuple[SpecCase, ...]) -> str | None:
+        """inputs_from: file.py:name / module:name / file.pt, checked without importing."""
+        value, where = data.get("inputs_from"), _join(key, "inputs_from")
+        if value is None:
+            return None
+        if cases:
+            self.error("give inputs:/kwargs:/cases: or inputs_from:, not both", where,
+                       line_of(data, "inputs_from"))
+            return None
+        try:
+            if isinstance(value, str) and value.endswith(".pt"):
+                path = (self.base_dir / value).resolve()
+                if not path.is_relative_to(self.base_dir) or not path.is_file():
+                    raise SpecError(f"file {value!r} not found in the spec's folder (or below)")
+                return str(path)
+            return resolve_reference(value, self.base_dir)
+        except SpecError as exc:
+            self.error(exc.message, where, line_of(data, "inputs_from"), exc.hint)
+            return None
 
     def cases(self, data: LineDict, key: str) -> tuple[SpecCase, ...]:
         base = None

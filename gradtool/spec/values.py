@@ -24,6 +24,7 @@ from ..targets.inputs import (
     parse_input,
     validate_tensor_spec,
 )
+from ..targets.values import Keyword, Nested
 from .yaml_lines import LineDict, LineList, line_of, plain, show
 
 InputSpec = TensorSpec | LiteralSpec
@@ -122,10 +123,17 @@ class InputReader:
             return self.finish(replace(spec, name=name), key, line)
         if isinstance(desc, str):
             try:
-                spec = replace(parse_input(desc), name=name)
+                parsed = parse_input(desc)
             except InputError as exc:
                 self.error(exc.message.replace("--input ", "", 1), key, line, exc.hint)
                 return None
+            if isinstance(parsed, Keyword):
+                self.error(f"{desc!r}: NAME=SPEC is the command line's keyword form; in a spec "
+                           "list keyword arguments under kwargs:", key, line)
+                return None
+            if isinstance(parsed, (tuple, list, dict)):
+                return Nested(name, parsed) if name else parsed  # type: ignore[return-value]
+            spec = replace(parsed, name=name)
             return self.finish(spec, key, line) if isinstance(spec, TensorSpec) else spec
         if desc is None or isinstance(desc, (bool, int, float)):
             return LiteralSpec(desc, name)

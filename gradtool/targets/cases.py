@@ -10,11 +10,12 @@ from typing import Any
 import torch
 
 from ..config.settings import CheckConfig
-from ..errors import InputError, TargetError
+from ..errors import InputError, TargetError, did_you_mean
 from ..numerics.problem import Problem
 from ..results import InputInfo
-from .inputs import InputSpec, LiteralSpec, sample
+from .inputs import InputSpec, LiteralSpec, TensorSpec, sample
 from .load import Target
+from .values import Keyword, ValueSpec, is_structured, leaves, structured, unwrap
 
 
 @dataclass
@@ -47,23 +48,35 @@ def check_device(device: str) -> None:
         raise ConfigError(f"--device {device!r}: MPS is not available here", "use --device cpu")
 
 
-def build_case(target: Target, specs: Sequence[InputSpec], config: CheckConfig, seed: int,
+def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: int,
                label: str = "case 0", inferred: bool = False) -> Case:
-    """Sample the arguments and bind the target (an nn.Module's parameters become inputs)."""
-    _check_arity(target, specs)
+    """Sample the arguments and bind the target (an nn.Module's parameters become inputs).
+
+    Nested and keyword arguments are flattened here: each leaf is one Problem argument named by
+    its path (state[0], mask), and the bound fn rebuilds the structure before calling."""
+    positional = [s for s in specs if not isinstance(s, Keyword)]
+    keywords = [s for s in specs if isinstance(s, Keyword)]
+    _check_arity(target, len(positional), [k.name for k in keywords])
     generator = torch.Generator().manual_seed(seed)
     args, infos, diff = [], [], []
-    for position, spec in enumerate(specs):
-        name = spec.name or _arg_name(target, position)
-        if isinstance(spec, LiteralSpec):
-            args.append(spec.value)
-        else:
-            args.append(sample(spec, generator, config.dtype, config.device))
+    named = [(spec_name(s) or _arg_name(target, i), s) for i, s in enumerate(positional)]
+    for base, top in named + [(k.name, k.spec) for k in keywords]:
+        top = unwrap(top)
+        for path, spec in leaves(top):
+            name = base + path
+            if spec is None or not isinstance(spec, (TensorSpec, LiteralSpec, ValueSpec)):
+                spec = LiteralSpec(spec)  # a plain value inside a container
+            args.append(_leaf_value(spec, generator, config))
             if spec.differentiable(config.dtype):
-                diff.append(position)
-        infos.append(InputInfo(name, spec.describe(config.dtype), position in diff))
+                diff.append(len(args) - 1)
+            infos.append(InputInfo(name, spec.describe(config.dtype), len(args) - 1 in diff))
     names = [info.name for info in infos]
-    fn, batched_fn, params = bind(target, len(specs), config, seed)
+    n_leaves = len(args)
+    fn, batched_fn, params = bind(target, len(positional), config, seed)
+    if is_structured(list(specs)):
+        fn = structured(fn, positional, keywords, n_leaves)
+        batched_fn = structured(batched_fn, positional, keywords, n_leaves) \
+            if batched_fn is not None and (target.kind != "function" or not keywords) else None
     for pname, value in params:
         diff.append(len(args))
         args.append(value)
@@ -87,16 +100,34 @@ def autocast(fn: Callable[..., Any], dtype: str, device: str) -> Callable[..., A
     return run
 
 
-def _check_arity(target: Target, specs: Sequence[InputSpec]) -> None:
+def spec_name(spec: Any) -> str | None:
+    return getattr(spec, "name", None) if not isinstance(spec, (tuple, list, dict)) else None
+
+
+def _leaf_value(spec: Any, generator: Any, config: CheckConfig) -> Any:
+    if isinstance(spec, TensorSpec):
+        return sample(spec, generator, config.dtype, config.device)
+    if isinstance(spec, ValueSpec) and isinstance(spec.value, torch.Tensor):
+        return spec.value.detach().clone()  # the user's tensor is never touched (nor given .grad)
+    return spec.value
+
+
+def _check_arity(target: Target, n_positional: int, keywords: list[str]) -> None:
     signature = target.signature
     if signature is None:
         return
     try:
-        signature.bind(*range(len(specs)))
+        signature.bind(*range(n_positional), **dict.fromkeys(keywords, 0))
     except TypeError as exc:
         names = ", ".join(target.arg_names) or "no arguments"
-        raise InputError(f"{target.name}: {len(specs)} input(s) given, but forward takes "
-                         f"({names}): {exc}", "pass one --input per forward argument, in order")
+        known = list(signature.parameters)
+        typo = next((did_you_mean(k, known) for k in keywords if k not in known), None)
+        raise InputError(f"{target.name}: {n_positional} positional input(s)"
+                         + (f" and keyword(s) {', '.join(keywords)}" if keywords else "")
+                         + f" given, but forward takes ({names}): {exc}",
+                         (f"{typo}; " if typo else "") +
+                         "pass one --input per forward argument, in order; a keyword argument "
+                         "as -i NAME=SPEC, a tuple argument as -i '(2x4, 2x4)'") from None
 
 
 def _arg_name(target: Target, position: int) -> str:
@@ -157,10 +188,10 @@ def _bind_module(target: Target, n_args: int, config: CheckConfig, seed: int
                                      else b.dtype).clone()
     names = [n for n, _ in params]
 
-    def call(*args: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
         # functional_call swaps the values in for this call only: the user's module is untouched.
         state = {**frozen, **dict(zip(names, args[n_args:]))}
-        return torch.func.functional_call(module, state, tuple(args[:n_args]))
+        return torch.func.functional_call(module, state, tuple(args[:n_args]), kwargs)
 
     return call, call, params
 
@@ -179,8 +210,8 @@ def instantiate(target: Target, seed: int) -> torch.nn.Module:
                 return target.obj(*init)
             return target.obj()
         except Exception as exc:
-            hint = ("give constructor arguments with a YAML spec's init: key, or check an "
-                    "instance (module:instance_name)")
+            hint = ("give constructor arguments with --init NAME=VALUE (repeat) or a YAML "
+                    "spec's init: key, or check an instance (module:instance_name)")
             raise TargetError(f"cannot construct {target.qualname}({_init_text(init)}): "
                               f"{type(exc).__name__}: {exc}", hint) from exc
 

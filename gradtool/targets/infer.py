@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,8 +53,8 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
         f"rejected {tried} candidate shapes"
         + (f" (last error: {type(last_error).__name__}: {_first_line(last_error)})"
            if last_error else ""),
-        f"pass them with --input, one per argument, e.g. "
-        f"{' '.join('-i 3x4' for _ in target.arg_names) or '-i 3x4'}  (see gradtool check --help)")
+        f"pass them with --input, one per argument, e.g. {slot_hint(slots)}  "
+        "(a keyword as -i NAME=SPEC; see gradtool check --help)")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -67,7 +68,11 @@ def _slots(target: Target) -> list[list[Any]]:
     for p in params:
         if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
             continue
-        if p.default is not inspect.Parameter.empty and p.default is not None:
+        arity = tuple_arity(p)
+        if arity:  # forward says it takes a tuple (a recurrent state): try one of tensors first
+            slots.append([("tuple", arity)] + (["tensor", LiteralSpec(None)]
+                                               if p.default is None else []))
+        elif p.default is not inspect.Parameter.empty and p.default is not None:
             slots.append([LiteralSpec(p.default)])
         elif p.annotation in NUMBER_GUESS or p.annotation in ("int", "float", "bool"):
             kind = p.annotation if not isinstance(p.annotation, str) else eval_number(p.annotation)
@@ -77,6 +82,33 @@ def _slots(target: Target) -> list[list[Any]]:
         else:
             slots.append(["tensor"])
     return slots
+
+
+def tuple_arity(p: inspect.Parameter) -> int:
+    """How many tensors a tuple argument holds, from its annotation or default (0: not one)."""
+    if isinstance(p.default, tuple) and p.default and \
+            all(isinstance(v, torch.Tensor) for v in p.default):
+        return len(p.default)
+    text = p.annotation if isinstance(p.annotation, str) else repr(p.annotation)
+    match = re.search(r"(?:^|[^\w.])(?:typing\.)?[Tt]uple\[([^\[\]]*)\]", text)
+    if not match:
+        return 0
+    items = [i.strip() for i in match.group(1).split(",")]
+    if len(items) == 2 and items[1] == "...":
+        return 2
+    return len(items) if all("Tensor" in i for i in items) else 0
+
+
+def slot_hint(slots: list[list[Any]]) -> str:
+    """'-i 3x4 -i '(3x4, 3x4)'': one --input per argument, tuples in their nested form."""
+    parts = []
+    for slot in slots:
+        first = slot[0]
+        if isinstance(first, tuple):
+            parts.append("-i '(" + ", ".join(["3x4"] * first[1]) + ")'")
+        elif first == "tensor":
+            parts.append("-i 3x4")
+    return " ".join(parts) or "-i 3x4"
 
 
 def eval_number(name: str) -> type:
@@ -104,8 +136,13 @@ def _candidates(slots: list[list[Any]], hinted: list[tuple[int, ...]]
     a scalar makes almost any forward run and hides shape mistakes."""
     for domain, zero_d in ((Domain(), False), (Domain("positive"), False), (Domain(), True)):
         for specs in _shape_candidates(slots, hinted, zero_d):
-            yield [TensorSpec(s.shape, domain=domain) if isinstance(s, TensorSpec) else s
-                   for s in specs]
+            yield [_in(s, domain) for s in specs]
+
+
+def _in(spec: Any, domain: Domain) -> Any:
+    if isinstance(spec, tuple):
+        return tuple(_in(s, domain) for s in spec)
+    return TensorSpec(spec.shape, domain=domain) if isinstance(spec, TensorSpec) else spec
 
 
 def _shape_candidates(slots: list[list[Any]], hinted: list[tuple[int, ...]], zero_d: bool
@@ -113,7 +150,7 @@ def _shape_candidates(slots: list[list[Any]], hinted: list[tuple[int, ...]], zer
     extra = [()] if zero_d else []
     same, mixed = hinted + SAME_SHAPES + extra, hinted + MIXED_SHAPES + extra
     for choice in itertools.product(*slots):
-        n_tensors = sum(1 for c in choice if c == "tensor")
+        n_tensors = sum(c[1] if isinstance(c, tuple) else c == "tensor" for c in choice)
         shapes = itertools.chain(([s] * n_tensors for s in same),
                                  itertools.product(mixed, repeat=n_tensors))
         seen = set()
@@ -123,7 +160,13 @@ def _shape_candidates(slots: list[list[Any]], hinted: list[tuple[int, ...]], zer
                 continue
             seen.add(key)
             it = iter(shape_set)
-            yield [TensorSpec(tuple(next(it))) if c == "tensor" else c for c in choice]
+            yield [_fill(c, it) for c in choice]
+
+
+def _fill(choice: Any, shapes: Iterator[Any]) -> Any:
+    if isinstance(choice, tuple):  # ("tuple", n): n tensors of the candidate's shapes
+        return tuple(TensorSpec(tuple(next(shapes))) for _ in range(choice[1]))
+    return TensorSpec(tuple(next(shapes))) if choice == "tensor" else choice
 
 
 def _run_forward(case: Case) -> None:

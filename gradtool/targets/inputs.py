@@ -14,14 +14,17 @@ DOMAINS = ("real", "positive", "negative", "nonzero", "range", "spd", "simplex",
 INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
 
 INPUT_HELP = """\
-Each --input/-i is one positional forward argument, in order.
+Each --input/-i is one positional forward argument, in order; NAME=SPEC is a keyword one.
   tensor:   SHAPE[:OPTION...]   SHAPE is 3x4, (3,4), (5,) or () for 0-d;
             OPTIONs: a dtype (float64, float32, int64, ...), a domain
             (real, positive, negative, nonzero, [lo,hi], spd, simplex, integer),
             nograd (no gradient is checked for it)
   literal:  5, 2.5, None, True, 'mean'  (a non-tensor argument);
             prefix = to force a literal: =(1,2)
-Examples: -i 3x4 -i 4x5:positive -i 5   |   -i '(10,)' -i '(10,):[-1,1]:nograd'"""
+  nested:   (SPEC, SPEC) a tuple, [SPEC, SPEC] a list, {'k': SPEC} a dict (any depth)
+  keyword:  NAME=SPEC, e.g. mask=3x4:nograd
+Examples: -i 3x4 -i 4x5:positive -i 5   |   -i '(10,)' -i '(10,):[-1,1]:nograd'
+          -i 2x3 -i 'state=(2x4, 2x4)'   |   -i 3x4 -i mask=3x4:nograd"""
 
 
 @dataclass(frozen=True)
@@ -80,14 +83,96 @@ class LiteralSpec:
 
 InputSpec = TensorSpec | LiteralSpec
 
+
+@dataclass(frozen=True)
+class Keyword:
+    """A keyword argument: its name and its spec (a leaf spec or a nested structure of them)."""
+
+    name: str
+    spec: Any
+
 _SHAPE_X = re.compile(r"^\d+(x\d+)+$|^\d+x$")
 _SHAPE_PAREN = re.compile(r"^\(\s*(\d+\s*(,\s*\d+\s*)*,?\s*)?\)$")
 _RANGE = re.compile(r"^(integer)?\[\s*([^,\]]+)\s*,\s*([^,\]]+)\s*\]$")
 
 
-def parse_input(text: str) -> InputSpec:
-    """Parse one --input value; raises InputError naming the bad part and the fix."""
-    raw = text.strip()
+_KEYWORD = re.compile(r"^([A-Za-z_]\w*)\s*=(?!=)(.*)$", re.DOTALL)
+_DICT_KEY = re.compile(r"^\s*('[^']*'|\"[^\"]*\"|-?\d+|[A-Za-z_]\w*)\s*:(.*)$", re.DOTALL)
+_CLOSE = {"(": ")", "[": "]", "{": "}"}
+
+
+def parse_input(text: str) -> Any:
+    """Parse one --input value: a spec, a keyword (NAME=SPEC) or a nested tuple/list/dict of
+    specs; raises InputError naming the bad part and the fix."""
+    keyword = _KEYWORD.match(text.strip())
+    if keyword:
+        return Keyword(keyword.group(1), _parse_value(keyword.group(2).strip(), text))
+    return _parse_value(text.strip(), text)
+
+
+def _parse_value(raw: str, text: str) -> Any:
+    if raw[:1] in _CLOSE and not _SHAPE_PAREN.match(raw) and _closes_at_end(raw):
+        return _parse_nested(raw, text)
+    return _parse_leaf(raw, text)
+
+
+def _closes_at_end(raw: str) -> bool:
+    depth = 0
+    for k, char in enumerate(raw):
+        depth += char in "([{"
+        depth -= char in ")]}"
+        if depth == 0:
+            return k == len(raw) - 1
+    return False
+
+
+def _parse_nested(raw: str, text: str) -> Any:
+    """(a, b) a tuple, [a, b] a list, {'k': a} a dict, of specs; all literals stay one literal."""
+    opening, inner = raw[0], raw[1:-1]
+    items = [p for p in _split_top(inner, ",")]
+    trailing = bool(items) and not items[-1]
+    items = [p for p in items if p]
+    if opening == "(" and len(items) == 1 and not trailing:
+        return _parse_value(items[0], text)  # (2x4) is just 2x4, as in Python
+    if opening == "{":
+        pairs = []
+        for item in items:
+            match = _DICT_KEY.match(item)
+            if not match:
+                raise InputError(f"--input {text!r}: {item!r} is not 'key: SPEC'",
+                                 "write a dict as {'w': 3x4, 'b': (4,)}")
+            key = match.group(1)
+            key = ast.literal_eval(key) if key[0] in "'\"-0123456789" else key
+            pairs.append((key, _parse_value(match.group(2).strip(), text)))
+        value: Any = dict(pairs)
+        leaves = list(value.values())
+    else:
+        leaves = [_parse_value(item, text) for item in items]
+        value = tuple(leaves) if opening == "(" else leaves
+    if all(isinstance(v, LiteralSpec) for v in leaves):
+        return LiteralSpec(_literal(raw, text))  # (1, 2), [-1, 1]: a plain literal as before
+    return value
+
+
+def _split_top(inner: str, sep: str) -> list[str]:
+    parts, depth, current, quote = [], 0, "", ""
+    for char in inner:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        else:
+            depth += char in "([{"
+            depth -= char in ")]}"
+        if char == sep and depth == 0 and not quote:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return parts + [current.strip()]
+
+
+def _parse_leaf(raw: str, text: str) -> InputSpec:
     if raw.startswith("="):
         return LiteralSpec(_literal(raw[1:], text))
     head, *options = _split_options(raw)
