@@ -10,6 +10,7 @@ from ..numerics.problem import Problem, select_outputs, vjp
 from ..results import Block, CheckResult, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
+from ._common import Context
 from .gradient import jacobian_result
 
 ONCE = "once_differentiable"
@@ -79,3 +80,8 @@ def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
     analytical, numerical = verdict.dense[(i, o)]
     return diagnose_double_backward(analytical.numpy(), numerical.numpy(),
                                     atol=config.tolerance("atol"), rtol=config.tolerance("rtol"))
+
+
+def run(case: Case, context: Context) -> CheckResult:
+    """The registry's entry point."""
+    return check_double_backward(case, context.target, context.config)

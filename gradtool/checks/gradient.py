@@ -14,7 +14,7 @@ from ..numerics.problem import Problem
 from ..results import Block, CheckResult, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
-from ._common import calls_since, error_result
+from ._common import Context, calls_since, error_result
 
 Diagnoser = Callable[[Problem, Verdict, Block, int, int, CheckConfig], "str | None"]
 
@@ -142,3 +142,13 @@ def _summary(verdict: Verdict, blocks: list[Block], surrogate: str | None) -> st
         return (f"gradient of {first.output} w.r.t. '{first.input}' disagrees with {against} "
                 f"at {where}{more}")
     return f"finite differences are unreliable at {where} of '{first.input}'{more}"
+
+
+def run(case: Case, context: Context) -> CheckResult:
+    """The registry's entry point: against a spec's surrogate when it declares one; inside a
+    model, a failure is annotated with the custom Function to blame."""
+    reference = context.reference(case) if context.reference is not None else None
+    result = check_gradient(case, context.target, context.config, reference, context.surrogate)
+    if context.annotate is not None and context.surrogate is None:
+        result = context.annotate(result, case.problem, context.config)
+    return result

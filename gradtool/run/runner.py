@@ -114,31 +114,33 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
 
 
 def _run_check(name: str, case: Any, job: Job) -> CheckResult:
-    from ..checks._common import error_result
-    from ..checks.contract import check_contract
-    from ..checks.double_backward import check_double_backward
-    from ..checks.gradient import check_gradient
+    """Dispatch through the registry: a check that does not apply is skipped with the reason."""
+    from ..checks._common import error_result, load, skipped
 
     config = job.config.with_(**job.check_config.get(name, {}))
     start, before = time.perf_counter(), dict(case.problem.calls)
     try:
-        if name == "contract":
-            result = check_contract(case, job.target, config)
-        elif name == "gradient":
-            reference = _reference(job, case) if job.surrogate is not None else None
-            described = job.surrogate.describe() if job.surrogate is not None else None
-            result = check_gradient(case, job.target, config, reference, described)
-            if job.target.kind in ("module", "callable") and described is None:
-                from .culprit import annotate  # on a failure only: each custom Function alone
-
-                result = annotate(result, case.problem, config)
-        else:
-            result = check_double_backward(case, job.target, config)
+        check = load(name)
+        context = _context(job, config)
+        reason = check.applies(case, context) if hasattr(check, "applies") else None
+        result = skipped(name, reason) if reason else check.run(case, context)
     except GradtoolError:
         raise
     except Exception as exc:  # user code raising where a check did not expect it: still a result
         result = error_result(name, exc, job.target, start, case.problem, before)
     return _apply_xfail(result, job.xfail.get(name))
+
+
+def _context(job: Job, config: CheckConfig) -> Any:
+    from ..checks._common import Context
+
+    surrogate = job.surrogate
+    annotate = None
+    if job.target.kind in ("module", "callable") and surrogate is None:
+        from .culprit import annotate  # on a failure only: each custom Function alone
+    return Context(job.target, config,
+                   (lambda case: _reference(job, case)) if surrogate is not None else None,
+                   surrogate.describe() if surrogate is not None else None, annotate)
 
 
 def _apply_xfail(result: CheckResult, reason: str | None) -> CheckResult:
