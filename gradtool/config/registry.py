@@ -31,6 +31,14 @@ REGISTRY: tuple[CheckInfo, ...] = (
     CheckInfo("gradient", "backward's Jacobian against finite differences, element by element"),
     CheckInfo("double_backward", "the gradient check applied to backward itself "
                                  "(what gradgradcheck does)"),
+    CheckInfo("forward_ad", "forward mode: jvp's columns J·u against finite differences, and "
+                            "forward against reverse mode (on when the Function defines jvp)"),
+    CheckInfo("vmap", "batched forward and backward under torch.func.vmap equal the per-sample "
+                      "loop (on for generate_vmap_rule or a vmap staticmethod)"),
+    CheckInfo("complex", "complex inputs or outputs: real and imaginary parts against finite "
+                         "differences in PyTorch's convention (conjugate Wirtinger)"),
+    CheckInfo("compiled", "first- and second-order gradients under torch.compile equal eager's "
+                          "(opt-in)", default=False),
 )
 
 BY_NAME = {info.name: info for info in REGISTRY}

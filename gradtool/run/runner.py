@@ -105,7 +105,10 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     config = job.config
     case = case_for(job, spec)
     reproduce = job.reproduce or reproduce_command(job.target, case.specs, config, spec.seed)
-    checks = [_run_check(name, case, job) for name in config.checks]
+    results = [_run_check(name, case, job) for name in config.checks]
+    # The default run reports the faces a target has; a check asked for by name that does not
+    # apply is reported skipped, with the reason.
+    checks = [r for r in results if r is not None]
     notes = list(case.notes)
     if case.problem.freeze_seed is not None:
         notes.append("forward is stochastic: RNG frozen (re-seeded) around every evaluation")
@@ -113,9 +116,11 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
                       tuple(dict.fromkeys(notes)), reproduce, pin_flags(case.specs, config))
 
 
-def _run_check(name: str, case: Any, job: Job) -> CheckResult:
-    """Dispatch through the registry: a check that does not apply is skipped with the reason."""
+def _run_check(name: str, case: Any, job: Job) -> CheckResult | None:
+    """Dispatch through the registry: a check that does not apply is skipped with the reason
+    when it was asked for, and left out (None) of the default run."""
     from ..checks._common import error_result, load, skipped
+    from ..config.registry import DEFAULT_CHECKS
 
     config = job.config.with_(**job.check_config.get(name, {}))
     start, before = time.perf_counter(), dict(case.problem.calls)
@@ -123,6 +128,8 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult:
         check = load(name)
         context = _context(job, config)
         reason = check.applies(case, context) if hasattr(check, "applies") else None
+        if reason and job.config.checks == DEFAULT_CHECKS:
+            return None
         result = skipped(name, reason) if reason else check.run(case, context)
     except GradtoolError:
         raise

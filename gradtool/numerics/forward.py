@@ -1,0 +1,174 @@
+"""Forward mode: J·u by the target's jvp (dual tensors) against finite differences, full or probe."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..config.settings import CheckConfig
+from ..results import Outcome
+from .jacobian import SMALL, Verdict, _finish, _tallies
+from .problem import Problem, flat_cat, select_outputs
+from .steps import FINITE_MACHINE, directional, numerical_columns
+
+
+def jvp(problem: Problem, values: Sequence[torch.Tensor],
+        tangents: Sequence[torch.Tensor]) -> torch.Tensor:
+    """J·u as a flat (n_out,) vector: one forward with dual inputs (the Function's jvp runs)."""
+    import torch.autograd.forward_ad as fwad
+
+    with fwad.dual_level(), problem.rng():
+        problem.calls["jvp"] += 1
+        duals = [fwad.make_dual(v.detach().clone(), t) for v, t in zip(values, tangents)]
+        outs = select_outputs(problem.fn(*problem.with_inputs(duals)), problem.output_mask)
+        tangent_out = []
+        for out in outs:
+            t = fwad.unpack_dual(out).tangent
+            tangent_out.append(torch.zeros_like(out.detach()) if t is None else t.detach())
+    return flat_cat(tangent_out) if tangent_out else torch.zeros(0)
+
+
+def jvp_columns(problem: Problem, values: Sequence[torch.Tensor], which: int) -> torch.Tensor:
+    """The analytical columns (n_out, n_which) of input `which`, one jvp per element."""
+    return torch.stack([jvp_column(problem, values, which, k)
+                        for k in range(values[which].numel())], dim=1)
+
+
+def jvp_column(problem: Problem, values: Sequence[torch.Tensor], which: int,
+               col: int) -> torch.Tensor:
+    """J e_col for element `col` of input `which`."""
+    tangents = [torch.zeros_like(v) for v in values]
+    tangents[which].view(-1)[col] = 1
+    return jvp(problem, values, tangents)
+
+
+def forward_mode(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+                 outs: Sequence[torch.Tensor], seed: int, reference: object = None) -> Verdict:
+    """Full mode (every column) while small, else probes; then forward against reverse mode.
+    (reference: a reverse-mode surrogate, which says nothing of jvp: unused.)"""
+    n_in = sum(v.numel() for v in leaves)
+    n_out = sum(o.numel() for o in outs)
+    full = config.mode == "full" or (config.mode == "auto" and n_in * n_out <= SMALL)
+    size = f"{n_out} x {n_in} Jacobian"
+    reason = (f"--mode {config.mode}" if config.mode != "auto"
+              else f"small {size}" if full else f"{size} above {SMALL} elements")
+    verdict = (_full(problem, config, leaves, outs, reason) if full
+               else _probe(problem, config, leaves, outs, reason, seed))
+    mismatch = _reverse_consistency(problem, config, leaves, outs, seed)
+    if mismatch:
+        verdict.details.insert(0, mismatch)
+        if verdict.outcome is not Outcome.FAILED:
+            verdict.outcome = Outcome.FAILED
+    return verdict
+
+
+def _full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+          outs: Sequence[torch.Tensor], reason: str) -> Verdict:
+    values = [v.detach() for v in problem.inputs]
+    tallies = _tallies(problem, leaves, outs, config.tolerance("atol"), config.tolerance("rtol"),
+                       config.max_worst)
+    bounds = _bounds(outs)
+    dense = {}
+    for i in range(len(values)):
+        analytical = jvp_columns(problem, values, i)
+        numerical = numerical_columns(problem, values, i, torch.arange(values[i].numel()),
+                                      config.tolerance("eps"))
+        for o in range(len(outs)):
+            rows = slice(bounds[o], bounds[o + 1])
+            tallies[i][o].add(analytical[rows], numerical[rows])
+            dense[(i, o)] = (analytical[rows].clone(), numerical[rows].clone())
+    verdict = _finish(problem, config, tallies, False, "full", reason)
+    verdict.dense = dense
+    return verdict
+
+
+def _bounds(outs: Sequence[torch.Tensor]) -> list[int]:
+    bounds = [0]
+    for o in outs:
+        bounds.append(bounds[-1] + o.numel())
+    return bounds
+
+
+def _probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+           outs: Sequence[torch.Tensor], reason: str, seed: int) -> Verdict:
+    """Random directions per input: jvp against a Richardson-checked difference; a failing
+    (input, output) pair is bisected down to one input element."""
+    values = [v.detach() for v in problem.inputs]
+    tallies = _tallies(problem, leaves, outs, config.tolerance("atol"), config.tolerance("rtol"),
+                       config.max_worst)
+    bounds = _bounds(outs)
+    f0 = flat_cat(outs).detach()
+    gen = torch.Generator().manual_seed(seed + 4241)
+    outcomes = []
+    for i, v in enumerate(values):
+        u = _direction(v, gen)
+        bad = _mismatch(problem, config, values, i, u, f0)
+        for o, tally in enumerate(tallies[i]):
+            tally.checked += 1
+            rows = bad[bounds[o]:bounds[o + 1]]
+            if not bool(rows.any()):
+                continue
+            r = int(rows.nonzero()[0])
+            col, a, n = _bisect(problem, config, values, i, u, f0, bounds[o] + r)
+            tally.mismatched += 1
+            tally.worst.append((abs(a - n), r, col, a, n))
+            outcomes.append(Outcome.FAILED)
+    blocks = [t.to_block(exhaustive=False) for row in tallies for t in row]
+    return Verdict(Outcome.FAILED if outcomes else Outcome.PASSED, blocks, "probe", reason)
+
+
+def _direction(v: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """±[1, 2) per element: no element hidden by a tiny weight."""
+    r = torch.rand(v.shape, generator=gen, dtype=torch.float64) * 2
+    return torch.where(r < 1, r - 2, r).to(v.dtype)
+
+
+def _mismatch(problem: Problem, config: CheckConfig, values: Sequence[torch.Tensor], which: int,
+              u: torch.Tensor, f0: torch.Tensor) -> torch.Tensor:
+    """Per output element: does jvp(u on input `which`) disagree with finite differences beyond
+    tolerance plus the measured finite-difference error?"""
+    tangents = [u if k == which else torch.zeros_like(v) for k, v in enumerate(values)]
+    analytical = jvp(problem, values, tangents)
+    diffs = directional(problem, values, [tangents], config.tolerance("eps"), f0)
+    numerical = diffs[0, 0] + (diffs[0, 0] - diffs[1, 0]) / 3  # Richardson
+    fd_error = (diffs[0, 0] - diffs[1, 0]).abs()
+    roundoff = FINITE_MACHINE.get(f0.dtype, 2.2e-16) * f0.abs() / config.tolerance("eps")
+    tol = config.tolerance("atol") + config.tolerance("rtol") * numerical.abs()
+    return (analytical - numerical).abs() > tol + fd_error + 10 * roundoff
+
+
+def _bisect(problem: Problem, config: CheckConfig, values: Sequence[torch.Tensor], which: int,
+            u: torch.Tensor, f0: torch.Tensor, row: int) -> tuple[int, float, float]:
+    """Halve the direction's support, keeping a half that still disagrees at output `row`; the
+    element left, with its jvp and numerical column entries (log2 n jvps and differences)."""
+    support = torch.arange(u.numel())
+    while len(support) > 1:
+        half = support[: len(support) // 2]
+        masked = torch.zeros_like(u).view(-1)
+        masked[half] = u.view(-1)[half]
+        if bool(_mismatch(problem, config, values, which, masked.view(u.shape), f0)[row]):
+            support = half
+        else:
+            support = support[len(support) // 2:]
+    col = int(support[0])
+    analytical = jvp_column(problem, values, which, col)[row].item()
+    numerical = numerical_columns(problem, values, which, support, config.tolerance("eps"))
+    return col, analytical, numerical[row, 0].item()
+
+
+def _reverse_consistency(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+                         outs: Sequence[torch.Tensor], seed: int) -> str | None:
+    """⟨v, J u⟩ by jvp against ⟨vᵀJ, u⟩ by backward: no finite differences, so exact up to
+    rounding; a mismatch means jvp and backward disagree with each other."""
+    gen = torch.Generator().manual_seed(seed + 6007)
+    values = [v.detach() for v in problem.inputs]
+    u = [_direction(v, gen) for v in values]
+    v = [_direction(o.detach(), gen) for o in outs]
+    forward = float((flat_cat(v) * jvp(problem, values, u)).sum())
+    grads = problem.vjp(leaves, outs, v)
+    reverse = float(sum((g * d).sum() for g, d in zip(grads, u)))
+    if abs(forward - reverse) <= config.tolerance("atol") + config.tolerance("rtol") * abs(reverse):
+        return None
+    return (f"forward and reverse mode disagree: ⟨v, J·u⟩ is {forward:.6g} by jvp but "
+            f"{reverse:.6g} by backward (random u, v)")
