@@ -154,13 +154,14 @@ def _summary(verdict: Verdict, blocks: list[Block], surrogate: str | None) -> st
 def run(case: Case, context: Context) -> CheckResult:
     """The registry's entry point: against a spec's surrogate when it declares one; inside a
     model, a failure is annotated with the custom Function to blame."""
-    from ..numerics.wirtinger import is_complex
-
-    if is_complex(case.problem):
-        return CheckResult("gradient", Outcome.SKIPPED, "complex inputs or outputs: the complex "
-                           "check compares their real and imaginary parts")
+    complex_ = CheckResult("gradient", Outcome.SKIPPED, "complex inputs or outputs: the "
+                           "complex check compares their real and imaginary parts")
+    if any(v.is_complex() for v in case.problem.inputs):
+        return complex_
     reference = context.reference(case) if context.reference is not None else None
     result = check_gradient(case, context.target, context.config, reference, context.surrogate)
+    if case.problem.complex:  # complex outputs, learnt by the priming forward
+        return complex_
     if context.annotate is not None and context.surrogate is None:
         result = context.annotate(result, case.problem, context.config)
     return result
