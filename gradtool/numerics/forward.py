@@ -10,7 +10,7 @@ from ..config.settings import CheckConfig
 from ..results import Outcome
 from .jacobian import SMALL, Verdict, _finish, _tallies
 from .problem import Problem, flat_cat, select_outputs
-from .steps import FINITE_MACHINE, directional, numerical_columns
+from .steps import FINITE_MACHINE, LOOP_MAX, directional, numerical_columns
 
 
 def jvp(problem: Problem, values: Sequence[torch.Tensor],
@@ -30,9 +30,41 @@ def jvp(problem: Problem, values: Sequence[torch.Tensor],
 
 
 def jvp_columns(problem: Problem, values: Sequence[torch.Tensor], which: int) -> torch.Tensor:
-    """The analytical columns (n_out, n_which) of input `which`, one jvp per element."""
-    return torch.stack([jvp_column(problem, values, which, k)
-                        for k in range(values[which].numel())], dim=1)
+    """The analytical columns (n_out, n_which) of input `which`: all at once under
+    torch.func.vmap where the Function allows it (checked against one plain jvp), else one jvp
+    per element."""
+    n = values[which].numel()
+    if n > LOOP_MAX and problem.vmap_ok is not False:
+        cols = _batched_columns(problem, values, which)
+        if cols is not None:
+            return cols
+    return torch.stack([jvp_column(problem, values, which, k) for k in range(n)], dim=1)
+
+
+def _batched_columns(problem: Problem, values: Sequence[torch.Tensor],
+                     which: int) -> torch.Tensor | None:
+    shape = values[which].shape
+    eye = torch.eye(values[which].numel(), dtype=values[which].dtype).view(-1, *shape)
+    primals = tuple(v.detach() for v in values)
+
+    def f(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(select_outputs(problem.fn(*problem.with_inputs(list(xs))),
+                                    problem.output_mask))
+
+    def column(t: torch.Tensor) -> torch.Tensor:
+        tangents = tuple(t if k == which else torch.zeros_like(v) for k, v in enumerate(primals))
+        return flat_cat(torch.func.jvp(f, primals, tangents)[1])
+
+    try:
+        with problem.rng():
+            cols = torch.func.vmap(column)(eye).T
+    except Exception:  # a classic ctx Function, .item(), ...: no functorch here, loop instead
+        return None
+    problem.calls["jvp"] += len(eye)
+    if not torch.allclose(cols[:, 0], jvp_column(problem, values, which, 0), rtol=1e-10,
+                          atol=1e-12):
+        return None  # vmap changed what the jvp computes: trust only the plain calls
+    return cols
 
 
 def jvp_column(problem: Problem, values: Sequence[torch.Tensor], which: int,
@@ -92,8 +124,9 @@ def _bounds(outs: Sequence[torch.Tensor]) -> list[int]:
 
 def _probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
            outs: Sequence[torch.Tensor], reason: str, seed: int) -> Verdict:
-    """Random directions per input: jvp against a Richardson-checked difference; a failing
-    (input, output) pair is bisected down to one input element."""
+    """One random direction over every input: jvp against a Richardson-checked difference.
+    Only when it fails, a direction per input separates the blocks, and a failing (input,
+    output) pair is bisected down to one input element."""
     values = [v.detach() for v in problem.inputs]
     tallies = _tallies(problem, leaves, outs, config.tolerance("atol"), config.tolerance("rtol"),
                        config.max_worst)
@@ -101,11 +134,15 @@ def _probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor]
     f0 = flat_cat(outs).detach()
     gen = torch.Generator().manual_seed(seed + 4241)
     outcomes = []
-    for i, v in enumerate(values):
-        u = _direction(v, gen)
-        bad = _mismatch(problem, config, values, i, u, f0)
-        for o, tally in enumerate(tallies[i]):
+    directions = [_direction(v, gen) for v in values]
+    joint = bool(_mismatch(problem, config, values, None, directions, f0).any())
+    for i, u in enumerate(directions):
+        for tally in tallies[i]:
             tally.checked += 1
+        bad = _mismatch(problem, config, values, i, u, f0) if joint else None
+        for o, tally in enumerate(tallies[i]):
+            if bad is None:
+                continue
             rows = bad[bounds[o]:bounds[o + 1]]
             if not bool(rows.any()):
                 continue
@@ -124,11 +161,13 @@ def _direction(v: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return torch.where(r < 1, r - 2, r).to(v.dtype)
 
 
-def _mismatch(problem: Problem, config: CheckConfig, values: Sequence[torch.Tensor], which: int,
-              u: torch.Tensor, f0: torch.Tensor) -> torch.Tensor:
-    """Per output element: does jvp(u on input `which`) disagree with finite differences beyond
-    tolerance plus the measured finite-difference error?"""
-    tangents = [u if k == which else torch.zeros_like(v) for k, v in enumerate(values)]
+def _mismatch(problem: Problem, config: CheckConfig, values: Sequence[torch.Tensor],
+              which: int | None, u: torch.Tensor | Sequence[torch.Tensor], f0: torch.Tensor
+              ) -> torch.Tensor:
+    """Per output element: does jvp(u on input `which`, or u on every input when which is None)
+    disagree with finite differences beyond tolerance plus the measured difference error?"""
+    tangents = (list(u) if which is None
+                else [u if k == which else torch.zeros_like(v) for k, v in enumerate(values)])
     analytical = jvp(problem, values, tangents)
     diffs = directional(problem, values, [tangents], config.tolerance("eps"), f0)
     numerical = diffs[0, 0] + (diffs[0, 0] - diffs[1, 0]) / 3  # Richardson

@@ -138,6 +138,18 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult | None:
     return _apply_xfail(result, job.xfail.get(name))
 
 
+def applicable(job: Job, case: Any) -> list[tuple[str, str | None]]:
+    """Each configured check with the reason it would be skipped (None: it runs)."""
+    from ..checks._common import load
+
+    out = []
+    for name in job.config.checks:
+        check = load(name)
+        context = _context(job, job.config.with_(**job.check_config.get(name, {})))
+        out.append((name, check.applies(case, context) if hasattr(check, "applies") else None))
+    return out
+
+
 def _context(job: Job, config: CheckConfig) -> Any:
     from ..checks._common import Context
 
