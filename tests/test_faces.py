@@ -145,8 +145,10 @@ def test_parity_every_twin_gradcheck_catches_gradtools_default_run_catches(cls, 
             check_batched_grad=True, raise_exception=False)
     except Exception:
         caught = True
-    if caught:
-        assert not report.ok(), [c.outcome for c in case.checks]
+    # Measured: gradcheck catches all but the wrong vmap rule (it never calls torch.func.vmap on
+    # forward); gradtool's default run catches every one.
+    assert caught or cls is faces.RowScaleBadRule
+    assert not report.ok(), [c.outcome for c in case.checks]
 
 
 def test_spec_examples_for_each_face_pass_and_a_broken_twin_fails_through_a_spec():
