@@ -125,7 +125,8 @@ CHECK_EPILOG = "\b\nInputs:\n" + INPUT_HELP
               help="full: every Jacobian element; probe: random projections; "
                    "auto: full while cheap [auto].")
 @click.option("--check", "checks", multiple=True, type=click.Choice(CHECK_NAMES),
-              help="Run only these checks (repeat) [all].")
+              help="Run only these checks (repeat) [every check the target has a face for; "
+                   "compiled only when named].")
 @click.option("--probes", type=click.IntRange(min=1), default=None,
               help="Probe budget in probe mode: 4 gives one random direction tested against "
                    "two random cotangents; each further 4 add a direction [4].")
