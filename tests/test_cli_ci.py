@@ -347,7 +347,11 @@ def test_list_shows_targets_and_inputs_without_running_checks(project):
     result = gradtool_cli("list", "specs/sentinel.py", "-i", "3x4")
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
-        "specs/sentinel.py:Marked  [function]", "  case 0 (given, seed 0): x 3x4:float64"]
+        "specs/sentinel.py:Marked  [function]", "  case 0 (given, seed 0): x 3x4:float64",
+        "    checks: contract, gradient, double_backward; not applicable: forward_ad: the "
+        "Function defines no jvp (forward-mode AD is not supported by it); vmap: no vmap rule "
+        "(the Function sets no generate_vmap_rule and defines no vmap); complex: no complex "
+        "inputs or outputs"]
     assert not calls.exists()  # no check ran backward
     assert gradtool_cli("check", "specs/sentinel.py", "-i", "3x4").exit_code == 0
     assert calls.exists()  # the sentinel works: check does run backward
@@ -356,7 +360,7 @@ def test_list_shows_targets_and_inputs_without_running_checks(project):
 def test_list_infers_inputs_of_every_target_in_a_file(project):
     result = gradtool_cli("list", FAILING)
     assert result.exit_code == 0, result.output
-    assert result.stdout.splitlines()[::2] == [
+    assert result.stdout.splitlines()[::3] == [
         "specs/mul_constant.py:MulConstant  [function]",
         "specs/mul_constant.py:MulConstantUnscaled  [function]"]
     assert "(inferred, seed 0): tensor 3x4:float64, constant 2.5" in result.stdout

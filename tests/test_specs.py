@@ -193,13 +193,13 @@ INVALID = [
      "a.yaml:4: specs[0].mode: expected one of auto, full, probe, got 'fast'", None),
     (spec_file("- target: ops.py:Double", "  checks: [gradient, gradiant]"),
      "a.yaml:4: specs[0].checks[1]: unknown check 'gradiant'; checks are contract, gradient, "
-     "double_backward", "did you mean 'gradient'?"),
+     "double_backward, forward_ad, vmap, complex, compiled", "did you mean 'gradient'?"),
     (spec_file("- target: ops.py:Double", "  checks: []"),
      "a.yaml:4: specs[0].checks: expected a list of checks among contract, gradient, "
-     "double_backward, got []", None),
+     "double_backward, forward_ad, vmap, complex, compiled, got []", None),
     (spec_file("- target: ops.py:Double", "  tolerances:", "    gradiend: {atol: 1.0e-4}"),
      "a.yaml:5: specs[0].tolerances.gradiend: unknown key 'gradiend'; allowed: contract, gradient, "
-     "double_backward", "did you mean 'gradient'?"),
+     "double_backward, forward_ad, vmap, complex, compiled", "did you mean 'gradient'?"),
     (spec_file("- target: ops.py:Double", "  tolerances:", "    gradient: {atl: 1.0e-4}"),
      "a.yaml:5: specs[0].tolerances.gradient.atl: unknown key 'atl'; allowed: eps, atol, rtol, "
      "nondet_tol", "did you mean 'atol'?"),

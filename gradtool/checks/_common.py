@@ -1,9 +1,14 @@
-"""Shared pieces of the checks: turning a user exception into an error result, call counts."""
+"""Shared pieces of the checks: the context they run in, error results, call counts."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
+from ..config.registry import BY_NAME
+from ..config.settings import CheckConfig
 from ..numerics.problem import Problem
 from ..results import CheckResult, Outcome
 from ..targets.load import Target
@@ -24,3 +29,25 @@ def error_result(name: str, exc: BaseException, target: Target, start: float,
         name, Outcome.ERROR, f"{type(exc).__name__} raised: {first}"[:300],
         source=where, traceback=trim(exc), calls=calls_since(problem, before),
         duration_s=time.perf_counter() - start)
+
+
+@dataclass
+class Context:
+    """What a check may need beyond the case: the target, settings, a spec's surrogate."""
+
+    target: Target
+    config: CheckConfig
+    reference: Callable[[Any], Any] | None = None   # rows of a declared surrogate's Jacobian
+    surrogate: str | None = None                    # the surrogate, described
+    annotate: Callable[..., CheckResult] | None = None  # names the culprit inside a model
+
+
+def load(name: str) -> Any:
+    """The module of a registered check (imported only when the check runs)."""
+    from importlib import import_module
+
+    return import_module(BY_NAME[name].import_path)
+
+
+def skipped(name: str, reason: str) -> CheckResult:
+    return CheckResult(name, Outcome.SKIPPED, reason)

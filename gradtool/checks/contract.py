@@ -13,7 +13,7 @@ from ..numerics.problem import Problem, tensor_outputs
 from ..results import CheckResult, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
-from ._common import calls_since, error_result
+from ._common import Context, calls_since, error_result
 
 LEAF_INPLACE = "leaf Variable that requires grad is being used in an in-place operation"
 
@@ -234,3 +234,8 @@ def _deterministic(backward, g1, r1, problem: Problem, config: CheckConfig) -> l
                     f"'{name}' gradients differing by {diff:.3g} (> nondet_tol "
                     f"{config.nondet_tol:g}; raise --nondet-tol if this is expected)"]
     return []
+
+
+def run(case: Case, context: Context) -> CheckResult:
+    """The registry's entry point."""
+    return check_contract(case, context.target, context.config)

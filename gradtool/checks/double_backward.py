@@ -10,6 +10,7 @@ from ..numerics.problem import Problem, select_outputs, vjp
 from ..results import Block, CheckResult, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
+from ._common import Context
 from .gradient import jacobian_result
 
 ONCE = "once_differentiable"
@@ -79,3 +80,18 @@ def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
     analytical, numerical = verdict.dense[(i, o)]
     return diagnose_double_backward(analytical.numpy(), numerical.numpy(),
                                     atol=config.tolerance("atol"), rtol=config.tolerance("rtol"))
+
+
+def run(case: Case, context: Context) -> CheckResult:
+    """The registry's entry point; complex targets are checked through their real parts."""
+    from dataclasses import replace
+
+    from ..numerics.wirtinger import is_complex, realify
+
+    if is_complex(case.problem):
+        real = realify(case.problem)
+        result = check_double_backward(replace(case, problem=real), context.target,
+                                       context.config)
+        case.problem.calls.update(real.calls)
+        return result
+    return check_double_backward(case, context.target, context.config)

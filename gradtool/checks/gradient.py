@@ -14,9 +14,10 @@ from ..numerics.problem import Problem
 from ..results import Block, CheckResult, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
-from ._common import calls_since, error_result
+from ._common import Context, calls_since, error_result
 
 Diagnoser = Callable[[Problem, Verdict, Block, int, int, CheckConfig], "str | None"]
+Engine = Callable[..., Verdict]  # (problem, config, leaves, outs, seed, reference) -> Verdict
 
 
 def check_gradient(case: Case, target: Target, config: CheckConfig,
@@ -28,8 +29,9 @@ def check_gradient(case: Case, target: Target, config: CheckConfig,
 
 def jacobian_result(name: str, problem: Problem, target: Target, config: CheckConfig, seed: int,
                     reference: Reference | None, surrogate: str | None,
-                    diagnoser: Diagnoser) -> CheckResult:
-    """Run the engine on a problem and turn its Verdict into a CheckResult."""
+                    diagnoser: Diagnoser, engine: Engine | None = None) -> CheckResult:
+    """Run the engine (reverse mode's unless another is given) and turn its Verdict into a
+    CheckResult."""
     start = time.perf_counter()
     before = dict(problem.calls)
     if not problem.diff:
@@ -49,11 +51,7 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
                 "gradient can be compared", ("are the inputs outside forward's domain? pass "
                                              "them in it, e.g. -i 3x4:positive",),
                 source=target.forward_source, duration_s=time.perf_counter() - start)
-        mode, reason = choose_mode(problem, config, leaves, outs)
-        if mode == "full":
-            verdict = check_full(problem, config, leaves, outs, reference, reason)
-        else:
-            verdict = check_probe(problem, config, leaves, outs, reference, reason, seed)
+        verdict = (engine or reverse_mode)(problem, config, leaves, outs, seed, reference)
     except MemoryError as exc:
         return CheckResult(name, Outcome.ERROR, str(exc),
                            details=("use --mode probe, or raise --max-memory",))
@@ -67,6 +65,15 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
         tolerance={k: config.tolerance(k) for k in ("eps", "atol", "rtol")},
         calls=calls_since(problem, before), duration_s=time.perf_counter() - start,
         source=target.source if verdict.outcome is not Outcome.PASSED else None)
+
+
+def reverse_mode(problem: Problem, config: CheckConfig, leaves: list[torch.Tensor],
+                 outs: list[torch.Tensor], seed: int, reference: Reference | None) -> Verdict:
+    """backward's Jacobian against finite differences (or a surrogate), full or probe mode."""
+    mode, reason = choose_mode(problem, config, leaves, outs)
+    if mode == "full":
+        return check_full(problem, config, leaves, outs, reference, reason)
+    return check_probe(problem, config, leaves, outs, reference, reason, seed)
 
 
 def precision_config(config: CheckConfig, problem: Problem) -> CheckConfig:
@@ -142,3 +149,19 @@ def _summary(verdict: Verdict, blocks: list[Block], surrogate: str | None) -> st
         return (f"gradient of {first.output} w.r.t. '{first.input}' disagrees with {against} "
                 f"at {where}{more}")
     return f"finite differences are unreliable at {where} of '{first.input}'{more}"
+
+
+def run(case: Case, context: Context) -> CheckResult:
+    """The registry's entry point: against a spec's surrogate when it declares one; inside a
+    model, a failure is annotated with the custom Function to blame."""
+    complex_ = CheckResult("gradient", Outcome.SKIPPED, "complex inputs or outputs: the "
+                           "complex check compares their real and imaginary parts")
+    if any(v.is_complex() for v in case.problem.inputs):
+        return complex_
+    reference = context.reference(case) if context.reference is not None else None
+    result = check_gradient(case, context.target, context.config, reference, context.surrogate)
+    if case.problem.complex:  # complex outputs, learnt by the priming forward
+        return complex_
+    if context.annotate is not None and context.surrogate is None:
+        result = context.annotate(result, case.problem, context.config)
+    return result

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from ..config.settings import CheckConfig
 from ..errors import GradtoolError
 from ..results import Rejected
-from ..run.runner import Job, case_for
+from ..run.runner import Job, applicable, case_for
 
 
 def list_lines(jobs: Sequence[Job], rejected: Sequence[Rejected], config: CheckConfig
@@ -17,18 +17,33 @@ def list_lines(jobs: Sequence[Job], rejected: Sequence[Rejected], config: CheckC
         origin = f"  (spec {job.spec})" if job.spec else ""
         yield f"{job.target.name}  [{job.target.kind}]{origin}"
         for spec in job.cases:
-            yield "  " + _case_line(job, spec)
+            yield from _case_lines(job, spec)
     for bad in rejected:
         yield f"REJECTED {bad.source}: {bad.message.splitlines()[0]}"
 
 
-def _case_line(job: Job, spec) -> str:
+def _case_lines(job: Job, spec) -> Iterator[str]:
     try:
         case = case_for(job, spec)
     except GradtoolError as exc:
-        return f"{spec.label}: cannot build inputs: {exc}"
+        yield f"  {spec.label}: cannot build inputs: {exc}"
+        return
     except Exception as exc:  # the user's forward raised while inferring
-        return f"{spec.label}: {type(exc).__name__}: {exc}"
+        yield f"  {spec.label}: {type(exc).__name__}: {exc}"
+        return
     how = "inferred" if case.inferred else "given"
     inputs = ", ".join(f"{i.name} {i.description}" for i in case.infos)
-    return f"{spec.label} ({how}, seed {spec.seed}): {inputs}"
+    yield f"  {spec.label} ({how}, seed {spec.seed}): {inputs}"
+    yield "    " + _checks_line(job, case)
+
+
+def _checks_line(job: Job, case) -> str:
+    """The checks that would run, and those that would not with why (from the registry)."""
+    try:
+        plan = applicable(job, case)
+    except Exception as exc:  # the user's forward raised deciding whether a face applies
+        return f"checks: cannot tell which apply: {type(exc).__name__}: {exc}"
+    runs = [name for name, reason in plan if reason is None]
+    text = f"checks: {', '.join(runs) or 'none'}"
+    skipped = [f"{name}: {reason}" for name, reason in plan if reason is not None]
+    return text + (f"; not applicable: {'; '.join(skipped)}" if skipped else "")

@@ -131,7 +131,8 @@ CHECK_EPILOG = "\b\nInputs:\n" + INPUT_HELP
               help="full: every Jacobian element; probe: random projections; "
                    "auto: full while cheap [auto].")
 @click.option("--check", "checks", multiple=True, type=click.Choice(CHECK_NAMES),
-              help="Run only these checks (repeat) [all].")
+              help="Run only these checks (repeat) [every check the target has a face for; "
+                   "compiled only when named].")
 @click.option("--reference", metavar="MODULE:FN", default=None,
               help="float64 reference of a low-precision kernel [the target in float64].")
 @click.option("--autocast", type=click.Choice(["float16", "bfloat16"]), default=None,

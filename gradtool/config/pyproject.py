@@ -12,7 +12,7 @@ from typing import Any
 import tomllib
 
 from ..errors import ConfigError, did_you_mean
-from .settings import CHECK_NAMES, DEFAULT_TOLERANCES, DTYPES, MODES
+from .settings import CHECK_NAMES, DEFAULT_CHECKS, DEFAULT_TOLERANCES, DTYPES, MODES
 
 FORMATS = ("terminal", "json")
 ANNOTATIONS = ("auto", "github", "none")
@@ -30,7 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "rtol": None,
     "nondet_tol": 0.0,
     "mode": "auto",
-    "checks": list(CHECK_NAMES),
+    "checks": list(DEFAULT_CHECKS),
     "strict": False,
     "probes": 4,
     "max_memory": 2e9,

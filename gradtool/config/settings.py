@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..errors import ConfigError, did_you_mean
+from .registry import CHECK_NAMES, DEFAULT_CHECKS
 
-CHECK_NAMES = ("contract", "gradient", "double_backward")
 MODES = ("auto", "full", "probe")
 
 # torch.autograd.gradcheck's defaults for float64; looser rows for the low-precision dtypes,
@@ -34,7 +34,7 @@ class CheckConfig:
     atol: float | None = None
     rtol: float | None = None
     nondet_tol: float = 0.0
-    checks: tuple[str, ...] = CHECK_NAMES
+    checks: tuple[str, ...] = DEFAULT_CHECKS
     mode: str = "auto"
     probes: int = 4
     full_budget_s: float = 1.0

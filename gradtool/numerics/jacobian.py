@@ -69,6 +69,7 @@ def prime(problem: Problem) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     leaves, outs = problem.graph()
     problem.forward_seconds = time.perf_counter() - start  # for plan_full's prediction
     problem.output_mask = [o.is_floating_point() or o.is_complex() for o in outs]
+    problem.complex = any(v.is_complex() for v in leaves) or any(o.is_complex() for o in outs)
     labels = problem.output_labels or output_names(len(outs))
     problem.output_names = [n for n, keep in zip(labels, problem.output_mask) if keep]
     return leaves, [o for o, keep in zip(outs, problem.output_mask) if keep]

@@ -35,6 +35,8 @@ class Problem:
     mutates: bool = False             # forward writes to an input (ctx.mark_dirty): copy first
     plan: Any = None                  # what choose_mode learnt, for check_full to reuse
     forward_seconds: float = 0.0      # the priming forward's time, for predictions
+    complex: bool | None = None       # a complex input or output (numerics/wirtinger.py)
+    batched_jvp_ok: bool | None = None  # jvps under torch.func.vmap (numerics/forward.py)
 
     @property
     def inputs(self) -> list[torch.Tensor]:

@@ -108,7 +108,10 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     case = case_for(job, spec)
     reproduce = job.reproduce or reproduce_command(job.target, case.specs, config, spec.seed,
                                                    spec.origin)
-    checks = [_run_check(name, case, job) for name in config.checks]
+    results = [_run_check(name, case, job) for name in config.checks]
+    # The default run reports the faces a target has; a check asked for by name that does not
+    # apply is reported skipped, with the reason.
+    checks = [r for r in results if r is not None]
     notes = list(case.notes)
     if has_given_values(case.specs) and not spec.origin:
         notes.append("inputs given as values: to replay them, torch.save((args, kwargs), "
@@ -120,31 +123,23 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
                       tuple(dict.fromkeys(notes)), reproduce, pin)
 
 
-def _run_check(name: str, case: Any, job: Job) -> CheckResult:
-    from ..checks._common import error_result
-    from ..checks.contract import check_contract
-    from ..checks.double_backward import check_double_backward
-    from ..checks.gradient import check_gradient
+def _run_check(name: str, case: Any, job: Job) -> CheckResult | None:
+    """Dispatch through the registry: a check that does not apply is skipped with the reason
+    when it was asked for, and left out (None) of the default run."""
+    from ..checks._common import error_result, load, skipped
+    from ..config.registry import DEFAULT_CHECKS
 
     config = job.config.with_(**job.check_config.get(name, {}))
     start, before = time.perf_counter(), dict(case.problem.calls)
     try:
-        if name == "contract":
-            result = check_contract(case, job.target, config)
-        elif name == "gradient" and job.surrogate is None and _low_precision(case, config):
-            from ..checks.precision import run_precision_check
-
-            result = run_precision_check(case, job.target, config)
-        elif name == "gradient":
-            reference = _reference(job, case) if job.surrogate is not None else None
-            described = job.surrogate.describe() if job.surrogate is not None else None
-            result = check_gradient(case, job.target, config, reference, described)
-            if job.target.kind in ("module", "callable") and described is None:
-                from .culprit import annotate  # on a failure only: each custom Function alone
-
-                result = annotate(result, case.problem, config)
-        else:
-            result = check_double_backward(case, job.target, config)
+        check = load(name)
+        if name == "gradient" and job.surrogate is None and _low_precision(case, config):
+            from ..checks import precision as check  # below float64: against a float64 reference
+        context = _context(job, config)
+        reason = check.applies(case, context) if hasattr(check, "applies") else None
+        if reason and job.config.checks == DEFAULT_CHECKS:
+            return None
+        result = skipped(name, reason) if reason else check.run(case, context)
     except GradtoolError:
         raise
     except Exception as exc:  # user code raising where a check did not expect it: still a result
@@ -156,6 +151,30 @@ def _low_precision(case: Any, config: CheckConfig) -> bool:
     from ..checks.precision import low_precision
 
     return low_precision(case.problem, config) is not None
+
+
+def applicable(job: Job, case: Any) -> list[tuple[str, str | None]]:
+    """Each configured check with the reason it would be skipped (None: it runs)."""
+    from ..checks._common import load
+
+    out = []
+    for name in job.config.checks:
+        check = load(name)
+        context = _context(job, job.config.with_(**job.check_config.get(name, {})))
+        out.append((name, check.applies(case, context) if hasattr(check, "applies") else None))
+    return out
+
+
+def _context(job: Job, config: CheckConfig) -> Any:
+    from ..checks._common import Context
+
+    surrogate = job.surrogate
+    annotate = None
+    if job.target.kind in ("module", "callable") and surrogate is None:
+        from .culprit import annotate  # on a failure only: each custom Function alone
+    return Context(job.target, config,
+                   (lambda case: _reference(job, case)) if surrogate is not None else None,
+                   surrogate.describe() if surrogate is not None else None, annotate)
 
 
 def _apply_xfail(result: CheckResult, reason: str | None) -> CheckResult:

@@ -20,13 +20,15 @@ A spec file is one YAML mapping: `version: 1` and `specs:`, a list of specs. Eac
   target: file.py:Name (relative to the spec's folder) or package.module:Name  | expr: 'x * sin(y)'
   name:   label in reports (default: the target's Name, or the expr)
   init:   constructor arguments for an nn.Module target (a mapping of kwargs or a list)
-  inputs: forward's arguments in order; each {name: x, shape: [3, 4], dtype: float64,
+  inputs: forward's arguments in order; each {name: x, shape: [3, 4], dtype: float64 (or
+          complex128, complex64),
           domain: positive | negative | nonzero | [lo, hi] | spd | simplex | integer | real,
           requires_grad: true}, a literal {name: c, value: 5}, or a shorthand {x: '3x4:positive'}
   kwargs: keyword arguments of forward: {mask: '3x4:nograd'}; nested: {state: '(2x4, 2x4)'}
   inputs_from: file.py:make_inputs (a factory taking generator/dtype/device) or inputs.pt
   cases:  several input sets: [{name: big, seed: 1, inputs: {x: [8, 8]}}] (overrides by name)
-  seed, dtype, device, mode (auto|full|probe), checks [contract, gradient, double_backward],
+  seed, dtype, device, mode (auto|full|probe), checks [contract, gradient, double_backward,
+  forward_ad, vmap, complex, compiled],
   reference ('file.py:fn', a low-precision kernel's float64 reference), autocast (float16|bfloat16),
   eps, atol, rtol, nondet_tol; tolerances: {double_backward: {atol: 1.0e-4}} per check
   xfail:  {gradient: 'why this check is expected to fail'}

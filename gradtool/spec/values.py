@@ -16,6 +16,7 @@ from typing import Any
 from ..config.settings import CHECK_NAMES, DTYPES, MODES
 from ..errors import InputError, SpecError, did_you_mean
 from ..targets.inputs import (
+    COMPLEX_DTYPES,
     DOMAINS,
     INTEGER_DTYPES,
     Domain,
@@ -31,7 +32,7 @@ InputSpec = TensorSpec | LiteralSpec
 ErrorSink = Callable[..., None]   # error(message, key, line, hint=None)
 
 INPUT_KEYS = ("name", "shape", "dtype", "domain", "requires_grad", "value")
-TENSOR_DTYPES = (*DTYPES, *INTEGER_DTYPES)
+TENSOR_DTYPES = (*DTYPES, *COMPLEX_DTYPES, *INTEGER_DTYPES)
 NAMED_DOMAINS = tuple(d for d in DOMAINS if d != "range")
 MAX_NUMEL = 1_000_000   # a gradient check of a bigger tensor is not what a spec is for
 _DEVICE = re.compile(r"^(cpu|cuda|mps|xpu)(:\d+)?$")

@@ -12,11 +12,13 @@ from ..errors import InputError, did_you_mean
 
 DOMAINS = ("real", "positive", "negative", "nonzero", "range", "spd", "simplex", "integer")
 INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
+# Per input only: a complex tensor's parts are checked at its real counterpart's precision.
+COMPLEX_DTYPES = ("complex128", "complex64")
 
 INPUT_HELP = """\
 Each --input/-i is one positional forward argument, in order; NAME=SPEC is a keyword one.
   tensor:   SHAPE[:OPTION...]   SHAPE is 3x4, (3,4), (5,) or () for 0-d;
-            OPTIONs: a dtype (float64, float32, int64, ...), a domain
+            OPTIONs: a dtype (float64, float32, complex128, int64, ...), a domain
             (real, positive, negative, nonzero, [lo,hi], spd, simplex, integer),
             nograd (no gradient is checked for it)
   literal:  5, 2.5, None, True, 'mean'  (a non-tensor argument);
@@ -218,7 +220,7 @@ def _apply_options(spec: TensorSpec, options: list[str], text: str) -> TensorSpe
     dtype, domain, requires_grad = spec.dtype, spec.domain, spec.requires_grad
     for option in options:
         range_match = _RANGE.match(option)
-        if option in DTYPES or option in INTEGER_DTYPES:
+        if option in DTYPES or option in INTEGER_DTYPES or option in COMPLEX_DTYPES:
             dtype = option
         elif option == "nograd":
             requires_grad = False
@@ -227,7 +229,7 @@ def _apply_options(spec: TensorSpec, options: list[str], text: str) -> TensorSpe
         elif range_match:
             domain = _range_domain(range_match, option, text)
         else:
-            known = (*DOMAINS, *DTYPES, *INTEGER_DTYPES, "nograd")
+            known = (*DOMAINS, *DTYPES, *COMPLEX_DTYPES, *INTEGER_DTYPES, "nograd")
             raise InputError(f"--input {text!r}: unknown option {option!r}",
                              did_you_mean(option, known) or
                              f"options are a dtype, a domain ({', '.join(DOMAINS[:-3])}, "
@@ -281,6 +283,9 @@ def sample(spec: TensorSpec, generator: Any, default_dtype: str, device: str) ->
     base = torch.randn(shape, generator=generator, dtype=torch.float64)
     unit = torch.rand(shape, generator=generator, dtype=torch.float64)
     values = _in_domain(spec.domain, base, unit, shape)
+    if dtype_name in COMPLEX_DTYPES:  # the domain holds for the real part; imag is N(0, 1)
+        imag = torch.randn(shape, generator=generator, dtype=torch.float64)
+        values = torch.complex(values, imag)
     return values.to(dtype=dtype, device=device)
 
 

@@ -1,0 +1,66 @@
+"""complex: complex inputs or outputs, real and imaginary parts against finite differences."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from ..config.settings import CheckConfig
+from ..numerics.jacobian import Verdict
+from ..numerics.problem import Problem
+from ..numerics.wirtinger import is_complex, parts_sign, realify
+from ..results import Block, CheckResult
+from ..targets.cases import Case
+from ._common import Context
+from .gradient import diagnose_first_order, jacobian_result
+
+NAME = "complex"
+PARTS = ("complex tensors are compared as real tensors of shape (..., 2): last index 0 is the "
+         "real part, 1 the imaginary part")
+CONJ = ("backward returns the conjugate of PyTorch's gradient: it forgets a .conj() (PyTorch's "
+        "convention is the conjugate Wirtinger derivative: for holomorphic f, grad_input = "
+        "grad_output * f'(z).conj())")
+
+
+def applies(case: Case, context: Context) -> str | None:
+    if not case.problem.diff:
+        return "no differentiable inputs"
+    if not is_complex(case.problem):
+        return "no complex inputs or outputs"
+    return None
+
+
+def run(case: Case, context: Context) -> CheckResult:
+    """The gradient check on the real map (Re z, Im z) -> (Re f, Im f); a mismatch that a
+    conjugation explains is named as the missing .conj()."""
+    problem = case.problem
+    real = realify(problem)
+    in_complex = [v.is_complex() for v in problem.inputs]
+    out_complex = [o.is_complex() for o in problem.outputs(problem.inputs)]
+
+    def diagnose(p: Problem, verdict: Verdict, block: Block, i: int, o: int,
+                 config: CheckConfig) -> str | None:
+        return _diagnose(p, verdict, block, i, o, config, in_complex, out_complex)
+
+    result = jacobian_result(NAME, real, context.target, context.config, case.seed, None, None,
+                             diagnose)
+    problem.calls.update(real.calls)
+    return replace(result, details=(*result.details, PARTS)) if result.blocks else result
+
+
+def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
+              config: CheckConfig, in_complex: list[bool], out_complex: list[bool]) -> str | None:
+    if (i, o) in verdict.dense:
+        analytical, numerical = verdict.dense[(i, o)]
+        sign = parts_sign(out_complex[o] if o < len(out_complex) else False, in_complex[i],
+                          *analytical.shape).to(analytical.dtype)
+        atol, rtol = config.tolerance("atol"), config.tolerance("rtol")
+        if not _close(analytical, numerical, atol, rtol) and \
+                _close(analytical * sign, numerical, atol, rtol):
+            return CONJ
+    return diagnose_first_order(problem, verdict, block, i, o, config)
+
+
+def _close(a: torch.Tensor, n: torch.Tensor, atol: float, rtol: float) -> bool:
+    return bool(((a - n).abs() <= atol + rtol * n.abs()).all())

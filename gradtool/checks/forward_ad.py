@@ -1,0 +1,63 @@
+"""forward_ad: the Function's jvp (J·u) against finite differences and against its backward."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..config.settings import CheckConfig
+from ..numerics.forward import forward_mode
+from ..numerics.jacobian import Verdict
+from ..numerics.problem import Problem
+from ..results import Block, CheckResult, Outcome
+from ..targets.cases import Case
+from ..targets.load import source_of
+from ._common import Context
+from .gradient import diagnose_first_order, jacobian_result
+
+NAME = "forward_ad"
+
+
+def applies(case: Case, context: Context) -> str | None:
+    """On for a Function that defines jvp; nothing else has a forward mode of its own."""
+    from torch.autograd import Function
+
+    cls = context.target.function_cls
+    if cls is None:
+        return "not a custom Function: forward mode is only checked for a Function's own jvp"
+    if getattr(cls, "jvp", Function.jvp) is Function.jvp:
+        return "the Function defines no jvp (forward-mode AD is not supported by it)"
+    return None
+
+
+def run(case: Case, context: Context) -> CheckResult:
+    """Full mode: every column J·e_j by jvp against central differences; probe mode: random
+    directions, a failing one bisected to its element; both: ⟨v, J·u⟩ against ⟨vᵀJ, u⟩."""
+    result = jacobian_result(NAME, case.problem, context.target, context.config, case.seed,
+                             None, None, _diagnose, engine=forward_mode)
+    if result.outcome not in (Outcome.FAILED, Outcome.INCONCLUSIVE):
+        return result
+    where = source_of(context.target.function_cls.jvp)
+    return replace(result, summary=_summary(result), source=where or result.source)
+
+
+def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
+              config: CheckConfig) -> str | None:
+    """The gradient check's words, said of jvp: the same Jacobian, computed column-wise."""
+    text = diagnose_first_order(problem, verdict, block, i, o, config)
+    if text is None:
+        return None
+    return text.replace("backward", "jvp").replace("grad_output", "the tangent")
+
+
+def _summary(result: CheckResult) -> str:
+    bad = [b for b in result.blocks if b.mismatched]
+    if not bad:
+        return result.details[0] if result.details else result.summary
+    first = bad[0]
+    where = (f"{first.mismatched} of {first.checked} elements" if first.exhaustive
+             else f"{first.mismatched} located element(s)")
+    more = f", and {len(bad) - 1} more (input, output) pair(s)" if len(bad) > 1 else ""
+    if result.outcome is Outcome.INCONCLUSIVE:
+        return f"finite differences are unreliable at {where} of '{first.input}'{more}"
+    return (f"jvp's derivative of {first.output} along '{first.input}' disagrees with finite "
+            f"differences at {where}{more}")
