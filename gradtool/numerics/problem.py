@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch.autograd.variable import Variable
 
+from ..tracebacks import calls_user_code
+
 
 @dataclass
 class Problem:
@@ -51,6 +53,7 @@ class Problem:
             args[position] = value
         return args
 
+    @calls_user_code
     def outputs(self, values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Differentiable outputs of a forward at `values`, without building a graph."""
         if self.mutates:
@@ -59,6 +62,7 @@ class Problem:
             self.calls["forward"] += 1
             return select_outputs(self.fn(*self.with_inputs(values)), self.output_mask)
 
+    @calls_user_code
     def graph(self, values: Sequence[torch.Tensor] | None = None
               ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(leaves, outputs) of a forward that records the autograd graph."""
@@ -101,6 +105,7 @@ def _frozen(seed: int) -> Iterator[None]:
         yield
 
 
+@calls_user_code
 def vjp(outs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor],
         grads: Sequence[torch.Tensor], create_graph: bool = False) -> list[torch.Tensor]:
     """autograd.grad without its grad_outputs validation, which imports sympy (~0.3 s)."""

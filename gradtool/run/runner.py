@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.settings import CheckConfig
-from ..errors import GradtoolError
+from ..errors import GradtoolError, InternalError
 from ..results import CaseResult, CheckResult, Outcome, Rejected, Report, TargetResult
 from ..targets.inputs import InputSpec
 from ..targets.load import Target
@@ -134,7 +134,7 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult:
                 result = annotate(result, case.problem, config)
         else:
             result = check_double_backward(case, job.target, config)
-    except GradtoolError:
+    except (GradtoolError, InternalError):
         raise
     except Exception as exc:  # user code raising where a check did not expect it: still a result
         result = error_result(name, exc, job.target, start, case.problem, before)

@@ -13,6 +13,7 @@ from ..config.settings import CheckConfig
 from ..errors import InputError, TargetError
 from ..numerics.problem import Problem
 from ..results import InputInfo
+from ..tracebacks import calls_user_code
 from .inputs import InputSpec, LiteralSpec, sample
 from .load import Target
 
@@ -144,6 +145,7 @@ def _bind_module(target: Target, n_args: int, config: CheckConfig, seed: int
                                      else b.dtype).clone()
     names = [n for n, _ in params]
 
+    @calls_user_code
     def call(*args: Any) -> Any:
         # functional_call swaps the values in for this call only: the user's module is untouched.
         state = {**frozen, **dict(zip(names, args[n_args:]))}
