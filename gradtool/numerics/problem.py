@@ -56,8 +56,7 @@ class Problem:
     @calls_user_code
     def outputs(self, values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Differentiable outputs of a forward at `values`, without building a graph."""
-        if self.mutates:
-            values = [v.clone() for v in values]
+        values = [v.clone() for v in values] if self.mutates else own_storage(values)
         with torch.no_grad(), self.rng():
             self.calls["forward"] += 1
             return select_outputs(self.fn(*self.with_inputs(values)), self.output_mask)
@@ -85,7 +84,7 @@ class Problem:
             grads: Sequence[torch.Tensor], create_graph: bool = False) -> list[torch.Tensor]:
         """vᵀJ for every leaf (zeros where unused), straight through autograd's engine."""
         self.calls["backward"] += 1
-        return vjp(outs, leaves, grads, create_graph=create_graph)
+        return vjp(outs, leaves, own_storage(grads), create_graph=create_graph)
 
     def vjp_batched(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
                     grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -96,6 +95,20 @@ class Problem:
         result = list(_vmap(lambda *g: tuple(vjp(outs, leaves, g)), 0, 0)(*grads))
         self.calls["backward"] += int(grads[0].shape[0]) if grads else 0
         return result
+
+
+def own_storage(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor alone in a storage of its own, offset 0, as the user would pass it.
+
+    A perturbed value is a row of a batch (a view at some storage offset); ops that address the
+    storage itself (as_strided, as_strided_scatter) would read the neighbouring rows.
+    """
+    return [t if _alone(t) else t.clone(memory_format=torch.contiguous_format) for t in tensors]
+
+
+def _alone(t: torch.Tensor) -> bool:
+    return (t.storage_offset() == 0 and t.is_contiguous()
+            and t.untyped_storage().nbytes() == t.numel() * t.element_size())
 
 
 @contextlib.contextmanager
