@@ -13,7 +13,7 @@ from ..results import Block, CheckResult, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
 from ..tracebacks import calls_user_code
-from .gradient import jacobian_result
+from .gradient import as_numpy, jacobian_result
 
 ONCE = "once_differentiable"
 # autograd's words when an op's backward has no derivative of its own (RuntimeError from
@@ -99,5 +99,5 @@ def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
     from ..diagnosis.classify import diagnose_double_backward
 
     analytical, numerical = verdict.dense[(i, o)]
-    return diagnose_double_backward(analytical.numpy(), numerical.numpy(),
+    return diagnose_double_backward(as_numpy(analytical), as_numpy(numerical),
                                     atol=config.tolerance("atol"), rtol=config.tolerance("rtol"))

@@ -107,6 +107,8 @@ def own_storage(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _alone(t: torch.Tensor) -> bool:
+    if t.layout != torch.strided:  # sparse and other layouts have no single storage to share
+        return True
     return (t.storage_offset() == 0 and t.is_contiguous()
             and t.untyped_storage().nbytes() == t.numel() * t.element_size())
 
