@@ -70,6 +70,8 @@ def speed(names: list[str]) -> dict[str, Any]:
         timed = {}
         for tool, timer in (runs if k % 2 == 0 else runs[::-1]):
             timed[tool] = timer(name, fn, values, op) if tool == "gradtool" else timer(fn, values, op)
+        print(f"[{k + 1}/{len(names)}] {name}: gradtool {timed['gradtool'][0]:.3f} s, "
+              f"gradcheck {timed['gradcheck'][0]:.3f} s", file=sys.stderr, flush=True)
         rows.append({"op": name, "gradtool_s": timed["gradtool"][0],
                      "gradtool_ok": timed["gradtool"][1], "gradcheck_s": timed["gradcheck"][0],
                      "gradcheck_ok": timed["gradcheck"][1]})
@@ -88,6 +90,7 @@ def sensitivity(names: list[str]) -> dict[str, Any]:
         m: {"kept": 0, "gradtool": 0, "gradcheck": 0, "gradcheck_fast": 0} for m in MUTATIONS}
     missed, controls_failed, checked = [], [], 0
     for name in names:
+        print(f"mutants: {name}", file=sys.stderr, flush=True)
         op = oo.autograd_ops()[name]
         expected = oo.declared(op)
         if expected.gradient != "run":

@@ -1,4 +1,4 @@
-"""Trim a user-code exception's traceback to the frames that belong to the user."""
+"""Tracebacks: trim one to the user's frames, and tell by its frames whether gradtool raised."""
 
 from __future__ import annotations
 

@@ -16,9 +16,9 @@ from ..tracebacks import calls_user_code
 from .gradient import as_numpy, jacobian_result
 
 ONCE = "once_differentiable"
+_UNSUPPORTED_NOTE = "torch has no derivative of an op this backward uses; gradgradcheck raises too"
 # autograd's words when an op's backward has no derivative of its own (RuntimeError from
 # ATen's not_implemented, NotImplementedError from the derivatives.yaml stubs).
-_UNSUPPORTED_NOTE = "torch has no derivative of an op this backward uses; gradgradcheck raises too"
 NOT_IMPLEMENTED = re.compile(r"[^\n]*derivative for \S+ is not implemented[^\n]*")
 
 
