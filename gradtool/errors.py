@@ -51,6 +51,17 @@ class NothingToCheck(GradtoolError):
     exit_code = 5
 
 
+class InternalError(Exception):
+    """An exception raised by gradtool's own code: a bug in gradtool, never the user's (exit 3)."""
+
+    exit_code = 3
+
+    def __init__(self, exc: BaseException, where: str | None) -> None:
+        at = f" at {where}" if where else ""
+        super().__init__(f"this is a bug in gradtool: {type(exc).__name__} raised in gradtool's "
+                         f"own code{at}: {exc}")
+
+
 def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
     """Return 'did you mean X?' for the closest candidate, or None."""
     close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)

@@ -9,10 +9,11 @@ from typing import Any
 
 from ..config.registry import BY_NAME
 from ..config.settings import CheckConfig
+from ..errors import InternalError
 from ..numerics.problem import Problem
 from ..results import CheckResult, Outcome
 from ..targets.load import Target
-from ..tracebacks import innermost_user_frame, trim
+from ..tracebacks import gradtool_frame, innermost_user_frame, raised_in_gradtool, trim
 
 
 def calls_since(problem: Problem, before: dict[str, int]) -> dict[str, int]:
@@ -22,7 +23,12 @@ def calls_since(problem: Problem, before: dict[str, int]) -> dict[str, int]:
 
 def error_result(name: str, exc: BaseException, target: Target, start: float,
                  problem: Problem, before: dict[str, int]) -> CheckResult:
-    """An exception raised inside the user's code is an `error` outcome, not a crash."""
+    """An exception raised inside the user's code is an `error` outcome, not a crash; one
+    raised by gradtool's own code is an InternalError (exit 3), never blamed on the user."""
+    if isinstance(exc, InternalError):
+        raise exc
+    if raised_in_gradtool(exc):
+        raise InternalError(exc, gradtool_frame(exc)) from exc
     where = innermost_user_frame(exc) or target.source
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return CheckResult(

@@ -14,6 +14,7 @@ from ..numerics.compare import unravel
 from ..numerics.problem import Problem, select_outputs
 from ..results import CheckResult, Outcome
 from ..targets.cases import Case
+from ..tracebacks import calls_user_code
 from ._common import Context, calls_since
 
 NAME = "compiled"
@@ -32,6 +33,12 @@ def applies(case: Case, context: Context) -> str | None:
     return None if case.problem.diff else "no differentiable inputs"
 
 
+@calls_user_code
+def _compile(fn: Any, backend_name: str) -> Any:
+    """torch.compile of the target: what it raises (a bad backend, a failed trace) is a result."""
+    return torch.compile(fn, backend=backend_name)
+
+
 def run(case: Case, context: Context) -> CheckResult:
     """The same v and w through eager and compiled: vᵀJ, then the gradient of ⟨vᵀJ, w⟩."""
     start, problem, config = time.perf_counter(), case.problem, context.config
@@ -40,9 +47,8 @@ def run(case: Case, context: Context) -> CheckResult:
     gen = torch.Generator().manual_seed(case.seed + 53)
     eager = _gradients(problem, problem.fn, gen, case.seed)
     torch._dynamo.reset()
-    compiled_fn = torch.compile(problem.fn, backend=name)
     try:
-        compiled = _gradients(problem, compiled_fn, gen, case.seed)
+        compiled = _gradients(problem, _compile(problem.fn, name), gen, case.seed)
     except Exception as exc:  # a compile failure is a result, never a crash of gradtool
         first = (str(exc).strip().splitlines() or [""])[0][:240]
         return CheckResult(NAME, Outcome.ERROR, f"torch.compile (backend {name}) failed: "

@@ -13,6 +13,7 @@ from ..numerics.problem import Problem, tensor_outputs
 from ..results import CheckResult, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
+from ..tracebacks import calls_user_code
 from ._common import Context, calls_since, error_result
 
 LEAF_INPLACE = "leaf Variable that requires grad is being used in an in-place operation"
@@ -61,6 +62,7 @@ def _violations(case: Case, target: Target, config: CheckConfig) -> tuple[list[s
     return violations, notes
 
 
+@calls_user_code
 def _forward(problem: Problem) -> tuple[list[torch.Tensor], Any]:
     """A graph forward returning the raw result; learns whether forward writes to its inputs."""
     leaves = [v.detach().clone().requires_grad_(True) for v in problem.inputs]
@@ -77,6 +79,7 @@ def _forward(problem: Problem) -> tuple[list[torch.Tensor], Any]:
     raise AssertionError("unreachable")
 
 
+@calls_user_code
 def _forward_purity(problem: Problem, target: Target) -> list[str]:
     """An input changed by forward must be marked dirty (and so returned as an output)."""
     originals = [a.detach().clone() if isinstance(a, torch.Tensor) else None for a in problem.args]
@@ -136,6 +139,7 @@ def _backward_caller(problem: Problem, target: Target, leaves: list[torch.Tensor
 def _raw_backward(problem: Problem, node: Any, tensors: list[torch.Tensor],
                   diff_outs: list[torch.Tensor]):
     """Call the user's backward directly (via its node), bypassing the engine's fix-ups."""
+    @calls_user_code
     def call(grads: Sequence[torch.Tensor]) -> tuple[Any, ...]:
         it = iter(grads)
         full = [next(it) if any(t is d for d in diff_outs) else torch.zeros_like(t)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from ..config.settings import CheckConfig
@@ -10,10 +12,15 @@ from ..numerics.problem import Problem, select_outputs, vjp
 from ..results import Block, CheckResult, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
+from ..tracebacks import calls_user_code
 from ._common import Context
-from .gradient import jacobian_result
+from .gradient import as_numpy, jacobian_result
 
 ONCE = "once_differentiable"
+_UNSUPPORTED_NOTE = "torch has no derivative of an op this backward uses; gradgradcheck raises too"
+# autograd's words when an op's backward has no derivative of its own (RuntimeError from
+# ATen's not_implemented, NotImplementedError from the derivatives.yaml stubs).
+NOT_IMPLEMENTED = re.compile(r"[^\n]*derivative for \S+ is not implemented[^\n]*")
 
 
 def check_double_backward(case: Case, target: Target, config: CheckConfig) -> CheckResult:
@@ -33,7 +40,21 @@ def check_double_backward(case: Case, target: Target, config: CheckConfig) -> Ch
         return CheckResult("double_backward", Outcome.SKIPPED,
                            "a Function inside is decorated with @once_differentiable: "
                            "double backward is unsupported by design")
+    unsupported = _not_implemented(result)
+    if unsupported:
+        return CheckResult("double_backward", Outcome.SKIPPED,
+                           f"torch cannot differentiate this backward: {unsupported}",
+                           (_UNSUPPORTED_NOTE,), calls=result.calls,
+                           duration_s=result.duration_s)
     return result
+
+
+def _not_implemented(result: CheckResult) -> str | None:
+    """torch's own message when backward uses an op whose derivative torch does not implement."""
+    if result.outcome is not Outcome.ERROR:
+        return None
+    found = NOT_IMPLEMENTED.search(result.traceback or result.summary)
+    return found.group(0).split(": ", 1)[-1].strip() if found else None
 
 
 def backward_problem(problem: Problem, seed: int) -> Problem | None:
@@ -47,6 +68,7 @@ def backward_problem(problem: Problem, seed: int) -> Problem | None:
     grads = [torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device) for o in outs]
     n = len(leaves)
 
+    @calls_user_code
     def g(*xv: torch.Tensor) -> tuple[torch.Tensor, ...]:
         xs, vs = xv[:n], xv[n:]
         graph_mode = torch.is_grad_enabled() and any(t.requires_grad for t in xv)
@@ -78,7 +100,7 @@ def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
     from ..diagnosis.classify import diagnose_double_backward
 
     analytical, numerical = verdict.dense[(i, o)]
-    return diagnose_double_backward(analytical.numpy(), numerical.numpy(),
+    return diagnose_double_backward(as_numpy(analytical), as_numpy(numerical),
                                     atol=config.tolerance("atol"), rtol=config.tolerance("rtol"))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -41,6 +42,9 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
         leaves, outs = prime(problem)
         if not outs:
             return CheckResult(name, Outcome.SKIPPED, "forward returns no differentiable output")
+        if problem.complex:  # real finite differences cannot judge it: the complex check does
+            return CheckResult(name, Outcome.SKIPPED, "complex inputs or outputs: the complex "
+                               "check compares their real and imaginary parts")
         if not sum(v.numel() for v in leaves) or not sum(o.numel() for o in outs):
             return CheckResult(name, Outcome.SKIPPED, "empty tensors: no elements to compare")
         bad = sum(int((~torch.isfinite(o)).sum()) for o in outs)
@@ -110,13 +114,18 @@ def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: in
     from ..diagnosis.classify import diagnose_block
 
     analytical, numerical = verdict.dense[(i, o)]
-    others = {problem.input_names[j]: verdict.dense[(j, o)][1].numpy()
+    others = {problem.input_names[j]: as_numpy(verdict.dense[(j, o)][1])
               for j in range(len(problem.input_names)) if j != i and (j, o) in verdict.dense}
     return diagnose_block(
-        analytical.numpy(), numerical.numpy(), input_name=block.input,
+        as_numpy(analytical), as_numpy(numerical), input_name=block.input,
         input_shape=block.input_shape, output_shape=block.output_shape,
-        input_values=problem.inputs[i].detach().reshape(-1).numpy(),
+        input_values=as_numpy(problem.inputs[i].detach().reshape(-1)),
         atol=config.tolerance("atol"), rtol=config.tolerance("rtol"), other_inputs=others)
+
+
+def as_numpy(t: torch.Tensor) -> Any:
+    """A numpy array of t; bfloat16, which numpy lacks, widened to float32."""
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
 def _diagnose_sample(block: Block, config: CheckConfig) -> str | None:

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch.autograd.variable import Variable
 
+from ..tracebacks import calls_user_code
+
 
 @dataclass
 class Problem:
@@ -53,14 +55,15 @@ class Problem:
             args[position] = value
         return args
 
+    @calls_user_code
     def outputs(self, values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Differentiable outputs of a forward at `values`, without building a graph."""
-        if self.mutates:
-            values = [v.clone() for v in values]
+        values = [v.clone() for v in values] if self.mutates else own_storage(values)
         with torch.no_grad(), self.rng():
             self.calls["forward"] += 1
             return select_outputs(self.fn(*self.with_inputs(values)), self.output_mask)
 
+    @calls_user_code
     def graph(self, values: Sequence[torch.Tensor] | None = None
               ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(leaves, outputs) of a forward that records the autograd graph."""
@@ -83,7 +86,7 @@ class Problem:
             grads: Sequence[torch.Tensor], create_graph: bool = False) -> list[torch.Tensor]:
         """vᵀJ for every leaf (zeros where unused), straight through autograd's engine."""
         self.calls["backward"] += 1
-        return vjp(outs, leaves, grads, create_graph=create_graph)
+        return vjp(outs, leaves, own_storage(grads), create_graph=create_graph)
 
     def vjp_batched(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
                     grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -96,6 +99,22 @@ class Problem:
         return result
 
 
+def own_storage(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor alone in a storage of its own, offset 0, as the user would pass it.
+
+    A perturbed value is a row of a batch (a view at some storage offset); ops that address the
+    storage itself (as_strided, as_strided_scatter) would read the neighbouring rows.
+    """
+    return [t if _alone(t) else t.clone(memory_format=torch.contiguous_format) for t in tensors]
+
+
+def _alone(t: torch.Tensor) -> bool:
+    if t.layout != torch.strided:  # sparse and other layouts have no single storage to share
+        return True
+    return (t.storage_offset() == 0 and t.is_contiguous()
+            and t.untyped_storage().nbytes() == t.numel() * t.element_size())
+
+
 @contextlib.contextmanager
 def _frozen(seed: int) -> Iterator[None]:
     with torch.random.fork_rng(devices=[]):
@@ -103,6 +122,7 @@ def _frozen(seed: int) -> Iterator[None]:
         yield
 
 
+@calls_user_code
 def vjp(outs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor],
         grads: Sequence[torch.Tensor], create_graph: bool = False) -> list[torch.Tensor]:
     """autograd.grad without its grad_outputs validation, which imports sympy (~0.3 s)."""

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..tracebacks import calls_user_code
 from .problem import Problem, flat_cat, select_outputs, split_flat
 
 # Per batched call. Kept under glibc's 32 MB mmap ceiling: bigger buffers are mmapped afresh on
@@ -114,6 +115,7 @@ def batched_outputs(problem: Problem, values: Sequence[torch.Tensor], which: int
     for position, b in zip(positions, batches):
         args[position] = b
 
+    @calls_user_code
     def run(*a: object) -> tuple[torch.Tensor, ...]:
         return tuple(select_outputs(problem.batched_fn(*a), problem.output_mask))
 

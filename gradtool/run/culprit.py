@@ -14,6 +14,7 @@ import torch
 from torch.autograd import Function
 
 from ..config.settings import DEFAULT_TOLERANCES, CheckConfig
+from ..errors import InternalError
 from ..numerics.problem import Problem, tensor_outputs
 from ..results import CheckResult, InputInfo, Outcome
 from ..targets.cases import Case, bind
@@ -205,6 +206,8 @@ def check_application(app: Application, config: CheckConfig,
         case.problem.mutates = app.mutates
         case.problem.freeze_seed = freeze_seed  # a fixed RNG keeps dropout-like masks fixed
         result = check_gradient(case, target, own)
+    except InternalError:
+        raise
     except Exception as exc:  # noqa: BLE001 - e.g. arguments that no longer bind
         result = CheckResult("gradient", Outcome.ERROR, f"{type(exc).__name__}: {exc}")
     source = target.source if target is not None else None

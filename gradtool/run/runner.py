@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.settings import CheckConfig
-from ..errors import GradtoolError
+from ..errors import GradtoolError, InternalError
 from ..results import CaseResult, CheckResult, Outcome, Rejected, Report, TargetResult
 from ..targets.inputs import InputSpec
 from ..targets.load import Target
@@ -140,7 +140,7 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult | None:
         if reason and job.config.checks == DEFAULT_CHECKS:
             return None
         result = skipped(name, reason) if reason else check.run(case, context)
-    except GradtoolError:
+    except (GradtoolError, InternalError):
         raise
     except Exception as exc:  # user code raising where a check did not expect it: still a result
         result = error_result(name, exc, job.target, start, case.problem, before)

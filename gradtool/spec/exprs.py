@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import SpecError, did_you_mean
+from ..tracebacks import interprets_user_code
 
 MAX_LENGTH = 2000
 MAX_NODES = 500
@@ -92,6 +93,7 @@ class ExprFunction:
         self.__signature__ = inspect.Signature(
             [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in input_names])
 
+    @interprets_user_code
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         bound = self.__signature__.bind(*args, **kwargs)
         return self._body(dict(bound.arguments))

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError, did_you_mean
+from ..tracebacks import interprets_user_code
 from .values import resolve_reference
 
 SURROGATE_KINDS = ("identity", "scale", "clipped_identity", "oracle")
@@ -48,6 +49,7 @@ class _PassThrough(Surrogate):
     inputs: tuple[int, ...] = ()  # positions; empty means "the first floating-point tensor"
     labels: tuple[str, ...] = field(default=(), compare=False)  # the spec's names, for describe()
 
+    @interprets_user_code
     def vjp(self, inputs: Sequence[Any], grad_outputs: Sequence[Any]) -> list[Any]:
         if not grad_outputs:
             raise ValueError(f"{self.describe()}: no grad_output given")
@@ -135,6 +137,7 @@ class OracleSurrogate(Surrogate):
     def describe(self) -> str:
         return f"oracle {_display(self.reference)}"
 
+    @interprets_user_code
     def vjp(self, inputs: Sequence[Any], grad_outputs: Sequence[Any]) -> list[Any]:
         result = load_callable(self.reference)(*inputs, *grad_outputs)
         if _is_tensor(result) or result is None:

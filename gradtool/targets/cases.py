@@ -13,6 +13,7 @@ from ..config.settings import CheckConfig
 from ..errors import InputError, TargetError, did_you_mean
 from ..numerics.problem import Problem
 from ..results import InputInfo
+from ..tracebacks import calls_user_code
 from .inputs import InputSpec, LiteralSpec, TensorSpec, sample
 from .load import Target
 from .values import Keyword, ValueSpec, is_structured, leaves, structured, unwrap
@@ -188,6 +189,7 @@ def _bind_module(target: Target, n_args: int, config: CheckConfig, seed: int
                                      else b.dtype).clone()
     names = [n for n, _ in params]
 
+    @calls_user_code
     def call(*args: Any, **kwargs: Any) -> Any:
         # functional_call swaps the values in for this call only: the user's module is untouched.
         state = {**frozen, **dict(zip(names, args[n_args:]))}

@@ -1,0 +1,220 @@
+"""The OpInfo database: gradtool's time against gradcheck + gradgradcheck, and mutant detection."""
+
+#     python benchmarks/conformance.py [--ops N] [--mutant-ops N] [--no-assert]
+#
+# Part 1 (speed): every autograd OpInfo at its first sample (float64, CPU, PyTorch's own values,
+# tests/opinfo_ops.py), gradtool's default checks against gradcheck + gradgradcheck on the same
+# values, the order alternating op by op, one intra-op thread. --ops N takes every k-th op.
+# Part 2 (sensitivity): each op's true VJP wrapped in a custom Function, then broken (x1.01 on one
+# input, one element off by 1 %, a transposed block, a dropped term in double backward). A mutant
+# is kept only where it moves the VJP by more than the tolerance; gradtool must catch every kept
+# one; gradcheck's (gradgradcheck's) detection rate is printed beside it. The unbroken wrapper is
+# checked too: it must pass. Writes benchmarks/results/conformance.json; exit 1 on a missed goal.
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import opinfo_ops as oo  # noqa: E402
+from mutants import MUTATIONS, kept, wrap  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SPEED_GOAL = 20.0
+CAP_S = 30.0  # gradcheck + gradgradcheck on one op stops here (msort's took 122 s)
+
+
+def outcome_ok(report: Any) -> bool:
+    return all(c.outcome.value in ("passed", "skipped")
+               for c in report.targets[0].cases[0].checks)
+
+
+def time_gradtool(name: str, fn: Any, values: list[torch.Tensor], op: Any) -> tuple[float, bool]:
+    start = time.perf_counter()
+    try:
+        ok = outcome_ok(oo.check_at_values(fn, values, name, nondet_tol=op.gradcheck_nondet_tol))
+    except Exception:  # noqa: BLE001 - recorded as a failure, the run goes on
+        ok = False
+    return time.perf_counter() - start, ok
+
+
+class _Capped(Exception):
+    pass
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise _Capped
+
+
+def time_gradcheck(fn: Any, values: list[torch.Tensor], op: Any) -> tuple[float, bool]:
+    """gradcheck + gradgradcheck's time; past CAP_S it is stopped and counted as CAP_S (so the
+    speed-up is a lower bound) and as passing."""
+    inputs = [v.detach().clone().requires_grad_(True) for v in values]
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, CAP_S)
+    start = time.perf_counter()
+    try:
+        ok = torch.autograd.gradcheck(fn, inputs, nondet_tol=op.gradcheck_nondet_tol,
+                                      raise_exception=False)
+        if op.supports_gradgrad:
+            ok = torch.autograd.gradgradcheck(fn, inputs, nondet_tol=op.gradcheck_nondet_tol,
+                                              raise_exception=False) and ok
+    except _Capped:
+        return CAP_S, True
+    except Exception:  # noqa: BLE001
+        ok = False
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    return min(CAP_S, time.perf_counter() - start), ok
+
+
+def speed(names: list[str]) -> dict[str, Any]:
+    rows = []
+    for k, name in enumerate(names):
+        op = oo.autograd_ops()[name]
+        _, fn, values = oo.samples(op)[0]
+        runs = [("gradtool", time_gradtool), ("gradcheck", time_gradcheck)]
+        timed = {}
+        for tool, timer in (runs if k % 2 == 0 else runs[::-1]):
+            timed[tool] = timer(name, fn, values, op) if tool == "gradtool" else timer(fn, values, op)
+        print(f"[{k + 1}/{len(names)}] {name}: gradtool {timed['gradtool'][0]:.3f} s, "
+              f"gradcheck {timed['gradcheck'][0]:.3f} s", file=sys.stderr, flush=True)
+        rows.append({"op": name, "gradtool_s": timed["gradtool"][0],
+                     "gradtool_ok": timed["gradtool"][1], "gradcheck_s": timed["gradcheck"][0],
+                     "gradcheck_ok": timed["gradcheck"][1]})
+    total_gt = sum(r["gradtool_s"] for r in rows)
+    total_gc = sum(r["gradcheck_s"] for r in rows)
+    ratios = [r["gradcheck_s"] / r["gradtool_s"] for r in rows if r["gradtool_s"] > 0]
+    return {"ops": len(rows), "gradtool_s": total_gt, "gradcheck_s": total_gc,
+            "speedup": total_gc / total_gt, "capped": [r["op"] for r in rows
+                                                       if r["gradcheck_s"] >= CAP_S], "median_ratio": statistics.median(ratios),
+            "slower_ops": sum(r < 1 for r in ratios),
+            "both_pass": sum(r["gradtool_ok"] and r["gradcheck_ok"] for r in rows),
+            "rows": rows}
+
+
+def sensitivity(names: list[str]) -> dict[str, Any]:
+    found: dict[str, dict[str, int]] = {
+        m: {"kept": 0, "gradtool": 0, "gradcheck": 0, "gradcheck_fast": 0} for m in MUTATIONS}
+    missed, controls_failed, checked = [], [], 0
+    for name in names:
+        print(f"mutants: {name}", file=sys.stderr, flush=True)
+        op = oo.autograd_ops()[name]
+        expected = oo.declared(op)
+        if expected.gradient != "run":
+            continue
+        _, fn, values = oo.samples(op)[0]
+        control = wrap(fn, values, None)
+        if control is None:
+            continue  # outputs the wrapper cannot carry (non-float, non-tensor, empty)
+        checked += 1
+        if not outcome_ok(oo.check_at_values(control, values, name, checks=("gradient",))):
+            controls_failed.append(name)
+            continue
+        for mutation in MUTATIONS:
+            second = mutation == "dropped double-backward term"
+            if second and expected.double_backward != "run":
+                continue
+            for position in range(len(values)):
+                if not kept(fn, values, mutation, position):
+                    continue
+                mutant = wrap(fn, values, (mutation, position))
+                check = ("double_backward",) if second else ("gradient",)
+                report = oo.check_at_values(mutant, values, name, checks=check)
+                caught = not outcome_ok(report)
+                tally = found[mutation]
+                tally["kept"] += 1
+                tally["gradtool"] += caught
+                tally["gradcheck"] += gradcheck_catches(mutant, values, second, fast=False)
+                tally["gradcheck_fast"] += gradcheck_catches(mutant, values, second, fast=True)
+                if not caught:
+                    missed.append(f"{name}: {mutation} on input {position}")
+                break  # one position per op and mutation keeps the run short
+    return {"ops": checked, "by_mutation": found, "missed": missed,
+            "controls_failed": controls_failed}
+
+
+def gradcheck_catches(mutant: Any, values: list[torch.Tensor], second: bool, fast: bool
+                      ) -> bool:
+    inputs = [v.detach().clone().requires_grad_(True) for v in values]
+    tool = torch.autograd.gradgradcheck if second else torch.autograd.gradcheck
+    try:
+        return not tool(mutant.apply, inputs, raise_exception=False, fast_mode=fast)
+    except Exception:  # noqa: BLE001 - gradcheck raising on a mutant counts as caught
+        return True
+
+
+def every_kth(names: list[str], n: int | None) -> list[str]:
+    if not n or n >= len(names):
+        return names
+    step = len(names) / n
+    return [names[int(k * step)] for k in range(n)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--ops", type=int, default=None, help="time every k-th op, N in all")
+    parser.add_argument("--mutant-ops", type=int, default=120, help="ops given mutants")
+    parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--no-assert", action="store_true")
+    args = parser.parse_args()
+    reason = oo.unavailable()
+    if reason:
+        print(reason)
+        return 2
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    names = sorted(oo.autograd_ops())
+    result: dict[str, Any] = {"torch": torch.__version__}
+    if not args.skip_speed:
+        result["speed"] = speed(every_kth(names, args.ops))
+    result["sensitivity"] = sensitivity(every_kth(names, args.mutant_ops))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "conformance.json").write_text(json.dumps(result, indent=1))
+    return report(result, args.no_assert)
+
+
+def report(result: dict[str, Any], no_assert: bool) -> int:
+    ok = True
+    if "speed" in result:
+        s = result["speed"]
+        print(f"## OpInfo database: {s['ops']} ops, first sample, float64 CPU\n")
+        print("| | gradtool | gradcheck + gradgradcheck | speed-up |\n|---|---|---|---|")
+        print(f"| whole database | {s['gradtool_s']:.1f} s | {s['gradcheck_s']:.1f} s | "
+              f"**{s['speedup']:.1f}×** |")
+        print(f"\nper-op median ratio {s['median_ratio']:.2f}×; gradtool slower on "
+              f"{s['slower_ops']} ops; both pass on {s['both_pass']} ops; gradcheck stopped at "
+              f"{CAP_S:g} s (counted as {CAP_S:g} s) on {s['capped'] or 'none'}")
+        ok &= s["speedup"] >= SPEED_GOAL
+    m = result["sensitivity"]
+    print(f"\n## Mutants: {m['ops']} ops wrapped in a custom Function (VJP broken)\n")
+    print("| mutation | kept | gradtool | gradcheck (slow) | gradcheck fast_mode |\n"
+          "|---|---|---|---|---|")
+    for name, t in m["by_mutation"].items():
+        cells = [f"{t[k]} ({_rate(t[k], t['kept'])})"
+                 for k in ("gradtool", "gradcheck", "gradcheck_fast")]
+        print(f"| {name} | {t['kept']} | " + " | ".join(cells) + " |")
+    print(f"\nunbroken wrappers failing gradtool: {m['controls_failed'] or 'none'}")
+    print(f"missed by gradtool: {m['missed'] or 'none'}")
+    ok &= not m["missed"] and not m["controls_failed"]
+    print("\ngoals:", "met" if ok else "MISSED")
+    return 0 if ok or no_assert else 1
+
+
+def _rate(caught: int, kept_count: int) -> str:
+    return f"{100 * caught / kept_count:.0f} %" if kept_count else "—"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Mutants of a torch op's VJP: the op wrapped in a custom Function whose backward is broken."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.autograd import Function
+
+from gradtool.numerics.problem import tensor_outputs
+
+SCALE = "x1.01 on one input"
+ELEMENT = "one element off by 1 %"
+TRANSPOSE = "transposed block"
+DROP = "dropped double-backward term"
+MUTATIONS = (SCALE, ELEMENT, TRANSPOSE, DROP)
+ATOL, RTOL = 1e-5, 1e-3  # gradtool's (and gradcheck's) float64 tolerances
+
+Mutation = tuple[str, int] | None  # (kind, input position), None: the unbroken wrapper
+
+
+def wrap(fn: Callable[..., Any], values: Sequence[torch.Tensor], mutation: Mutation
+         ) -> type[Function] | None:
+    """A Function computing fn, whose backward is fn's VJP (mutated); None when fn's outputs
+    are not all non-empty float64 tensors that require grad (the wrapper could not carry them)."""
+    leaves = [v.detach().clone().requires_grad_(True) for v in values]
+    try:
+        result = fn(*leaves)
+    except Exception:  # noqa: BLE001
+        return None
+    outs = tensor_outputs(result)
+    if not outs or not all(o.dtype == torch.float64 and o.requires_grad and o.numel()
+                           for o in outs):
+        return None
+    single = isinstance(result, torch.Tensor)
+
+    class Wrapped(Function):
+        @staticmethod
+        def forward(ctx, *xs):
+            ctx.save_for_backward(*xs)
+            got = [o.clone() for o in tensor_outputs(fn(*xs))]
+            return got[0] if single else tuple(got)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return _vjp(fn, ctx.saved_tensors, grads, mutation)
+
+    Wrapped.__qualname__ = Wrapped.__name__ = f"{getattr(fn, '__name__', 'op')}_vjp"
+    return Wrapped
+
+
+def _vjp(fn: Callable[..., Any], xs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
+         mutation: Mutation) -> tuple[torch.Tensor, ...]:
+    create_graph = torch.is_grad_enabled()  # differentiated again (double backward)
+    kind, position = mutation or ("", -1)
+    with torch.enable_grad():
+        inner = [x.detach().requires_grad_(True) if (kind == DROP and k == position)
+                 or not x.requires_grad else x for k, x in enumerate(xs)]
+        outs = tensor_outputs(fn(*inner))
+        got = torch.autograd.grad(outs, inner, grads, create_graph=create_graph,
+                                  allow_unused=True)
+    got = [torch.zeros_like(x) if g is None else g for g, x in zip(got, xs)]
+    if kind == SCALE:
+        got[position] = got[position] * 1.01
+    elif kind == ELEMENT:
+        bump = torch.ones_like(got[position]).reshape(-1)
+        bump[bump.numel() // 2] = 1.01  # a fixed element, so the mutant stays linear
+        got[position] = got[position] * bump.view_as(got[position])
+    elif kind == TRANSPOSE:
+        got[position] = got[position].transpose(-1, -2)
+    return tuple(got)
+
+
+def applicable(values: Sequence[torch.Tensor], kind: str, position: int) -> bool:
+    shape = values[position].shape
+    return kind != TRANSPOSE or (len(shape) >= 2 and shape[-1] == shape[-2] > 1)
+
+
+def kept(fn: Callable[..., Any], values: Sequence[torch.Tensor], kind: str, position: int
+         ) -> bool:
+    """Whether the mutation moves the (first, or for DROP second) order VJP beyond tolerance."""
+    if not applicable(values, kind, position):
+        return False
+    good, bad = wrap(fn, values, None), wrap(fn, values, (kind, position))
+    if good is None or bad is None:
+        return False
+    try:
+        a, b = _probe(good, values, kind == DROP), _probe(bad, values, kind == DROP)
+    except Exception:  # noqa: BLE001 - e.g. torch has no double backward for the op
+        return False
+    return any(bool(((x - y).abs() > ATOL + RTOL * x.abs()).any()) for x, y in zip(a, b))
+
+
+def _probe(cls: type[Function], values: Sequence[torch.Tensor], second: bool
+           ) -> list[torch.Tensor]:
+    """A VJP with a seeded random grad_output; for second, the VJP of that VJP."""
+    gen = torch.Generator().manual_seed(7)
+    leaves = [v.detach().clone().requires_grad_(True) for v in values]
+    outs = tensor_outputs(cls.apply(*leaves))
+    vs = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs]
+    grads = torch.autograd.grad(outs, leaves, vs, create_graph=second, allow_unused=True)
+    if not second:
+        return _filled(grads, leaves)
+    pairs = [(g, torch.randn(g.shape, generator=gen, dtype=g.dtype))
+             for g in grads if g is not None and g.requires_grad]
+    if not pairs:
+        return []
+    again = torch.autograd.grad([g for g, _ in pairs], leaves, [w for _, w in pairs],
+                                allow_unused=True)
+    return _filled(again, leaves)
+
+
+def _filled(grads: Sequence[torch.Tensor | None], like: Sequence[torch.Tensor]
+            ) -> list[torch.Tensor]:
+    return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, like)]

@@ -1,0 +1,94 @@
+"""Conformance: gradtool agrees with PyTorch on its own differentiable ops (the OpInfo database).
+
+Every autograd-capable OpInfo is checked at its first sample (float64, CPU, PyTorch's own
+values) with gradtool's default checks. The expected verdicts are PyTorch's declarations:
+a check must pass unless PyTorch skips or expects a failure of the matching gradient test
+(then any verdict is accepted); where supports_gradgrad is False, double backward must be
+skipped in torch's own words.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gradtool.errors import InternalError
+from opinfo_ops import autograd_ops, check_at_values, declared, is_empty, missing_feature, \
+    samples, unavailable
+
+REASON = unavailable()
+OPS = sorted(autograd_ops()) if REASON is None else \
+    [pytest.param("op_db", marks=pytest.mark.skip(reason=REASON))]
+
+# Differences where gradtool is right and PyTorch's declarations say the test runs and passes.
+# Each entry: op -> {check: (accepted outcome, why)}. Keep it short and explained.
+ALLOWED: dict[str, dict[str, tuple[str, str]]] = {}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_op_agrees_with_pytorch(name, record_property):
+    op = autograd_ops()[name]
+    expected = declared(op)
+    for label, fn, values in samples(op):
+        empty = is_empty(fn, values)
+        try:
+            report = check_at_values(fn, values, name, nondet_tol=op.gradcheck_nondet_tol)
+        except InternalError as exc:  # never accepted, whatever PyTorch declares
+            _xfail_if_missing(fn, values)
+            raise AssertionError(f"{name} ({label}): {exc}") from exc
+        checks = {c.name: c for c in report.targets[0].cases[0].checks}
+        record_property(label, {k: c.outcome.value for k, c in checks.items()})
+        wrong = [problem for check in checks.values()
+                 if (problem := _disagreement(name, check, expected, empty))]
+        if wrong:
+            _xfail_if_missing(fn, values)
+        assert not wrong, f"{name} ({label}): " + "; ".join(wrong)
+
+
+def _xfail_if_missing(fn, values) -> None:
+    missing = missing_feature(fn, values)
+    if missing:
+        pytest.xfail(missing)
+
+
+def _disagreement(name: str, check, expected, empty: bool) -> str | None:
+    """Why this check's outcome is not what PyTorch declares (None: it agrees)."""
+    outcome = check.outcome.value
+    allowed = ALLOWED.get(name, {}).get(check.name)
+    if allowed and outcome == allowed[0]:
+        return None
+    declared_as = expected.gradient if check.name in ("contract", "gradient") \
+        else expected.double_backward
+    if declared_as in ("skip", "xfail"):
+        return None  # PyTorch does not claim this test passes: any verdict is recorded
+    if outcome == "skipped" and empty and "empty" in check.summary:
+        return None
+    if declared_as == "unsupported":
+        if outcome == "skipped" and ("not implemented" in check.summary or empty):
+            return None
+        return f"double backward is {outcome} ({check.summary}); expected skipped: " \
+               "PyTorch declares supports_gradgrad=False"
+    if outcome == "passed":
+        return None
+    return f"{check.name} {outcome}: {check.summary}"
+
+
+def test_without_expecttest_the_suite_says_why_it_skips():
+    code = ("import sys; sys.modules['expecttest'] = None; import opinfo_ops; "
+            "print(opinfo_ops.unavailable())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).parent)
+    assert "torch.testing._internal cannot be imported" in out.stdout, out.stderr
+    assert "expecttest" in out.stdout
