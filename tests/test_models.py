@@ -120,3 +120,33 @@ def test_a_detached_forward_still_fails():
     check = result(gradtool.check(lambda x: (x * 2).detach(), ["(3,)"], checks=("gradient",)),
                    "gradient")
     assert check.outcome.value == "failed"
+
+
+def test_contract_of_functions_inside_a_module(models):
+    found = checks(gradtool.check(models.InnerBroken, ["2x3"]))
+    contract = found["contract"]
+    assert contract.outcome.value == "failed"
+    assert found["gradient"].outcome.value == "passed"  # the composite's gradient matches
+    text = "\n".join((contract.summary, *contract.details))
+    site = line_of("# inner double")
+    assert f"DoubleInplace at " in text and f"{site} (backward at" in text
+    assert "forward modifies input 'x' in place without ctx.mark_dirty(x)" in text
+    assert "PairNoneCrash at" in text and "backward fails when output 0 is unused" in text
+    from gradtool.targets.load import source_of
+
+    assert contract.source == source_of(models.DoubleInplace.backward)
+    assert checks(gradtool.check(models.Inner, ["2x3"]))["contract"].outcome.value == "passed"
+
+
+def test_no_recording_without_custom_functions(monkeypatch):
+    import gradtool.run.culprit as culprit
+
+    def refuse(problem):
+        raise AssertionError("recorded a model without custom Functions")
+
+    monkeypatch.setattr(culprit, "record", refuse)
+    import gradtool.run.inner as inner
+
+    monkeypatch.setattr(inner, "record", refuse)
+    report = gradtool.check(torch.nn.Linear(3, 2), ["2x3"], checks=("contract",))
+    assert result(report, "contract").outcome.value == "passed"

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config.settings import CheckConfig
-from ..numerics.problem import Problem, tensor_outputs
+from ..numerics.problem import Problem, function_nodes, tensor_outputs
 from ..results import CheckResult, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
@@ -42,6 +42,7 @@ def _violations(case: Case, target: Target, config: CheckConfig) -> tuple[list[s
     violations = _forward_purity(problem, target)
     leaves, result = _forward(problem)
     outs = [t for t in tensor_outputs(result) if t.is_floating_point() or t.is_complex()]
+    problem.has_functions = bool(function_nodes([o for o in outs if o.requires_grad]))
     violations += _finite("forward output", outs)
     diff_outs = [o for o in outs if o.requires_grad]
     if not diff_outs:

@@ -33,6 +33,7 @@ class Problem:
     output_mask: list[bool] | None = None  # which tensor outputs are differentiable
     left_out: list[str] = field(default_factory=list)  # float outputs autograd does not track
     keep_all_outputs: bool = False    # compare untracked outputs too (a derived backward's)
+    has_functions: bool = False       # custom Function nodes in the graph (the contract learns)
     batched_vjp_ok: bool | None = None
     mutates: bool = False             # forward writes to an input (ctx.mark_dirty): copy first
     plan: Any = None                  # what choose_mode learnt, for check_full to reuse

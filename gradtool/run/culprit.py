@@ -189,13 +189,31 @@ def locate_functions(problem: Problem, config: CheckConfig) -> list[FunctionFind
         applications, missed = record(problem)
     except Exception:  # noqa: BLE001 - locating is a diagnosis; it must not break the report
         return []
-    unique: dict[tuple[type, str | None], Application] = {}
-    for app in applications:
-        unique.setdefault((app.cls, app.created_at), app)
-    findings = [check_application(app, config, problem.freeze_seed) for app in unique.values()]
+    findings = [check_application(app, config, problem.freeze_seed)
+                for app in unique(applications)]
     for cls in dict.fromkeys(type(node)._forward_cls for node in missed):
         findings.append(_not_captured(cls))
     return findings
+
+
+def unique(applications: Sequence[Application]) -> list[Application]:
+    """The first application of each Function class at each call site, in forward order."""
+    first: dict[tuple[type, str | None], Application] = {}
+    for app in applications:
+        first.setdefault((app.cls, app.created_at), app)
+    return list(first.values())
+
+
+def captured_case(app: Application, config: CheckConfig, freeze_seed: int | None
+                  ) -> tuple[Target, Case, CheckConfig]:
+    """The Function of one application as a target, with a case of the inputs it received."""
+    target = make_target(app.cls, f"{app.cls.__module__}:{app.cls.__qualname__}")
+    args, kwargs = _positional(target, app)
+    own = _config_for(config, args)
+    case = case_from_values(target, args, own, kwargs=kwargs)
+    case.problem.mutates = app.mutates
+    case.problem.freeze_seed = freeze_seed  # a fixed RNG keeps dropout-like masks fixed
+    return target, case, own
 
 
 def check_application(app: Application, config: CheckConfig,
@@ -205,12 +223,7 @@ def check_application(app: Application, config: CheckConfig,
 
     target: Target | None = None
     try:
-        target = make_target(app.cls, f"{app.cls.__module__}:{app.cls.__qualname__}")
-        args, kwargs = _positional(target, app)
-        own = _config_for(config, args)
-        case = case_from_values(target, args, own, kwargs=kwargs)
-        case.problem.mutates = app.mutates
-        case.problem.freeze_seed = freeze_seed  # a fixed RNG keeps dropout-like masks fixed
+        target, case, own = captured_case(app, config, freeze_seed)
         result = check_gradient(case, target, own)
     except Exception as exc:  # noqa: BLE001 - e.g. arguments that no longer bind
         result = CheckResult("gradient", Outcome.ERROR, f"{type(exc).__name__}: {exc}")
@@ -308,5 +321,6 @@ def annotate(result: CheckResult, problem: Problem, config: CheckConfig) -> Chec
                    source=bad.source if bad else result.source)
 
 
-__all__ = ["Application", "FunctionFinding", "annotate", "case_from_values", "check_application",
+__all__ = ["Application", "FunctionFinding", "annotate", "captured_case", "case_from_values",
+           "check_application", "unique",
            "describe", "forward_line", "function_nodes", "locate_functions", "record"]

@@ -124,6 +124,10 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult:
     try:
         if name == "contract":
             result = check_contract(case, job.target, config)
+            if job.target.kind in ("module", "callable"):
+                from .inner import with_inner_contracts  # each custom Function inside, alone
+
+                result = with_inner_contracts(result, case.problem, config)
         elif name == "gradient":
             reference = _reference(job, case) if job.surrogate is not None else None
             described = job.surrogate.describe() if job.surrogate is not None else None
