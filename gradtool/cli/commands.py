@@ -52,6 +52,8 @@ def run_check(kw: dict[str, Any]) -> int:
         click.echo(render_effective(settings, sources))
         return 0
     config = config_from(settings, kw.get("resample"))
+    if kw.get("trust_callables"):
+        config = config.with_(trust_callables=True)
     targets = list(settings.get("paths") or [])
     if not targets:
         raise NothingToCheck("nothing to check: give a target (module:Name, file.py:Name, a "

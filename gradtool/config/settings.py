@@ -41,6 +41,7 @@ class CheckConfig:
     max_memory: float = 2e9
     strict: bool = False
     resample: int = 0
+    trust_callables: bool = False  # specs may run plain callables they declare trusted
     max_worst: int = 5
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
