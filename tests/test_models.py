@@ -150,3 +150,24 @@ def test_no_recording_without_custom_functions(monkeypatch):
     monkeypatch.setattr(inner, "record", refuse)
     report = gradtool.check(torch.nn.Linear(3, 2), ["2x3"], checks=("contract",))
     assert result(report, "contract").outcome.value == "passed"
+
+
+def test_bare_number_for_a_tensor_hints_the_1d_form_and_errors_once():
+    report = gradtool.check(torch.sin, ["3"])
+    found = checks(report)
+    assert found["contract"].outcome.value == "error"
+    assert "for a 1-d tensor of 3 elements write -i '(3,)'" in "\n".join(found["contract"].details)
+    assert [c.outcome.value for c in found.values()].count("error") == 1  # once per case
+    assert "the same error as under contract" in found["double_backward"].summary
+    assert gradtool.check(torch.sin, ["(3,)"]).ok()
+
+
+def test_stochastic_note_shows_in_the_terminal_on_a_pass():
+    from gradtool.render.terminal import render_plain
+
+    def noisy(x):
+        return torch.nn.functional.dropout(x, 0.5) * 2
+
+    report = gradtool.check(noisy, ["(6,)"])
+    assert report.ok()
+    assert "note: forward is stochastic" in render_plain(report)

@@ -105,12 +105,26 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     config = job.config
     case = case_for(job, spec)
     reproduce = job.reproduce or reproduce_command(job.target, case.specs, config, spec.seed)
-    checks = [_run_check(name, case, job) for name in config.checks]
+    checks: list[CheckResult] = []
+    for name in config.checks:
+        checks.append(_once(_run_check(name, case, job), checks))
     notes = list(case.notes)
     if case.problem.freeze_seed is not None:
         notes.append("forward is stochastic: RNG frozen (re-seeded) around every evaluation")
     return CaseResult(case.label, spec.seed, tuple(case.infos), tuple(checks), case.inferred,
                       tuple(dict.fromkeys(notes)), reproduce, pin_flags(case.specs, config))
+
+
+def _once(result: CheckResult, earlier: Sequence[CheckResult]) -> CheckResult:
+    """An error already reported for this case (a forward that fails) is not repeated."""
+    if result.outcome is not Outcome.ERROR:
+        return result
+    same = next((c for c in earlier if c.outcome is Outcome.ERROR and c.summary == result.summary),
+                None)
+    if same is None:
+        return result
+    return CheckResult(result.name, Outcome.SKIPPED,
+                       f"not run: the same error as under {same.name} ({same.summary})"[:300])
 
 
 def _run_check(name: str, case: Any, job: Job) -> CheckResult:
