@@ -38,8 +38,10 @@ def check_contract(case: Case, target: Target, config: CheckConfig) -> CheckResu
 
 def _violations(case: Case, target: Target, config: CheckConfig) -> tuple[list[str], list[str]]:
     problem = case.problem
-    notes = _detect_stochastic(case, config)
+    # Purity first, on copies: it learns whether forward writes to its inputs, so that the
+    # stochastic probe's two forwards copy them instead of compounding the write.
     violations = _forward_purity(problem, target)
+    notes = _detect_stochastic(case, config)
     leaves, result = _forward(problem)
     outs = [t for t in tensor_outputs(result) if t.is_floating_point() or t.is_complex()]
     problem.has_functions = bool(function_nodes([o for o in outs if o.requires_grad]))
