@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import FIXTURES, load_fixture, result
 
 import gradtool
-from conftest import FIXTURES, load_fixture, result
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ def test_contract_of_functions_inside_a_module(models):
     assert found["gradient"].outcome.value == "passed"  # the composite's gradient matches
     text = "\n".join((contract.summary, *contract.details))
     site = line_of("# inner double")
-    assert f"DoubleInplace at " in text and f"{site} (backward at" in text
+    assert "DoubleInplace at " in text and f"{site} (backward at" in text
     assert "forward modifies input 'x' in place without ctx.mark_dirty(x)" in text
     assert "PairNoneCrash at" in text and "backward fails when output 0 is unused" in text
     from gradtool.targets.load import source_of
@@ -139,13 +139,13 @@ def test_contract_of_functions_inside_a_module(models):
 
 
 def test_no_recording_without_custom_functions(monkeypatch):
-    import gradtool.run.culprit as culprit
+    from gradtool.run import culprit
 
     def refuse(problem):
         raise AssertionError("recorded a model without custom Functions")
 
     monkeypatch.setattr(culprit, "record", refuse)
-    import gradtool.run.inner as inner
+    from gradtool.run import inner
 
     monkeypatch.setattr(inner, "record", refuse)
     report = gradtool.check(torch.nn.Linear(3, 2), ["2x3"], checks=("contract",))

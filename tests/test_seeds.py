@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from conftest import load_fixture
 
 import gradtool
-from conftest import load_fixture
 
 SEEDS = range(20)
 CORRECT = [  # (fixture file, class, inputs): every correct twin the broken fixtures stand beside

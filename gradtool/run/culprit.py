@@ -322,5 +322,5 @@ def annotate(result: CheckResult, problem: Problem, config: CheckConfig) -> Chec
 
 
 __all__ = ["Application", "FunctionFinding", "annotate", "captured_case", "case_from_values",
-           "check_application", "unique",
-           "describe", "forward_line", "function_nodes", "locate_functions", "record"]
+           "check_application", "describe", "forward_line", "function_nodes", "locate_functions",
+           "record", "unique"]

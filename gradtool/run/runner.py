@@ -107,7 +107,7 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     reproduce = job.reproduce or reproduce_command(job.target, case.specs, config, spec.seed)
     checks: list[CheckResult] = []
     for name in config.checks:
-        checks.append(_once(_run_check(name, case, job), checks))
+        checks.append(_once(_run_check(name, case, job), checks, case.problem))
     notes = list(case.notes)
     if case.problem.freeze_seed is not None:
         notes.append("forward is stochastic: RNG frozen (re-seeded) around every evaluation")
@@ -115,16 +115,24 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
                       tuple(dict.fromkeys(notes)), reproduce, pin_flags(case.specs, config))
 
 
-def _once(result: CheckResult, earlier: Sequence[CheckResult]) -> CheckResult:
-    """An error already reported for this case (a forward that fails) is not repeated."""
+def _once(result: CheckResult, earlier: Sequence[CheckResult], problem: Any) -> CheckResult:
+    """A forward that fails is reported under the first check only, not under every one."""
     if result.outcome is not Outcome.ERROR:
         return result
     same = next((c for c in earlier if c.outcome is Outcome.ERROR and c.summary == result.summary),
                 None)
-    if same is None:
-        return result
+    if same is None or _forward_runs(problem):
+        return result  # a backward that fails is each check's own finding
     return CheckResult(result.name, Outcome.SKIPPED,
                        f"not run: the same error as under {same.name} ({same.summary})"[:300])
+
+
+def _forward_runs(problem: Any) -> bool:
+    try:
+        problem.outputs(problem.inputs)
+    except Exception:  # noqa: BLE001 - the user's forward raising is what is asked
+        return False
+    return True
 
 
 def _run_check(name: str, case: Any, job: Job) -> CheckResult:
