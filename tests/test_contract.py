@@ -25,6 +25,8 @@ def contract(target, inputs, **kw):
     ("SquareNoisyBackward", "Square", ["3x4"], "backward is nondeterministic"),
     ("SquareNaNBackward", "Square", ["3x4"], "gradient has 12 NaN/Inf value(s)"),
     ("ExpInplaceUndeclared", "ExpInplace", ["3x4"], "without ctx.mark_dirty(x)"),
+    ("ExpInplaceReturnedUnmarked", "ExpInplace", ["3x4"],
+     "forward modifies input 'x' in place and returns it without ctx.mark_dirty(x)"),
     ("SquareWithStatUnmarked", "SquareWithStat", ["3x4"],
      "backward ignores the gradient of output 1: mark it with ctx.mark_non_differentiable, "
      "or differentiate it"),
@@ -104,3 +106,10 @@ def test_marked_output_is_left_out_and_named(contract_cases):
     assert "output 1 left out" in check.summary
     assert any("ctx.mark_non_differentiable" in d for d in check.details)
     assert [b.output for b in check.blocks] == ["output 0"]
+
+
+def test_unreturned_write_says_so(contract_cases):
+    check = contract(contract_cases.ExpInplaceUndeclared, ["3x4"])
+    assert "(and without returning it)" in check.summary
+    returned = contract(contract_cases.ExpInplaceReturnedUnmarked, ["3x4"])
+    assert "without returning it" not in " ".join((returned.summary, *returned.details))

@@ -88,13 +88,19 @@ def _forward_purity(problem: Problem, target: Target) -> list[str]:
     with torch.no_grad(), problem.rng():
         problem.calls["forward"] += 1
         result = problem.fn(*args)
-    returned = {id(t) for t in tensor_outputs(result)}
+    outputs = tensor_outputs(result)
     problems = []
     for name, arg, original in zip(problem.names, args, originals):
         if original is None or torch.equal(arg, original) or _both_nan(arg, original):
             continue
         problem.mutates = True
-        if id(arg) not in returned:
+        if any(t is arg for t in outputs):
+            continue  # returned itself: marked dirty (Function.apply) or a plain in-place op
+        # Function.apply hands back an unmarked input as a new alias of the same memory.
+        if any(t.data_ptr() == arg.data_ptr() and t.shape == arg.shape for t in outputs):
+            problems.append(f"forward modifies input '{name}' in place and returns it without "
+                            f"ctx.mark_dirty({name})")
+        else:
             problems.append(f"forward modifies input '{name}' in place without "
                             f"ctx.mark_dirty({name}) (and without returning it)")
     return problems
