@@ -122,14 +122,17 @@ def test_auto_mode_says_which_mode_ran_and_why():
     assert check.mode == "full" and "predicted" in check.mode_reason
 
 
-def test_forward_raising_is_an_error_in_every_check(tmp_path):
+def test_forward_raising_is_an_error_reported_once(tmp_path):
     module = tmp_path / "raises.py"
     module.write_text("import torch\n\nclass Boom(torch.autograd.Function):\n"
                       "    @staticmethod\n    def forward(ctx, x):\n"
                       "        raise ValueError('boom in forward')\n\n"
                       "    @staticmethod\n    def backward(ctx, g):\n        return g\n")
     report = gradtool.check(f"{module}:Boom", ["3x4"])
-    assert set(outcomes(report).values()) == {"error"}
+    got = outcomes(report)
+    assert got["contract"] == "error" and not report.ok()
+    assert got["gradient"] == got["double_backward"] == "skipped"  # not repeated per check
+    assert "the same error as under contract" in result(report, "gradient").summary
 
 
 def test_empty_tensors_are_skipped_not_errors():

@@ -25,6 +25,18 @@ def contract(target, inputs, **kw):
     ("SquareNoisyBackward", "Square", ["3x4"], "backward is nondeterministic"),
     ("SquareNaNBackward", "Square", ["3x4"], "gradient has 12 NaN/Inf value(s)"),
     ("ExpInplaceUndeclared", "ExpInplace", ["3x4"], "without ctx.mark_dirty(x)"),
+    ("ExpInplaceReturnedUnmarked", "ExpInplace", ["3x4"],
+     "forward modifies input 'x' in place and returns it without ctx.mark_dirty(x)"),
+    ("SquareWithStatUnmarked", "SquareWithStat", ["3x4"],
+     "backward ignores the gradient of output 1: mark it with ctx.mark_non_differentiable, "
+     "or differentiate it"),
+    ("SquareCubeNoneCrash", "SquareCube", ["3x4"],
+     "backward fails when output 0 is unused (its gradient is None, as with "
+     "ctx.set_materialize_grads(False)): TypeError"),
+    ("SquareCubeNoneWrong", "SquareCube", ["3x4"], "when output 0 is unused (None gradient)"),
+    ("SquareAddsConstant", "Square", ["5x5"],
+     "backward adds 0.001 to 4 of 25 elements of the gradient of 'x' even when grad_output "
+     "is zero"),
 ])
 def test_rule_fails_on_broken_and_passes_on_twin(contract_cases, broken, twin, inputs, phrase):
     bad = contract(getattr(contract_cases, broken), inputs)
@@ -77,3 +89,27 @@ def test_exception_in_backward_is_an_error_outcome(contract_cases):
 def test_mark_dirty_function_passes_every_check(contract_cases):
     report = gradtool.check(contract_cases.ExpInplace, ["3x4"])
     assert set(outcomes(report).values()) == {"passed"}
+
+
+def test_constant_in_backward_is_diagnosed_by_the_gradient_check(contract_cases):
+    check = result(gradtool.check(contract_cases.SquareAddsConstant, ["5x5"],
+                                  checks=("gradient",)), "gradient")
+    assert check.outcome.value == "failed"
+    assert check.blocks[0].diagnosis.startswith(
+        "backward adds 0.001 to 4 of 25 elements of the gradient of 'x' whatever grad_output is")
+
+
+def test_marked_output_is_left_out_and_named(contract_cases):
+    check = result(gradtool.check(contract_cases.SquareWithStat, ["3x4"], checks=("gradient",)),
+                   "gradient")
+    assert check.outcome.value == "passed"
+    assert "output 1 left out" in check.summary
+    assert any("ctx.mark_non_differentiable" in d for d in check.details)
+    assert [b.output for b in check.blocks] == ["output 0"]
+
+
+def test_unreturned_write_says_so(contract_cases):
+    check = contract(contract_cases.ExpInplaceUndeclared, ["3x4"])
+    assert "(and without returning it)" in check.summary
+    returned = contract(contract_cases.ExpInplaceReturnedUnmarked, ["3x4"])
+    assert "without returning it" not in " ".join((returned.summary, *returned.details))

@@ -33,6 +33,7 @@ def error_result(name: str, exc: BaseException, target: Target, start: float,
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return CheckResult(
         name, Outcome.ERROR, f"{type(exc).__name__} raised: {first}"[:300],
+        _number_hints(exc, problem),
         source=where, traceback=trim(exc), calls=calls_since(problem, before),
         duration_s=time.perf_counter() - start)
 
@@ -57,3 +58,13 @@ def load(name: str) -> Any:
 
 def skipped(name: str, reason: str) -> CheckResult:
     return CheckResult(name, Outcome.SKIPPED, reason)
+
+
+def _number_hints(exc: BaseException, problem: Problem) -> tuple[str, ...]:
+    """A bare number given where forward needs a tensor: point at the 1-d form."""
+    if not isinstance(exc, TypeError) or "Tensor" not in str(exc):
+        return ()
+    return tuple(f"input '{name}' is the Python number {value!r}; for a 1-d tensor of {value} "
+                 f"elements write -i '({value},)' (in a spec: {{{name}: '({value},)'}})"
+                 for name, value in zip(problem.names, problem.args)
+                 if isinstance(value, int) and not isinstance(value, bool))

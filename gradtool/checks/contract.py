@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config.settings import CheckConfig
-from ..numerics.problem import Problem, tensor_outputs
+from ..numerics.problem import Problem, function_nodes, tensor_outputs
 from ..results import CheckResult, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
@@ -39,10 +39,13 @@ def check_contract(case: Case, target: Target, config: CheckConfig) -> CheckResu
 
 def _violations(case: Case, target: Target, config: CheckConfig) -> tuple[list[str], list[str]]:
     problem = case.problem
-    notes = _detect_stochastic(case, config)
+    # Purity first, on copies: it learns whether forward writes to its inputs, so that the
+    # stochastic probe's two forwards copy them instead of compounding the write.
     violations = _forward_purity(problem, target)
+    notes = _detect_stochastic(case, config)
     leaves, result = _forward(problem)
     outs = [t for t in tensor_outputs(result) if t.is_floating_point() or t.is_complex()]
+    problem.has_functions = bool(function_nodes([o for o in outs if o.requires_grad]))
     violations += _finite("forward output", outs)
     diff_outs = [o for o in outs if o.requires_grad]
     if not diff_outs:
@@ -55,6 +58,7 @@ def _violations(case: Case, target: Target, config: CheckConfig) -> tuple[list[s
     g1 = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in diff_outs]
     g2 = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in diff_outs]
     violations += _grad_output_untouched(backward, g1)
+    violations += _outputs_used(problem, target, leaves, diff_outs, g1, config)
     r1 = backward(g1)
     violations += _finite("gradient", [r for r in r1 if r is not None])
     violations += _linearity(backward, g1, g2, r1, problem, config)
@@ -87,13 +91,19 @@ def _forward_purity(problem: Problem, target: Target) -> list[str]:
     with torch.no_grad(), problem.rng():
         problem.calls["forward"] += 1
         result = problem.fn(*args)
-    returned = {id(t) for t in tensor_outputs(result)}
+    outputs = tensor_outputs(result)
     problems = []
     for name, arg, original in zip(problem.names, args, originals):
         if original is None or torch.equal(arg, original) or _both_nan(arg, original):
             continue
         problem.mutates = True
-        if id(arg) not in returned:
+        if any(t is arg for t in outputs):
+            continue  # returned itself: marked dirty (Function.apply) or a plain in-place op
+        # Function.apply hands back an unmarked input as a new alias of the same memory.
+        if any(t.data_ptr() == arg.data_ptr() and t.shape == arg.shape for t in outputs):
+            problems.append(f"forward modifies input '{name}' in place and returns it without "
+                            f"ctx.mark_dirty({name})")
+        else:
             problems.append(f"forward modifies input '{name}' in place without "
                             f"ctx.mark_dirty({name}) (and without returning it)")
     return problems
@@ -208,6 +218,61 @@ def _grad_output_untouched(backward, grads: list[torch.Tensor]) -> list[str]:
         return []
     return ["backward modifies grad_output in place — use out-of-place ops "
             "(grad_output * c, not grad_output.mul_(c))"]
+
+
+def _outputs_used(problem: Problem, target: Target, leaves: list[torch.Tensor],
+                  diff_outs: list[torch.Tensor], g1: list[torch.Tensor],
+                  config: CheckConfig) -> list[str]:
+    """Backward through the engine as it runs when outputs go unused: a zero grad_output gives
+    a zero gradient, an unused output (None gradient under set_materialize_grads(False)) acts
+    as a zero one, and no differentiable output's gradient is ignored."""
+    zeros = [torch.zeros_like(g) for g in g1]
+    found = _zero_gives_zero(problem, problem.vjp(leaves, diff_outs, zeros), config.nondet_tol)
+    if len(diff_outs) < 2:
+        return found
+    atol, rtol = config.tolerance("atol") + 2 * config.nondet_tol, config.tolerance("rtol")
+    for k in range(len(diff_outs)):
+        rest = [j for j in range(len(diff_outs)) if j != k]
+        try:
+            unused = problem.vjp(leaves, [diff_outs[j] for j in rest], [g1[j] for j in rest])
+        except Exception as exc:  # noqa: BLE001 - the user's backward raising is the finding
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            return found + [f"backward fails when output {k} is unused (its gradient is None, "
+                            f"as with ctx.set_materialize_grads(False)): "
+                            f"{type(exc).__name__}: {first}"]
+        zeroed = problem.vjp(leaves, diff_outs, [zeros[j] if j == k else g1[j]
+                                                for j in range(len(g1))])
+        for name, a, b in zip(problem.input_names, unused, zeroed):
+            if not torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True):
+                return found + [f"backward gives '{name}' a different gradient when output {k} "
+                                f"is unused (None gradient) than when its gradient is zero (by "
+                                f"{(a - b).abs().max().item():.3g}): treat None as zero"]
+        # An empty output has no gradient to ignore.
+        if target.kind == "function" and diff_outs[k].numel() and \
+                _ignored(problem, leaves, diff_outs, g1, k):
+            found.append(f"backward ignores the gradient of output {k}: mark it with "
+                         "ctx.mark_non_differentiable, or differentiate it")
+    return found
+
+
+def _zero_gives_zero(problem: Problem, grads: list[torch.Tensor], noise: float) -> list[str]:
+    for name, grad in zip(problem.input_names, grads):
+        nonzero = grad.abs() > noise  # a nondeterministic backward may wander by nondet_tol
+        if bool(nonzero.any()):
+            values = grad[nonzero]
+            shown = (f"{values[0].item():.3g}" if bool((values == values[0]).all())
+                     else f"up to {values.abs().max().item():.3g}")
+            return [f"backward adds {shown} to {int(nonzero.sum())} of {grad.numel()} elements "
+                    f"of the gradient of '{name}' even when grad_output is zero: a gradient "
+                    "must be linear in grad_output (no constant term)"]
+    return []
+
+
+def _ignored(problem: Problem, leaves: list[torch.Tensor], diff_outs: list[torch.Tensor],
+             g1: list[torch.Tensor], k: int) -> bool:
+    """Only output k's gradient given, and every input's gradient is exactly zero."""
+    only = [g if j == k else torch.zeros_like(g) for j, g in enumerate(g1)]
+    return all(not bool(r.any()) for r in problem.vjp(leaves, diff_outs, only))
 
 
 def _linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> list[str]:

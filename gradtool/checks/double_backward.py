@@ -8,7 +8,7 @@ import torch
 
 from ..config.settings import CheckConfig
 from ..numerics.jacobian import Verdict
-from ..numerics.problem import Problem, select_outputs, vjp
+from ..numerics.problem import Problem, function_nodes, select_outputs, vjp
 from ..results import Block, CheckResult, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
@@ -30,7 +30,11 @@ def check_double_backward(case: Case, target: Target, config: CheckConfig) -> Ch
             "double_backward", Outcome.SKIPPED,
             f"backward is decorated with @once_differentiable ({target.source}): "
             "double backward is unsupported by design", source=target.source)
-    problem = backward_problem(case.problem, case.seed)
+    problem, single = _derive(case.problem, case.seed)
+    if single is not None:
+        reason, source = single
+        return CheckResult("double_backward", Outcome.SKIPPED,
+                           f"{reason}: double backward is unsupported by design", source=source)
     if problem is None:
         return CheckResult("double_backward", Outcome.SKIPPED, "no differentiable output")
     result = jacobian_result("double_backward", problem, target, config, case.seed, None, None,
@@ -59,11 +63,37 @@ def _not_implemented(result: CheckResult) -> str | None:
 
 def backward_problem(problem: Problem, seed: int) -> Problem | None:
     """G(x..., v...) = vᵀ∂f/∂x: a problem whose Jacobian is the second derivative."""
+    return _derive(problem, seed)[0]
+
+
+def first_order_only(outs: list[torch.Tensor]) -> tuple[str, str | None] | None:
+    """(why, where) a Function in the graph cannot be differentiated twice, or None."""
+    from torch.utils.checkpoint import CheckpointFunction
+
+    from ..targets.load import is_once_differentiable, source_of
+
+    for node in function_nodes(outs).values():
+        cls = node._forward_cls
+        if is_once_differentiable(cls.backward):
+            where = source_of(cls.backward)
+            return f"{cls.__qualname__}.backward is decorated with @{ONCE} (at {where})", where
+        if cls is CheckpointFunction:  # it differentiates its block with .backward(), no graph
+            return ("torch.utils.checkpoint(use_reentrant=True) computes gradients without "
+                    "a graph (use use_reentrant=False for double backward)", None)
+    return None
+
+
+def _derive(problem: Problem, seed: int
+            ) -> tuple[Problem | None, tuple[str, str | None] | None]:
+    """The derived problem G, or why backward cannot be differentiated."""
     with torch.enable_grad():
         leaves, outs = problem.graph()
+    single = first_order_only(outs)
+    if single is not None:
+        return None, single
     outs = [o for o in outs if (o.is_floating_point() or o.is_complex()) and o.requires_grad]
     if not outs:
-        return None
+        return None, None
     gen = torch.Generator().manual_seed(seed + 202)
     grads = [torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device) for o in outs]
     n = len(leaves)
@@ -75,18 +105,23 @@ def backward_problem(problem: Problem, seed: int) -> Problem | None:
         with torch.enable_grad():
             inner = [x if x.requires_grad else x.detach().requires_grad_(True) for x in xs]
             passed = [x.clone() for x in inner] if problem.mutates else inner
-            result = problem.fn(*problem.with_inputs(passed))
-            fouts = [t for t in select_outputs(result, problem.output_mask) if t.requires_grad]
-            return tuple(vjp(fouts, inner, vs, create_graph=graph_mode))
+            with problem.bind(problem.with_inputs(inner)):  # inner forward and its backward
+                result = problem.fn(*problem.with_inputs(passed))
+                fouts = [t for t in select_outputs(result, problem.output_mask)
+                         if t.requires_grad]
+                return tuple(vjp(fouts, inner, vs, create_graph=graph_mode))
 
     names = problem.input_names + [_grad_name(name) for name in problem.output_names or
                                    [f"output {k}" for k in range(len(outs))]]
     derived = Problem(g, [x.detach() for x in leaves] + grads, names,
                       list(range(n + len(grads))), freeze_seed=problem.freeze_seed,
-                      mutates=False)
+                      mutates=False, keep_all_outputs=True)  # a detached gradient is wrong
     derived.output_labels = [f"grad of {name}" for name in problem.input_names]
     derived.batched_fn = None  # autograd inside vmap is not reliable: finite differences loop
-    return derived
+    # The outer backward runs through the inner one: the parameters are bound there too.
+    derived.scope = None if problem.scope is None else \
+        (lambda args: problem.bind(problem.with_inputs(list(args[:n]))))
+    return derived, None
 
 
 def _grad_name(output: str) -> str:

@@ -63,8 +63,14 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
         return error_result(name, exc, target, start, problem, before)
     blocks = [_with_diagnosis(problem, verdict, b, k, config, diagnoser)
               for k, b in enumerate(verdict.blocks)]
+    left_out = [f"{out} left out: it does not require grad after forward "
+                "(ctx.mark_non_differentiable, or autograd does not differentiate it)"
+                for out in problem.left_out]
+    summary = _summary(verdict, blocks, surrogate)
+    if problem.left_out:
+        summary += f" ({', '.join(problem.left_out)} left out: not differentiable)"
     return CheckResult(
-        name, verdict.outcome, _summary(verdict, blocks, surrogate), tuple(verdict.details),
+        name, verdict.outcome, summary, (*verdict.details, *left_out),
         tuple(blocks), verdict.mode, verdict.mode_reason,
         tolerance={k: config.tolerance(k) for k in ("eps", "atol", "rtol")},
         calls=calls_since(problem, before), duration_s=time.perf_counter() - start,

@@ -70,6 +70,8 @@ def run_check(kw: dict[str, Any]) -> int:
         return 0
     config = config_from(settings, kw.get("resample")).with_(
         reference=kw.get("reference"), autocast=kw.get("autocast"))
+    if kw.get("trust_callables"):
+        config = config.with_(trust_callables=True)
     targets = list(settings.get("paths") or [])
     if not targets:
         raise NothingToCheck("nothing to check: give a target (module:Name, file.py:Name, a "

@@ -146,6 +146,9 @@ CHECK_EPILOG = "\b\nInputs:\n" + INPUT_HELP
               help="Inconclusive checks fail the run.")
 @click.option("--resample", type=int, default=None,
               help="Draw up to N new inputs when a case is inconclusive (kinks, ties).")
+@click.option("--trust-callables", is_flag=True, default=False,
+              help="Let specs that say trust_callable: true run a plain callable from an "
+                   "installed package.")
 @click.option("--format", "fmt", type=click.Choice(["terminal", "json"]), default=None,
               help="Report format on stdout [terminal].")
 @click.option("--save-inputs", type=click.Path(dir_okay=False), default=None,

@@ -41,6 +41,7 @@ class CheckConfig:
     max_memory: float = 2e9
     strict: bool = False
     resample: int = 0
+    trust_callables: bool = False  # specs may run plain callables they declare trusted
     max_worst: int = 5
     reference: str | None = None     # module:fn, the float64 reference of a low-precision run
     autocast: str | None = None      # run forward in a torch.autocast region of this dtype

@@ -242,6 +242,26 @@ def _ignores_grad_output(b: _Block) -> str | None:
             f"not: backward ignores grad_output (or uses only its sum); multiply by grad_output")
 
 
+def _constant_added(b: _Block) -> str | None:
+    # Each row is a VJP with one-hot e_k: the same offset in every row, whatever k, is a constant
+    # term in backward (it shows even when grad_output is zero).
+    if b.a.shape[0] < 2:
+        return None
+    d = b.a - b.n
+    cols = b.mis.any(axis=0)
+    offset = d[0]
+    if not cols.any() or not np.all(_close(d, np.broadcast_to(offset, d.shape), b.atol, 0.0)):
+        return None
+    if not np.all(np.abs(offset[cols]) > b.atol) or np.any(np.abs(offset[~cols]) > b.atol):
+        return None
+    values = offset[cols]
+    same = np.allclose(values, values[0], atol=b.atol, rtol=b.rtol)
+    amount = _num(float(values[0])) if same else f"up to {_num(float(np.abs(values).max()))}"
+    return (f"backward adds {amount} to {int(cols.sum())} of {b.a.shape[1]} elements of the "
+            f"gradient of '{b.name}' whatever grad_output is: a constant term (a gradient is "
+            "linear in grad_output)")
+
+
 def _branch(b: _Block) -> str | None:
     if b.x is None or np.size(b.x) != b.a.shape[1]:
         return None
@@ -315,7 +335,7 @@ def _no_pattern(b: _Block) -> str:
 # handful of missed off-diagonal elements the list of those elements says more.
 _FIRST_ORDER: tuple[Callable[[_Block], str | None], ...] = (
     _nonfinite, _missing, _swapped, _factor, _transposed, _shifted, _ignores_grad_output,
-    _broadcast_not_reduced, _branch, _few, _diagonal_only,
+    _constant_added, _broadcast_not_reduced, _branch, _few, _diagonal_only,
 )
 
 

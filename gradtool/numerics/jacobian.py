@@ -68,9 +68,16 @@ def prime(problem: Problem) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     start = time.perf_counter()
     leaves, outs = problem.graph()
     problem.forward_seconds = time.perf_counter() - start  # for plan_full's prediction
-    problem.output_mask = [o.is_floating_point() or o.is_complex() for o in outs]
+    floats = [o.is_floating_point() or o.is_complex() for o in outs]
+    tracked = [f and o.requires_grad for f, o in zip(floats, outs)]
+    # Outputs autograd never differentiates (ctx.mark_non_differentiable, a layer norm's
+    # mean and rstd) have no analytical Jacobian to compare. When none is tracked, every float
+    # output stays: a forward that detaches everything must fail, not pass empty.
+    keep_all = problem.keep_all_outputs or not any(tracked)
+    problem.output_mask = floats if keep_all else tracked
     problem.complex = any(v.is_complex() for v in leaves) or any(o.is_complex() for o in outs)
     labels = problem.output_labels or output_names(len(outs))
+    problem.left_out = [n for n, f, t in zip(labels, floats, problem.output_mask) if f and not t]
     problem.output_names = [n for n, keep in zip(labels, problem.output_mask) if keep]
     return leaves, [o for o, keep in zip(outs, problem.output_mask) if keep]
 

@@ -33,12 +33,18 @@ class Problem:
     calls: Counter[str] = field(default_factory=Counter)
     vmap_ok: bool | None = None       # learnt on first use
     output_mask: list[bool] | None = None  # which tensor outputs are differentiable
+    left_out: list[str] = field(default_factory=list)  # float outputs autograd does not track
+    keep_all_outputs: bool = False    # compare untracked outputs too (a derived backward's)
+    has_functions: bool = False       # custom Function nodes in the graph (the contract learns)
     batched_vjp_ok: bool | None = None
     mutates: bool = False             # forward writes to an input (ctx.mark_dirty): copy first
     plan: Any = None                  # what choose_mode learnt, for check_full to reuse
     forward_seconds: float = 0.0      # the priming forward's time, for predictions
     complex: bool | None = None       # a complex input or output (numerics/wirtinger.py)
     batched_jvp_ok: bool | None = None  # jvps under torch.func.vmap (numerics/forward.py)
+    # scope(args): a context binding the target's parameters to args' values (a module's), so
+    # that a backward which re-runs forward (checkpointing, adjoints) sees what forward saw.
+    scope: Callable[[Sequence[Any]], contextlib.AbstractContextManager[None]] | None = None
 
     @property
     def inputs(self) -> list[torch.Tensor]:
@@ -76,6 +82,10 @@ class Problem:
             outs = select_outputs(self.fn(*self.with_inputs(passed)), self.output_mask)
         return leaves, outs
 
+    def bind(self, args: Sequence[Any]) -> contextlib.AbstractContextManager[None]:
+        """The parameters bound to args' values (a no-op for targets without parameters)."""
+        return contextlib.nullcontext() if self.scope is None else self.scope(args)
+
     def rng(self) -> contextlib.AbstractContextManager[None]:
         """Re-seed torch's RNG around a call of a stochastic forward (a no-op otherwise)."""
         if self.freeze_seed is None:
@@ -86,7 +96,8 @@ class Problem:
             grads: Sequence[torch.Tensor], create_graph: bool = False) -> list[torch.Tensor]:
         """vᵀJ for every leaf (zeros where unused), straight through autograd's engine."""
         self.calls["backward"] += 1
-        return vjp(outs, leaves, own_storage(grads), create_graph=create_graph)
+        with self.bind(self.with_inputs(leaves)):
+            return vjp(outs, leaves, own_storage(grads), create_graph=create_graph)
 
     def vjp_batched(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
                     grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -94,7 +105,8 @@ class Problem:
         from torch._vmap_internals import _vmap
 
         # The legacy vmap batches the engine itself (autograd.grad's is_grads_batched path).
-        result = list(_vmap(lambda *g: tuple(vjp(outs, leaves, g)), 0, 0)(*grads))
+        with self.bind(self.with_inputs(leaves)):
+            result = list(_vmap(lambda *g: tuple(vjp(outs, leaves, g)), 0, 0)(*grads))
         self.calls["backward"] += int(grads[0].shape[0]) if grads else 0
         return result
 
@@ -129,10 +141,51 @@ def vjp(outs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor],
     pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
     if not pairs:
         return [torch.zeros_like(leaf) for leaf in leaves]
-    result = Variable._execution_engine.run_backward(
-        tuple(o for o, _ in pairs), tuple(g for _, g in pairs),
-        True, create_graph, tuple(leaves), True, False)
+    roots, seeds = tuple(o for o, _ in pairs), tuple(g for _, g in pairs)
+    try:
+        result = Variable._execution_engine.run_backward(
+            roots, seeds, True, create_graph, tuple(leaves), True, False)
+    except RuntimeError as exc:
+        if REENTRANT not in str(exc):
+            raise
+        result = _into_grad(roots, seeds, leaves, create_graph)
     return [torch.zeros_like(leaf) if r is None else r for leaf, r in zip(leaves, result)]
+
+
+REENTRANT = "incompatible with .grad()"  # torch.utils.checkpoint(use_reentrant=True)
+
+
+def _into_grad(roots: tuple[torch.Tensor, ...], seeds: tuple[torch.Tensor, ...],
+               leaves: Sequence[torch.Tensor], create_graph: bool) -> list[Any]:
+    """The VJP as .backward() computes it, read from the leaves' .grad (restored after): for
+    graphs that refuse autograd.grad, such as reentrant checkpointing."""
+    saved = [leaf.grad for leaf in leaves]
+    try:
+        for leaf in leaves:
+            leaf.grad = None
+            if not leaf.is_leaf:
+                leaf.retain_grad()
+        Variable._execution_engine.run_backward(roots, seeds, True, create_graph, (), True, True)
+        return [leaf.grad for leaf in leaves]
+    finally:
+        for leaf, grad in zip(leaves, saved):
+            leaf.grad = grad
+
+
+def function_nodes(outputs: Sequence[torch.Tensor]) -> dict[int, Any]:
+    """Every custom Function node reachable from the outputs, by id (an iterative walk)."""
+    stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
+    visited: dict[int, Any] = {}  # holds the nodes too, so their ids stay unique
+    found: dict[int, Any] = {}
+    while stack:
+        node = stack.pop()
+        if id(node) in visited:
+            continue
+        visited[id(node)] = node
+        if getattr(type(node), "_forward_cls", None) is not None:
+            found[id(node)] = node
+        stack.extend(n for n, _ in node.next_functions if n is not None)
+    return found
 
 
 def tensor_outputs(result: Any) -> list[Any]:

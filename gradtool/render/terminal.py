@@ -69,6 +69,8 @@ def _case_lines(target: TargetResult, case: CaseResult, verbose: bool, quiet: bo
         yield f"  reproduce: {case.reproduce}", "cyan"
     if case.inferred and not shown_inputs and not quiet:
         yield from _inputs_lines(case)  # inferred inputs are shown so they can be pinned
+    elif not shown_inputs and not quiet:  # a note (a stochastic forward, say) holds on a pass too
+        yield from ((f"  note: {note}", "dim") for note in case.notes)
 
 
 def _timing(check: CheckResult) -> str:

@@ -69,7 +69,7 @@ def spec_jobs(spec, config: CheckConfig) -> list[Job]:
     """One job per spec: its target (or expr), its cases and its settings."""
     job_config = config.with_(**{k: (tuple(v) if k == "checks" else v)
                                  for k, v in spec.config.items()})
-    target = _spec_target(spec)
+    target = _spec_target(spec, config.trust_callables)
     seed = job_config.seed
     cases = [CaseSpec(c.label, list(c.inputs) if c.inputs else None,
                       c.seed if c.seed is not None else seed) for c in spec.cases] or \
@@ -92,11 +92,15 @@ def _factory_cases(spec, config: CheckConfig) -> list[CaseSpec]:
     return [CaseSpec(label, specs, config.seed, spec.inputs_from) for label, specs in found]
 
 
-def _spec_target(spec) -> Target:
+def _spec_target(spec, trust_callables: bool = False) -> Target:
+    from ..spec.trust import check_trusted
+
     try:
         if spec.expr is not None:
             return _expr_target(spec)
         targets = resolve(spec.target, init=spec.init)
+        if len(targets) == 1:
+            check_trusted(targets[0], spec, trust_callables)
     except SpecError:
         raise
     except GradtoolError as exc:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -15,7 +16,7 @@ from torch.autograd import Function
 
 from ..config.settings import DEFAULT_TOLERANCES, CheckConfig
 from ..errors import InternalError
-from ..numerics.problem import Problem, tensor_outputs
+from ..numerics.problem import Problem, function_nodes, tensor_outputs
 from ..results import CheckResult, InputInfo, Outcome
 from ..targets.cases import Case, bind
 from ..targets.inputs import InputSpec, LiteralSpec, TensorSpec
@@ -112,35 +113,41 @@ def _user_site(frame: FrameType | None) -> str | None:
 
 
 def record(problem: Problem) -> tuple[list[Application], list[Any]]:
-    """Run the forward once: (applications whose node is in the graph, graph nodes not captured)."""
+    """Run the forward once: (applications whose node is in the graph, graph nodes not captured).
+
+    Where torch's own Functions sit in the graph (reentrant checkpointing), one backward is
+    recorded too: they apply the user's Functions again there, with a graph.
+    """
     recorder = _Recorder()
+    with _profiled(recorder):
+        leaves, outs = problem.graph()
+    nodes = function_nodes(outs)
+    if any(_is_torch(node._forward_cls) for node in nodes.values()):
+        grads = [torch.ones_like(o) for o in outs]
+        with _profiled(recorder):
+            problem.vjp(leaves, outs, grads)
+        nodes.update((id(app.node), app.node) for app in recorder.calls if app.node is not None)
+    seen = {id(app.node) for app in recorder.calls if app.node is not None}
+    # A Function applied inside another Function's forward records no node: it is not checked.
+    used = [app for app in recorder.calls if app.node is not None and id(app.node) in nodes
+            and not _is_torch(app.cls)]
+    return used, [node for key, node in nodes.items()
+                  if key not in seen and not _is_torch(node._forward_cls)]
+
+
+def _is_torch(cls: type) -> bool:
+    """torch's own Functions (checkpointing, say) are not the user's to check."""
+    return cls.__module__.split(".")[0] == "torch"
+
+
+@contextlib.contextmanager
+def _profiled(recorder: _Recorder) -> Iterator[None]:
     previous = sys.getprofile()
     sys.setprofile(recorder)
     try:
-        _, outs = problem.graph()
+        yield
     finally:
         sys.setprofile(previous)  # never leave our hook behind, even when the forward raises
-    nodes = function_nodes(outs)
-    seen = {id(app.node) for app in recorder.calls if app.node is not None}
-    # A Function applied inside another Function's forward records no node: it is not checked.
-    used = [app for app in recorder.calls if app.node is not None and id(app.node) in nodes]
-    return used, [node for key, node in nodes.items() if key not in seen]
-
-
-def function_nodes(outputs: Sequence[torch.Tensor]) -> dict[int, Any]:
-    """Every custom Function node reachable from the outputs, by id (an iterative walk)."""
-    stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
-    visited: dict[int, Any] = {}  # holds the nodes too, so their ids stay unique
-    found: dict[int, Any] = {}
-    while stack:
-        node = stack.pop()
-        if id(node) in visited:
-            continue
-        visited[id(node)] = node
-        if getattr(type(node), "_forward_cls", None) is not None:
-            found[id(node)] = node
-        stack.extend(n for n, _ in node.next_functions if n is not None)
-    return found
 
 
 def case_from_values(target: Target, values: Sequence[Any], config: CheckConfig,
@@ -165,7 +172,7 @@ def case_from_values(target: Target, values: Sequence[Any], config: CheckConfig,
         names.append(name)
         specs.append(spec)
         infos.append(InputInfo(name, f"captured {spec.describe(config.dtype)}", grad))
-    fn, batched_fn, _ = bind(target, len(args), config, config.seed)
+    fn, batched_fn, _, _ = bind(target, len(args), config, config.seed)
     if kwargs:  # keyword-only forward arguments: passed along, never checked
         fn = functools.partial(fn, **kwargs)
         batched_fn = functools.partial(batched_fn, **kwargs) if batched_fn else None
@@ -183,13 +190,31 @@ def locate_functions(problem: Problem, config: CheckConfig) -> list[FunctionFind
         applications, missed = record(problem)
     except Exception:  # noqa: BLE001 - locating is a diagnosis; it must not break the report
         return []
-    unique: dict[tuple[type, str | None], Application] = {}
-    for app in applications:
-        unique.setdefault((app.cls, app.created_at), app)
-    findings = [check_application(app, config, problem.freeze_seed) for app in unique.values()]
+    findings = [check_application(app, config, problem.freeze_seed)
+                for app in unique(applications)]
     for cls in dict.fromkeys(type(node)._forward_cls for node in missed):
         findings.append(_not_captured(cls))
     return findings
+
+
+def unique(applications: Sequence[Application]) -> list[Application]:
+    """The first application of each Function class at each call site, in forward order."""
+    first: dict[tuple[type, str | None], Application] = {}
+    for app in applications:
+        first.setdefault((app.cls, app.created_at), app)
+    return list(first.values())
+
+
+def captured_case(app: Application, config: CheckConfig, freeze_seed: int | None
+                  ) -> tuple[Target, Case, CheckConfig]:
+    """The Function of one application as a target, with a case of the inputs it received."""
+    target = make_target(app.cls, f"{app.cls.__module__}:{app.cls.__qualname__}")
+    args, kwargs = _positional(target, app)
+    own = _config_for(config, args)
+    case = case_from_values(target, args, own, kwargs=kwargs)
+    case.problem.mutates = app.mutates
+    case.problem.freeze_seed = freeze_seed  # a fixed RNG keeps dropout-like masks fixed
+    return target, case, own
 
 
 def check_application(app: Application, config: CheckConfig,
@@ -199,12 +224,7 @@ def check_application(app: Application, config: CheckConfig,
 
     target: Target | None = None
     try:
-        target = make_target(app.cls, f"{app.cls.__module__}:{app.cls.__qualname__}")
-        args, kwargs = _positional(target, app)
-        own = _config_for(config, args)
-        case = case_from_values(target, args, own, kwargs=kwargs)
-        case.problem.mutates = app.mutates
-        case.problem.freeze_seed = freeze_seed  # a fixed RNG keeps dropout-like masks fixed
+        target, case, own = captured_case(app, config, freeze_seed)
         result = check_gradient(case, target, own)
     except InternalError:
         raise
@@ -304,5 +324,6 @@ def annotate(result: CheckResult, problem: Problem, config: CheckConfig) -> Chec
                    source=bad.source if bad else result.source)
 
 
-__all__ = ["Application", "FunctionFinding", "annotate", "case_from_values", "check_application",
-           "describe", "forward_line", "function_nodes", "locate_functions", "record"]
+__all__ = ["Application", "FunctionFinding", "annotate", "captured_case", "case_from_values",
+           "check_application", "describe", "forward_line", "function_nodes", "locate_functions",
+           "record", "unique"]

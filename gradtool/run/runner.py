@@ -108,10 +108,13 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     case = case_for(job, spec)
     reproduce = job.reproduce or reproduce_command(job.target, case.specs, config, spec.seed,
                                                    spec.origin)
-    results = [_run_check(name, case, job) for name in config.checks]
     # The default run reports the faces a target has; a check asked for by name that does not
     # apply is reported skipped, with the reason.
-    checks = [r for r in results if r is not None]
+    checks: list[CheckResult] = []
+    for name in config.checks:
+        result = _run_check(name, case, job)
+        if result is not None:
+            checks.append(_once(result, checks, case.problem))
     notes = list(case.notes)
     if has_given_values(case.specs) and not spec.origin:
         notes.append("inputs given as values: to replay them, torch.save((args, kwargs), "
@@ -121,6 +124,26 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     pin = "" if has_given_values(case.specs) else pin_flags(case.specs, config)
     return CaseResult(case.label, spec.seed, tuple(case.infos), tuple(checks), case.inferred,
                       tuple(dict.fromkeys(notes)), reproduce, pin)
+
+
+def _once(result: CheckResult, earlier: Sequence[CheckResult], problem: Any) -> CheckResult:
+    """A forward that fails is reported under the first check only, not under every one."""
+    if result.outcome is not Outcome.ERROR:
+        return result
+    same = next((c for c in earlier if c.outcome is Outcome.ERROR and c.summary == result.summary),
+                None)
+    if same is None or _forward_runs(problem):
+        return result  # a backward that fails is each check's own finding
+    return CheckResult(result.name, Outcome.SKIPPED,
+                       f"not run: the same error as under {same.name} ({same.summary})"[:300])
+
+
+def _forward_runs(problem: Any) -> bool:
+    try:
+        problem.outputs(problem.inputs)
+    except Exception:  # noqa: BLE001 - the user's forward raising is what is asked
+        return False
+    return True
 
 
 def _run_check(name: str, case: Any, job: Job) -> CheckResult | None:
@@ -140,6 +163,10 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult | None:
         if reason and job.config.checks == DEFAULT_CHECKS:
             return None
         result = skipped(name, reason) if reason else check.run(case, context)
+        if name == "contract" and not reason and job.target.kind in ("module", "callable"):
+            from .inner import with_inner_contracts  # each custom Function inside, alone
+
+            result = with_inner_contracts(result, case.problem, config)
     except (GradtoolError, InternalError):
         raise
     except Exception as exc:  # user code raising where a check did not expect it: still a result

@@ -32,6 +32,8 @@ A spec file is one YAML mapping: `version: 1` and `specs:`, a list of specs. Eac
   reference ('file.py:fn', a low-precision kernel's float64 reference), autocast (float16|bfloat16),
   eps, atol, rtol, nondet_tol; tolerances: {double_backward: {atol: 1.0e-4}} per check
   xfail:  {gradient: 'why this check is expected to fail'}
+  trust_callable: true  lets a target from an installed package that is not a Function, Module
+          or torch operator run (with --trust-callables on the command line too)
   surrogate: identity | {kind: scale, factor: -0.5} | {kind: clipped_identity, range: [-1, 1]}
           | {kind: oracle, oracle: 'file.py:grad_fn'} (the backward is compared with it)
 The whole file is validated first; every error is reported as file:line: key.path: message."""
@@ -40,7 +42,7 @@ FILE_KEYS = ("version", "specs")
 CONFIG_KEYS = ("seed", "dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode", "checks",
                "reference", "autocast")
 SPEC_KEYS = ("name", "target", "expr", "init", "inputs", "kwargs", "inputs_from", "cases",
-             *CONFIG_KEYS, "tolerances", "xfail", "surrogate")
+             *CONFIG_KEYS, "tolerances", "xfail", "surrogate", "trust_callable")
 CASE_KEYS = ("name", "seed", "inputs")
 MAX_ERRORS = 50
 
@@ -70,6 +72,7 @@ class Spec:
     surrogate: Surrogate | None = None
     xfail: dict[str, str] = field(default_factory=dict)
     inputs_from: str | None = None  # a factory (file.py:name, module:name) or a .pt file
+    trust_callable: bool = False  # the spec opts in to running a package's plain callable
 
     @property
     def input_names(self) -> tuple[str | None, ...]:
@@ -187,7 +190,8 @@ class _Validator:
                     target=target, expr=expr, init=self.init(data, key), cases=cases,
                     config=config, check_config=self.tolerances(data, key),
                     surrogate=self.surrogate(data, key, names),
-                    xfail=self.xfail(data, key, config.get("checks")), inputs_from=inputs_from)
+                    xfail=self.xfail(data, key, config.get("checks")), inputs_from=inputs_from,
+                    trust_callable=self.trust_callable(data, key))
         return spec if len(self.errors) == before else None
 
     def name(self, data: LineDict, key: str, target: str | None, expr: str | None) -> str:
@@ -239,6 +243,14 @@ class _Validator:
                 self.error(f"{label}: applies to a target:, not to an expr", _join(key, label),
                            line_of(data, label))
         return text
+
+    def trust_callable(self, data: LineDict, key: str) -> bool:
+        value = data.get("trust_callable", False)
+        if not isinstance(value, bool):
+            self.error(f"expected true or false, got {show(value)}",
+                       _join(key, "trust_callable"), line_of(data, "trust_callable"))
+            return False
+        return value
 
     def init(self, data: LineDict, key: str) -> dict[str, Any] | list[Any] | None:
         value = data.get("init")

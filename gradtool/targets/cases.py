@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,7 +75,7 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
             infos.append(InputInfo(name, spec.describe(config.dtype), len(args) - 1 in diff))
     names = [info.name for info in infos]
     n_leaves = len(args)
-    fn, batched_fn, params = bind(target, len(positional), config, seed)
+    fn, batched_fn, params, scope = bind(target, len(positional), config, seed)
     if is_structured(list(specs)):
         fn = structured(fn, positional, keywords, n_leaves)
         batched_fn = structured(batched_fn, positional, keywords, n_leaves) \
@@ -86,7 +88,7 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
                                True))
     if config.autocast:
         fn, batched_fn = autocast(fn, config.autocast, config.device), None
-    problem = Problem(fn, args, names, diff, batched_fn=batched_fn)
+    problem = Problem(fn, args, names, diff, batched_fn=batched_fn, scope=scope)
     return Case(label, seed, list(specs), problem, infos, inferred)
 
 
@@ -136,14 +138,22 @@ def _arg_name(target: Target, position: int) -> str:
     return names[position] if position < len(names) else f"arg{position}"
 
 
-def bind(target: Target, n_args: int, config: CheckConfig, seed: int
-         ) -> tuple[Callable[..., Any], Callable[..., Any] | None, list[tuple[str, torch.Tensor]]]:
-    """(fn, a vmap-friendly twin of fn or None, [(parameter name, value)])."""
+Scope = Callable[[Sequence[Any]], contextlib.AbstractContextManager[None]]
+Bound = tuple[Callable[..., Any], Callable[..., Any] | None, list[tuple[str, torch.Tensor]],
+              Scope | None]
+
+
+def bind(target: Target, n_args: int, config: CheckConfig, seed: int) -> Bound:
+    """(fn, a vmap-friendly twin of fn or None, [(parameter name, value)], scope or None).
+
+    scope(args) is a context in which the target's parameters are args' values: Problem enters
+    it around every backward too, so a backward that re-runs forward sees the same values.
+    """
     if target.kind == "function":
-        return target.obj.apply, _batchable_forward(target.obj), []
+        return target.obj.apply, _batchable_forward(target.obj), [], None
     if target.kind == "module":
         return _bind_module(target, n_args, config, seed)
-    return target.obj, target.obj, []
+    return target.obj, target.obj, [], None
 
 
 def _batchable_forward(cls: type) -> Callable[..., Any]:
@@ -173,29 +183,43 @@ class _ValueCtx:
         pass
 
 
-def _bind_module(target: Target, n_args: int, config: CheckConfig, seed: int
-                 ) -> tuple[Callable[..., Any], Callable[..., Any], list[tuple[str, torch.Tensor]]]:
-    module = instantiate(target, seed)
+def _bind_module(target: Target, n_args: int, config: CheckConfig, seed: int) -> Bound:
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    module = private_copy(target, seed)
     dtype, device = getattr(torch, config.dtype), config.device
-    params, frozen = [], {}
-    for name, p in module.named_parameters():
-        value = p.detach().to(device=device, dtype=dtype if p.is_floating_point() else p.dtype)
-        if p.requires_grad and p.is_floating_point():
-            params.append((name, value.clone()))
-        else:
-            frozen[name] = value
-    for name, b in module.named_buffers():
-        frozen[name] = b.detach().to(device=device, dtype=dtype if b.is_floating_point()
-                                     else b.dtype).clone()
+    module.to(device=device, dtype=dtype)  # casts floating parameters and buffers only
+    params = [(name, p.detach().clone()) for name, p in module.named_parameters()
+              if p.requires_grad and p.is_floating_point()]
     names = [n for n, _ in params]
+
+    @contextlib.contextmanager
+    def scope(args: Sequence[Any]) -> Iterator[None]:
+        # Swapped into the private copy (tied weights kept tied); nested scopes restore in turn.
+        with _reparametrize_module(module, dict(zip(names, args[n_args:])), tie_weights=True):
+            yield
 
     @calls_user_code
     def call(*args: Any, **kwargs: Any) -> Any:
-        # functional_call swaps the values in for this call only: the user's module is untouched.
-        state = {**frozen, **dict(zip(names, args[n_args:]))}
-        return torch.func.functional_call(module, state, tuple(args[:n_args]), kwargs)
+        with scope(args):
+            return module(*args[:n_args], **kwargs)
 
-    return call, call, params
+    return call, call, params, scope
+
+
+def private_copy(target: Target, seed: int) -> torch.nn.Module:
+    """A module of gradtool's own: built from the class, or a deep copy of the user's instance
+    (so nothing of theirs changes: values, .grad, requires_grad, hooks, training flag)."""
+    module = instantiate(target, seed)
+    if inspect.isclass(target.obj):
+        return module
+    try:
+        return copy.deepcopy(module)
+    except Exception as exc:
+        raise TargetError(f"{target.name}: cannot copy the module ({type(exc).__name__}: {exc}); "
+                          "gradtool checks a copy so that yours is never modified",
+                          "make it deep-copyable, or check its class with a spec's init: "
+                          "key") from exc
 
 
 def instantiate(target: Target, seed: int) -> torch.nn.Module:
