@@ -25,7 +25,7 @@ def check_contract(case: Case, target: Target, config: CheckConfig) -> CheckResu
     before = dict(problem.calls)
     try:
         violations, notes = _violations(case, target, config)
-    except Exception as exc:  # the user's forward or backward raised
+    except (Exception, SystemExit) as exc:  # the user's forward or backward raised (or exited)
         return error_result("contract", exc, target, start, problem, before)
     outcome = Outcome.FAILED if violations else Outcome.PASSED
     summary = violations[0] if violations else "forward and backward keep autograd's contract"
@@ -41,6 +41,8 @@ def _violations(case: Case, target: Target, config: CheckConfig) -> tuple[list[s
     notes = _detect_stochastic(case, config)
     violations = _forward_purity(problem, target)
     leaves, result = _forward(problem)
+    if not tensor_outputs(result):
+        return violations + [not_a_tensor(result)], notes
     outs = [t for t in tensor_outputs(result) if t.is_floating_point() or t.is_complex()]
     violations += _finite("forward output", outs)
     diff_outs = [o for o in outs if o.requires_grad]
@@ -234,3 +236,12 @@ def _deterministic(backward, g1, r1, problem: Problem, config: CheckConfig) -> l
                     f"'{name}' gradients differing by {diff:.3g} (> nondet_tol "
                     f"{config.nondet_tol:g}; raise --nondet-tol if this is expected)"]
     return []
+
+
+def not_a_tensor(result: object) -> str:
+    """'forward returned str, not a tensor': what came back instead, and what to return."""
+    what = type(result).__name__
+    if isinstance(result, (tuple, list, dict)):
+        what += " holding no tensor"
+    return (f"forward returned {what}, not a tensor: return the output tensor "
+            "(or a tuple, list or dict of tensors)")

@@ -25,6 +25,7 @@ def settings_from(kw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         "nondet_tol": kw.get("nondet_tol"), "mode": kw.get("mode"),
         "checks": list(kw.get("checks") or []) or None, "strict": kw.get("strict"),
         "probes": kw.get("probes"), "max_memory": kw.get("max_memory"),
+        "timeout": kw.get("timeout"),
         "format": kw.get("fmt") if kw.get("fmt") in ("terminal", "json") else None,
         "junit_xml": kw.get("junit_xml"), "annotations": kw.get("annotations"),
         "paths": list(kw.get("targets") or []) or None,
@@ -56,12 +57,18 @@ def run_check(kw: dict[str, Any]) -> int:
     if not targets:
         raise NothingToCheck("nothing to check: give a target (module:Name, file.py:Name, a "
                              "spec file or folder), or set paths in [tool.gradtool]")
-    jobs, rejected = _collect(targets, config, parse_inputs(kw.get("inputs") or ()))
-    report = _run(jobs, rejected, config, quiet=kw.get("quiet", False))
+    inputs = parse_inputs(kw.get("inputs") or ())
+    if kw.get("isolate", True):
+        report = _supervise(lambda: _collect(targets, config, inputs), config, targets, kw)
+    else:
+        jobs, rejected = _collect(targets, config, inputs)
+        report = _run(jobs, rejected, config, quiet=kw.get("quiet", False))
     try:
         _emit(report, settings, kw)
     except BrokenPipeError:  # `gradtool check ... | head`: the verdict still decides the code
         silence_stdout()
+    if report.interrupted:
+        return 130
     if report.rejected:
         return 2
     return 0 if report.ok(config.strict) else 1
@@ -86,6 +93,28 @@ def _collect(targets: list[str], config: CheckConfig, inputs: list[Any] | None):
     if not jobs and not rejected:
         raise NothingToCheck(f"nothing to check in {', '.join(targets)}")
     return jobs, rejected
+
+
+def _supervise(collect: Any, config: CheckConfig, targets: list[str], kw: dict[str, Any]
+               ) -> Report:
+    """Run in worker processes (see supervise.py), with the late progress bar on a TTY."""
+    from .supervise import Supervisor
+
+    workers = kw.get("workers") or "1"
+    count = os.cpu_count() or 1 if workers == "auto" else int(workers)
+    progress = LateProgress(0) if not kw.get("quiet") and sys.stderr.isatty() else None
+
+    def step(name: str) -> None:
+        if progress and supervisor.total > 1:
+            progress.total = supervisor.total
+            progress.step(name)
+
+    supervisor = Supervisor(collect, config, count, kw.get("max_rss"), step)
+    try:
+        return supervisor.run(targets)
+    finally:
+        if progress:
+            progress.stop()
 
 
 def _run(jobs: list[Any], rejected: list[Any], config: CheckConfig, quiet: bool) -> Report:

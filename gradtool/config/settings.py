@@ -42,6 +42,7 @@ class CheckConfig:
     strict: bool = False
     resample: int = 0
     max_worst: int = 5
+    timeout: float = 600.0  # seconds per target in a worker process (0: no limit)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:

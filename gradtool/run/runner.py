@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.settings import CheckConfig
+from .. import heartbeat
 from ..errors import GradtoolError
 from ..results import CaseResult, CheckResult, Outcome, Rejected, Report, TargetResult
 from ..targets.inputs import InputSpec
@@ -53,12 +54,18 @@ def run(jobs: Sequence[Job], config: CheckConfig, rejected: Sequence[Rejected] =
     for job in jobs:
         if progress:
             progress(job.target.name)
-        try:
-            results.append(run_job(job))
-        except GradtoolError as exc:  # e.g. a module class that cannot be constructed
-            more_rejected.append(Rejected(job.target.name, str(exc)))
+        result = run_one(job)
+        (results if isinstance(result, TargetResult) else more_rejected).append(result)
     return Report(tuple(results), config.effective, versions(), tuple(more_rejected),
                   time.perf_counter() - start)
+
+
+def run_one(job: Job) -> TargetResult | Rejected:
+    """One job's result, or its rejection (e.g. a module class that cannot be constructed)."""
+    try:
+        return run_job(job)
+    except GradtoolError as exc:
+        return Rejected(job.target.name, str(exc))
 
 
 def run_job(job: Job) -> TargetResult:
@@ -103,6 +110,7 @@ def case_for(job: Job, spec: CaseSpec) -> Any:
 def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     """Sample one case and run every configured check on it."""
     config = job.config
+    heartbeat.enter(target=job.target.name, case=spec.label, check="")
     case = case_for(job, spec)
     reproduce = job.reproduce or reproduce_command(job.target, case.specs, config, spec.seed)
     checks = [_run_check(name, case, job) for name in config.checks]
@@ -121,6 +129,7 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult:
 
     config = job.config.with_(**job.check_config.get(name, {}))
     start, before = time.perf_counter(), dict(case.problem.calls)
+    heartbeat.enter(check=name)
     try:
         if name == "contract":
             result = check_contract(case, job.target, config)
@@ -136,7 +145,8 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult:
             result = check_double_backward(case, job.target, config)
     except GradtoolError:
         raise
-    except Exception as exc:  # user code raising where a check did not expect it: still a result
+    # User code raising where a check did not expect it is still a result; so is its sys.exit().
+    except (Exception, SystemExit) as exc:
         result = error_result(name, exc, job.target, start, case.problem, before)
     return _apply_xfail(result, job.xfail.get(name))
 

@@ -24,14 +24,16 @@ A spec file is one YAML mapping: `version: 1` and `specs:`, a list of specs. Eac
           requires_grad: true}, a literal {name: c, value: 5}, or a shorthand {x: '3x4:positive'}
   cases:  several input sets: [{name: big, seed: 1, inputs: {x: [8, 8]}}] (overrides by name)
   seed, dtype, device, mode (auto|full|probe), checks [contract, gradient, double_backward],
-  eps, atol, rtol, nondet_tol; tolerances: {double_backward: {atol: 1.0e-4}} per check
+  eps, atol, rtol, nondet_tol, timeout (seconds per target);
+  tolerances: {double_backward: {atol: 1.0e-4}} per check
   xfail:  {gradient: 'why this check is expected to fail'}
   surrogate: identity | {kind: scale, factor: -0.5} | {kind: clipped_identity, range: [-1, 1]}
           | {kind: oracle, oracle: 'file.py:grad_fn'} (the backward is compared with it)
 The whole file is validated first; every error is reported as file:line: key.path: message."""
 
 FILE_KEYS = ("version", "specs")
-CONFIG_KEYS = ("seed", "dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode", "checks")
+CONFIG_KEYS = ("seed", "dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode", "checks",
+               "timeout")
 SPEC_KEYS = ("name", "target", "expr", "init", "inputs", "cases", *CONFIG_KEYS, "tolerances",
              "xfail", "surrogate")
 CASE_KEYS = ("name", "seed", "inputs")

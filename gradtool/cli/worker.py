@@ -1,0 +1,67 @@
+"""A worker process of `gradtool check`: collects the jobs, then runs the ones it is sent by index."""
+
+from __future__ import annotations
+
+import mmap
+import signal
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from .. import heartbeat
+from ..errors import GradtoolError, NothingToCheck
+
+BEAT_BYTES = 4096
+
+
+def job_facts(job: Any) -> dict[str, Any]:
+    """What the supervisor needs to describe a job it cannot import: names, cases, timeout."""
+    from ..run.runner import reproduce_command
+
+    t = job.target
+    cases = [(c.label, c.seed, job.reproduce or reproduce_command(
+        t, c.inputs or [], job.config, c.seed) + " --no-isolate") for c in job.cases]
+    return {"name": t.name, "kind": t.kind, "qualname": t.qualname, "source": t.source,
+            "spec": job.spec, "cases": cases,
+            "timeout": job.config.timeout, "checks": list(job.config.checks)}
+
+
+def serve(conn: Any, beat: mmap.mmap, collect: Callable[[], tuple[list[Any], list[Any]]],
+          max_rss: int | None) -> None:
+    """Collect (deterministically, as every worker does), report what was found, run by index."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
+    try:
+        jobs, rejected = collect()
+        from ..run.runner import versions
+
+        conn.send(("ready", {"jobs": [job_facts(j) for j in jobs], "rejected": rejected,
+                             "versions": versions()}))
+    except GradtoolError as exc:
+        conn.send(("usage", isinstance(exc, NothingToCheck), str(exc)))
+        return
+    except BaseException:
+        conn.send(("internal", traceback.format_exc()))
+        return
+    heartbeat.install(lambda data: _publish(beat, data))
+    if max_rss:
+        limit_memory(max_rss)
+    from ..run.runner import run_one
+
+    while (index := conn.recv()) is not None:
+        conn.send(("done", index, run_one(jobs[index])))
+
+
+def _publish(beat: mmap.mmap, data: bytes) -> None:
+    beat[:BEAT_BYTES] = data[:BEAT_BYTES - 1].ljust(BEAT_BYTES, b"\0")
+
+
+def limit_memory(max_rss: int) -> None:
+    """Cap this process's data segment: an allocation past it fails (an `error`), not an OOM kill.
+
+    RLIMIT_DATA (not RLIMIT_AS): since Linux 4.7 it counts private anonymous mappings, where
+    torch's CPU allocator puts tensors, but not the libraries' reserved address space, which
+    RLIMIT_AS counts and which alone exceeds any sensible limit once torch is loaded."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (max_rss, hard))
