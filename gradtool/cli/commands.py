@@ -102,19 +102,20 @@ def _supervise(collect: Any, config: CheckConfig, targets: list[str], kw: dict[s
 
     workers = kw.get("workers") or "1"
     count = os.cpu_count() or 1 if workers == "auto" else int(workers)
-    progress = LateProgress(0) if not kw.get("quiet") and sys.stderr.isatty() else None
+    shown = not kw.get("quiet") and sys.stderr.isatty()
+    progress: list[LateProgress] = []  # its second starts once the workers have collected
 
     def step(name: str) -> None:
-        if progress and supervisor.total > 1:
-            progress.total = supervisor.total
-            progress.step(name)
+        if shown and supervisor.total > 1:
+            progress or progress.append(LateProgress(supervisor.total))
+            progress[0].step(name)
 
     supervisor = Supervisor(collect, config, count, kw.get("max_rss"), step)
     try:
         return supervisor.run(targets)
     finally:
-        if progress:
-            progress.stop()
+        for bar in progress:
+            bar.stop()
 
 
 def _run(jobs: list[Any], rejected: list[Any], config: CheckConfig, quiet: bool) -> Report:

@@ -200,10 +200,10 @@ class Supervisor:
                         if i not in self.results)
         if self.facts is None and self.stopped_by:
             not_run = tuple(arguments)  # stopped while importing: the arguments are all we know
-        return Report(
-            tuple(r for r in ordered if isinstance(r, TargetResult)), self.config.effective,
-            facts["versions"], (*facts["rejected"], *(r for r in ordered if isinstance(r, Rejected))),
-            duration, not_run=not_run, interrupted=self.stopped_by)
+        rejected = (*facts["rejected"], *(r for r in ordered if isinstance(r, Rejected)))
+        return Report(tuple(r for r in ordered if isinstance(r, TargetResult)),
+                      self.config.effective, facts["versions"], rejected, duration,
+                      not_run=not_run, interrupted=self.stopped_by)
 
 
 def exit_cause(code: int | None) -> str:

@@ -1,4 +1,4 @@
-"""A worker process of `gradtool check`: collects the jobs, then runs the ones it is sent by index."""
+"""A worker process of `gradtool check`: collects the jobs, then runs those it is sent by index."""
 
 from __future__ import annotations
 
@@ -32,8 +32,9 @@ def serve(conn: Any, beat: mmap.mmap, collect: Callable[[], tuple[list[Any], lis
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
     try:
         jobs, rejected = collect()
-        from ..run.runner import versions
+        from ..run.runner import check_devices, versions
 
+        check_devices(jobs)
         conn.send(("ready", {"jobs": [job_facts(j) for j in jobs], "rejected": rejected,
                              "versions": versions()}))
     except GradtoolError as exc:

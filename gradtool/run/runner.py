@@ -44,10 +44,7 @@ class Job:
 def run(jobs: Sequence[Job], config: CheckConfig, rejected: Sequence[Rejected] = (),
         progress: Progress | None = None) -> Report:
     """Run every job; a failure in one never stops the others."""
-    from ..targets.cases import check_device
-
-    for device in {config.device, *(job.config.device for job in jobs)}:
-        check_device(device)
+    check_devices(jobs, config)
     start = time.perf_counter()
     results = []
     more_rejected = list(rejected)
@@ -58,6 +55,14 @@ def run(jobs: Sequence[Job], config: CheckConfig, rejected: Sequence[Rejected] =
         (results if isinstance(result, TargetResult) else more_rejected).append(result)
     return Report(tuple(results), config.effective, versions(), tuple(more_rejected),
                   time.perf_counter() - start)
+
+
+def check_devices(jobs: Sequence[Job], config: CheckConfig | None = None) -> None:
+    """An unusable device is a usage error before anything runs."""
+    from ..targets.cases import check_device
+
+    for device in {job.config.device for job in jobs} | ({config.device} if config else set()):
+        check_device(device)
 
 
 def run_one(job: Job) -> TargetResult | Rejected:
