@@ -126,3 +126,22 @@ def test_the_heartbeat_says_where_a_worker_was():
     assert describe(state) == "forward of Bad, case 0 (gradient check, forward call 37)"
     assert place(state) == "gradient check (forward call 37)"
     assert place({"target": "Bad", "case": "case 0"}) == "setup of Bad, case 0"
+
+
+def test_a_spec_and_the_project_set_the_timeout(tmp_path):
+    from gradtool.config.pyproject import discover
+    from gradtool.config.settings import CheckConfig
+    from gradtool.errors import ConfigError, SpecError
+    from gradtool.run.collect import spec_jobs
+    from gradtool.spec.schema import load_text
+
+    text = "version: 1\nspecs:\n  - target: misbehaving.py:fine\n    timeout: 2.5\n"
+    (spec,) = load_text(text, "a.yaml", FIXTURES)
+    assert spec_jobs(spec, CheckConfig())[0].config.timeout == 2.5
+    with pytest.raises(SpecError, match="timeout: expected a non-negative number"):
+        load_text(text.replace("2.5", "soon"), "a.yaml", FIXTURES)
+    (tmp_path / "pyproject.toml").write_text("[tool.gradtool]\ntimeout = 30\n")
+    assert discover(tmp_path).settings["timeout"] == 30.0
+    (tmp_path / "pyproject.toml").write_text("[tool.gradtool]\ntimeout = -1\n")
+    with pytest.raises(ConfigError, match="timeout = -1: expected a non-negative number"):
+        discover(tmp_path)
