@@ -18,7 +18,8 @@ from typing import Any
 from .. import heartbeat
 from ..config.settings import CheckConfig
 from ..errors import GradtoolError, NothingToCheck
-from ..results import CaseResult, CheckResult, Outcome, Rejected, Report, TargetResult
+from ..results import (CaseResult, CheckResult, InputInfo, Outcome, Rejected, Report,
+                       TargetResult)
 from .worker import BEAT_BYTES, serve
 
 TICK_S = 0.1  # how often deadlines and signals are looked at while workers are busy
@@ -175,7 +176,9 @@ class Supervisor:
             ("the worker process running this target was stopped; the other targets ran on "
              "in fresh workers (rerun this one with --no-isolate to debug it in-process)",),
             source=job["source"], duration_s=time.monotonic() - worker.started)
-        result = CaseResult(case[0], case[1], (), (check,), reproduce=case[2])
+        inputs = tuple(InputInfo(name, text, True) for name, text in case[3] or ())
+        result = CaseResult(case[0], case[1], inputs, (check,), case[3] is None,
+                            reproduce=case[2])
         return TargetResult(job["name"], job["kind"], job["qualname"], job["source"], (result,),
                             job["spec"])
 

@@ -20,10 +20,20 @@ def job_facts(job: Any) -> dict[str, Any]:
 
     t = job.target
     cases = [(c.label, c.seed, job.reproduce or reproduce_command(
-        t, c.inputs or [], job.config, c.seed) + " --no-isolate") for c in job.cases]
+        t, c.inputs or [], job.config, c.seed) + " --no-isolate", _inputs(c.inputs, job))
+        for c in job.cases]
     return {"name": t.name, "kind": t.kind, "qualname": t.qualname, "source": t.source,
             "spec": job.spec, "cases": cases,
             "timeout": job.config.timeout, "checks": list(job.config.checks)}
+
+
+def _inputs(specs: list[Any] | None, job: Any) -> list[tuple[str, str]] | None:
+    """(name, description) of given inputs; None when they are inferred (not known yet)."""
+    if specs is None:
+        return None
+    names = list(job.target.arg_names or ())
+    return [(s.name or (names[k] if k < len(names) else f"arg{k}"),
+             s.describe(job.config.dtype)) for k, s in enumerate(specs)]
 
 
 def serve(conn: Any, beat: mmap.mmap, collect: Callable[[], tuple[list[Any], list[Any]]],
