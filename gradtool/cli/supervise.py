@@ -18,8 +18,7 @@ from typing import Any
 from .. import heartbeat
 from ..config.settings import CheckConfig
 from ..errors import GradtoolError, NothingToCheck
-from ..results import (CaseResult, CheckResult, InputInfo, Outcome, Rejected, Report,
-                       TargetResult)
+from ..results import CaseResult, CheckResult, InputInfo, Outcome, Rejected, Report, TargetResult
 from .worker import BEAT_BYTES, serve
 
 TICK_S = 0.1  # how often deadlines and signals are looked at while workers are busy
