@@ -101,7 +101,7 @@ def _supervise(collect: Any, config: CheckConfig, targets: list[str], kw: dict[s
     from .supervise import Supervisor
 
     workers = kw.get("workers") or "1"
-    count = os.cpu_count() or 1 if workers == "auto" else int(workers)
+    count = (os.cpu_count() or 1) if workers == "auto" else int(workers)
     shown = not kw.get("quiet") and sys.stderr.isatty()
     progress: list[LateProgress] = []  # its second starts once the workers have collected
 
