@@ -59,7 +59,9 @@ def run_check(kw: dict[str, Any]) -> int:
                              "spec file or folder), or set paths in [tool.gradtool]")
     inputs = parse_inputs(kw.get("inputs") or ())
     if kw.get("isolate", True):
-        report = _supervise(lambda: _collect(targets, config, inputs), config, targets, kw)
+        from functools import partial  # picklable, for workers that are spawned, not forked
+
+        report = _supervise(partial(_collect, targets, config, inputs), config, targets, kw)
     else:
         jobs, rejected = _collect(targets, config, inputs)
         report = _run(jobs, rejected, config, quiet=kw.get("quiet", False))

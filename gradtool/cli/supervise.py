@@ -5,9 +5,9 @@ It imports no torch (workers do): collection imports the user's modules, so it h
 from __future__ import annotations
 
 import json
-import mmap
 import multiprocessing
 import signal
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -28,7 +28,7 @@ TICK_S = 0.1  # how often deadlines and signals are looked at while workers are 
 class Worker:
     process: Any
     conn: Any
-    beat: mmap.mmap
+    beat: Any  # shared memory (a RawArray of bytes) the worker writes its heartbeat to
     index: int | None = None   # the job it runs now
     started: float = 0.0
     ready: bool = False        # collection done
@@ -36,7 +36,7 @@ class Worker:
     def state(self) -> dict[str, Any]:
         """What it was doing last (target, case, check, phase, call), as it published."""
         try:
-            return json.loads(bytes(self.beat[:BEAT_BYTES]).split(b"\0", 1)[0] or b"{}")
+            return json.loads(self.beat.value or b"{}")
         except ValueError:  # caught mid-write
             return {}
 
@@ -48,7 +48,9 @@ class Supervisor:
                  max_rss: int | None, progress: Callable[[str], None] | None) -> None:
         self.collect, self.config, self.size = collect, config, max(1, workers)
         self.max_rss, self.progress = max_rss, progress
-        self.context = multiprocessing.get_context("fork")  # the supervisor holds no torch
+        # Fork is cheap and safe while this process holds no torch; once it does (the CLI called
+        # in-process, as by click's test runner), a forked child can deadlock on its threads' locks.
+        self.context = multiprocessing.get_context("spawn" if "torch" in sys.modules else "fork")
         self.workers: list[Worker] = []
         self.facts: dict[str, Any] | None = None
         self.pending: deque[int] = deque()
@@ -83,7 +85,7 @@ class Supervisor:
 
     def _spawn(self) -> None:
         ours, theirs = self.context.Pipe()
-        beat = mmap.mmap(-1, BEAT_BYTES)
+        beat = self.context.RawArray("c", BEAT_BYTES)
         process = self.context.Process(target=serve, args=(theirs, beat, self.collect,
                                                            self.max_rss), daemon=True)
         process.start()

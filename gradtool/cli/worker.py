@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mmap
 import signal
 import traceback
 from collections.abc import Callable
@@ -36,7 +35,7 @@ def _inputs(specs: list[Any] | None, job: Any) -> list[tuple[str, str]] | None:
              s.describe(job.config.dtype)) for k, s in enumerate(specs)]
 
 
-def serve(conn: Any, beat: mmap.mmap, collect: Callable[[], tuple[list[Any], list[Any]]],
+def serve(conn: Any, beat: Any, collect: Callable[[], tuple[list[Any], list[Any]]],
           max_rss: int | None) -> None:
     """Collect (deterministically, as every worker does), report what was found, run by index."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
@@ -62,7 +61,7 @@ def serve(conn: Any, beat: mmap.mmap, collect: Callable[[], tuple[list[Any], lis
         conn.send(("done", index, run_one(jobs[index])))
 
 
-def _publish(beat: mmap.mmap, data: bytes) -> None:
+def _publish(beat: Any, data: bytes) -> None:
     beat[:BEAT_BYTES] = data[:BEAT_BYTES - 1].ljust(BEAT_BYTES, b"\0")
 
 

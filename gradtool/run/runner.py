@@ -241,7 +241,8 @@ def versions() -> dict[str, str]:
 
     from .._version import __version__
 
-    return {"gradtool": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
+    # str(): torch.__version__ is a TorchVersion, whose unpickling would import torch.
+    return {"gradtool": __version__, "torch": str(torch.__version__), "numpy": numpy.__version__,
             "python": platform.python_version()}
 
 
