@@ -55,8 +55,8 @@ INVALID = [
     # --- spec keys ---------------------------------------------------------------------------
     (spec_file("- target: ops.py:Double", "  atoll: 1.0e-5"),
      "a.yaml:4: specs[0].atoll: unknown key 'atoll'; allowed: name, target, expr, init, inputs, "
-     "cases, seed, dtype, device, eps, atol, rtol, nondet_tol, mode, checks, tolerances, xfail, "
-     "surrogate", "did you mean 'atol'?"),
+     "cases, seed, dtype, device, eps, atol, rtol, nondet_tol, mode, checks, timeout, tolerances, "
+     "xfail, surrogate", "did you mean 'atol'?"),
     (spec_file("- name: both", "  target: ops.py:Double", "  expr: x", f"  {X}"),
      "a.yaml:3: specs[0]: give exactly one of target: (file.py:Name or module:Name) or expr:",
      None),
