@@ -118,7 +118,7 @@ def isolation_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("-n", "--workers", default=None, metavar="N|auto",
                      callback=lambda _c, _p, v: _workers(v),
                      help="Worker processes running targets in parallel (auto: one per core) [1]."),
-        click.option("--timeout", type=click.FloatRange(min=0), default=None,
+        click.option("--timeout", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
                      help="Seconds a target may run before its worker is stopped and it is an "
                           "error (0: no limit) [600]."),
         click.option("--max-rss", type=click.IntRange(min=1), default=None, metavar="BYTES",
