@@ -150,6 +150,8 @@ class Report:
     rejected: tuple[Rejected, ...] = ()
     duration_s: float = 0.0
     schema_version: int = SCHEMA_VERSION
+    not_run: tuple[str, ...] = ()     # targets left unchecked when the run was interrupted
+    interrupted: str | None = None    # the signal that stopped the run (SIGINT, SIGTERM)
 
     def checks(self) -> list[tuple[TargetResult, CaseResult, CheckResult]]:
         """Every (target, case, check) triple, in run order."""
@@ -161,7 +163,7 @@ class Report:
 
     def ok(self, strict: bool = False) -> bool:
         """True when nothing fails the run (a rejected spec or target fails it too)."""
-        if self.rejected:
+        if self.rejected or self.not_run or self.interrupted:
             return False
         return not any(k.outcome.is_bad(strict) for _, _, k in self.checks())
 

@@ -39,7 +39,9 @@ def test_a_bug_in_gradtool_raises_internal_error_not_an_error_outcome(buggy_grad
 
 
 def test_cli_exits_3_with_traceback_on_a_bug_in_gradtool(buggy_gradtool):
-    out = CliRunner().invoke(main, ["check", f"{FIXTURES}/three_functions.py:LinearFunction"])
+    # In-process (the planted bug lives in this process); isolated runs are tests/test_isolation.py
+    out = CliRunner().invoke(main, ["check", f"{FIXTURES}/three_functions.py:LinearFunction",
+                                    "--no-isolate"])
     assert out.exit_code == 3, out.output
     text = out.output + (out.stderr if out.stderr_bytes is not None else "")
     assert "a bug in gradtool" in text and "Traceback" in text and "KeyError" in text

@@ -13,7 +13,7 @@ PACKAGE = ROOT / "gradtool"
 
 # Each room may import rooms on lower layers only (and itself). Function-level imports count.
 LAYERS = [
-    {"errors", "results", "tracebacks", "_version"},
+    {"errors", "results", "tracebacks", "_version", "heartbeat"},
     {"config"},
     {"numerics", "diagnosis", "graph", "render"},
     {"targets"},

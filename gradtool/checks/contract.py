@@ -26,7 +26,7 @@ def check_contract(case: Case, target: Target, config: CheckConfig) -> CheckResu
     before = dict(problem.calls)
     try:
         violations, notes = _violations(case, target, config)
-    except Exception as exc:  # the user's forward or backward raised
+    except (Exception, SystemExit) as exc:  # the user's forward or backward raised (or exited)
         return error_result("contract", exc, target, start, problem, before)
     outcome = Outcome.FAILED if violations else Outcome.PASSED
     summary = violations[0] if violations else "forward and backward keep autograd's contract"
@@ -44,6 +44,8 @@ def _violations(case: Case, target: Target, config: CheckConfig) -> tuple[list[s
     violations = _forward_purity(problem, target)
     notes = _detect_stochastic(case, config)
     leaves, result = _forward(problem)
+    if not tensor_outputs(result):
+        return violations + [not_a_tensor(result)], notes
     outs = [t for t in tensor_outputs(result) if t.is_floating_point() or t.is_complex()]
     problem.has_functions = bool(function_nodes([o for o in outs if o.requires_grad]))
     violations += _finite("forward output", outs)
@@ -308,3 +310,12 @@ def _deterministic(backward, g1, r1, problem: Problem, config: CheckConfig) -> l
 def run(case: Case, context: Context) -> CheckResult:
     """The registry's entry point."""
     return check_contract(case, context.target, context.config)
+
+
+def not_a_tensor(result: object) -> str:
+    """'forward returned str, not a tensor': what came back instead, and what to return."""
+    what = type(result).__name__
+    if isinstance(result, (tuple, list, dict)):
+        what += " holding no tensor"
+    return (f"forward returned {what}, not a tensor: return the output tensor "
+            "(or a tuple, list or dict of tensors)")

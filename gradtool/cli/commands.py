@@ -25,6 +25,7 @@ def settings_from(kw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         "nondet_tol": kw.get("nondet_tol"), "mode": kw.get("mode"),
         "checks": list(kw.get("checks") or []) or None, "strict": kw.get("strict"),
         "probes": kw.get("probes"), "max_memory": kw.get("max_memory"),
+        "timeout": kw.get("timeout"),
         "format": kw.get("fmt") if kw.get("fmt") in ("terminal", "json") else None,
         "junit_xml": kw.get("junit_xml"), "annotations": kw.get("annotations"),
         "paths": list(kw.get("targets") or []) or None,
@@ -76,17 +77,32 @@ def run_check(kw: dict[str, Any]) -> int:
     if not targets:
         raise NothingToCheck("nothing to check: give a target (module:Name, file.py:Name, a "
                              "spec file or folder), or set paths in [tool.gradtool]")
-    jobs, rejected = _collect(targets, config, **_sources(kw, config))
-    report = _run(jobs, rejected, config, quiet=kw.get("quiet", False))
+    from functools import partial  # picklable, for workers that are spawned, not forked
+
+    options = {name: kw.get(name) for name in ("inputs", "inputs_from", "init")}
+    collect = partial(_jobs_for, targets, config, options)
+    if kw.get("isolate", True):
+        report = _supervise(collect, config, targets, kw)
+    else:
+        jobs, rejected = collect()
+        report = _run(jobs, rejected, config, quiet=kw.get("quiet", False))
     if kw.get("save_inputs"):
-        _save_inputs(kw["save_inputs"], jobs)
+        _save_inputs(kw["save_inputs"], collect()[0])  # in this process, and only when asked
     try:
         _emit(report, settings, kw)
     except BrokenPipeError:  # `gradtool check ... | head`: the verdict still decides the code
         silence_stdout()
+    if report.interrupted:
+        return 130
     if report.rejected:
         return 2
     return 0 if report.ok(config.strict) else 1
+
+
+def _jobs_for(targets: list[str], config: CheckConfig, options: dict[str, Any]):
+    """Collection from the command line's target options (in a worker, when isolated: a
+    factory given with --inputs-from is the user's code too)."""
+    return _collect(targets, config, **_sources(options, config))
 
 
 def _save_inputs(path: str, jobs: list[Any]) -> None:
@@ -122,6 +138,29 @@ def _collect(targets: list[str], config: CheckConfig, inputs: list[Any] | None,
     if not jobs and not rejected:
         raise NothingToCheck(f"nothing to check in {', '.join(targets)}")
     return jobs, rejected
+
+
+def _supervise(collect: Any, config: CheckConfig, targets: list[str], kw: dict[str, Any]
+               ) -> Report:
+    """Run in worker processes (see supervise.py), with the late progress bar on a TTY."""
+    from .supervise import Supervisor
+
+    workers = kw.get("workers") or "1"
+    count = (os.cpu_count() or 1) if workers == "auto" else int(workers)
+    shown = not kw.get("quiet") and sys.stderr.isatty()
+    progress: list[LateProgress] = []  # its second starts once the workers have collected
+
+    def step(name: str) -> None:
+        if shown and supervisor.total > 1:
+            progress or progress.append(LateProgress(supervisor.total))
+            progress[0].step(name)
+
+    supervisor = Supervisor(collect, config, count, kw.get("max_rss"), step)
+    try:
+        return supervisor.run(targets)
+    finally:
+        for bar in progress:
+            bar.stop()
 
 
 def _run(jobs: list[Any], rejected: list[Any], config: CheckConfig, quiet: bool) -> Report:

@@ -26,6 +26,7 @@ class ExitCode(IntEnum):
     USAGE = 2
     INTERNAL = 3
     NOTHING = 5
+    INTERRUPTED = 130
 
 
 def _version_text() -> str:
@@ -57,7 +58,8 @@ def main() -> None:
 
     \b
     Exit codes: 0 all checks passed, 1 a check failed or errored,
-    2 usage error (bad option, spec or target), 3 internal error, 5 nothing to check.
+    2 usage error (bad option, spec or target), 3 internal error, 5 nothing to check,
+    130 interrupted (Ctrl-C or SIGTERM; finished results are still reported).
     """
 
 
@@ -116,6 +118,33 @@ def check_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def isolation_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Worker processes: how many, how long and how much memory each target may take."""
+    options = [
+        click.option("-n", "--workers", default=None, metavar="N|auto",
+                     callback=lambda _c, _p, v: _workers(v),
+                     help="Worker processes running targets in parallel (auto: one per core) [1]."),
+        click.option("--timeout", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+                     help="Seconds a target may run before its worker is stopped and it is an "
+                          "error (0: no limit) [600]."),
+        click.option("--max-rss", type=click.IntRange(min=1), default=None, metavar="BYTES",
+                     help="Memory (data segment) each worker may allocate; beyond it the "
+                          "allocation fails and the target is an error [no limit]."),
+        click.option("--isolate/--no-isolate", default=True,
+                     help="Run targets in worker processes that may crash or hang without "
+                          "losing the others; --no-isolate runs in-process (pdb, profilers)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _workers(value: str | None) -> str | None:
+    if value is None or value == "auto" or (value.isdigit() and int(value) >= 1):
+        return value
+    raise click.BadParameter(f"{value!r}: expected a positive number of workers or 'auto'")
+
+
 CHECK_EPILOG = "\b\nInputs:\n" + INPUT_HELP
 
 
@@ -165,6 +194,7 @@ CHECK_EPILOG = "\b\nInputs:\n" + INPUT_HELP
 @click.option("-v", "--verbose", is_flag=True, help="Show per-check timing and call counts.")
 @click.option("--show-config", is_flag=True,
               help="Print the effective settings and where each came from, then exit.")
+@isolation_options
 @guarded
 def check(**kw: Any) -> int:
     """Check the gradients of TARGETS: module:Name, path/file.py:Name, a module or file

@@ -34,6 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "strict": False,
     "probes": 4,
     "max_memory": 2e9,
+    "timeout": 600.0,
     "format": "terminal",
     "junit_xml": None,
     "annotations": "auto",
@@ -42,7 +43,7 @@ KEYS = tuple(DEFAULTS)
 
 # Settings CheckConfig takes; the rest (paths, output options) are for the CLI.
 CHECK_CONFIG_KEYS = ("seed", "dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode",
-                     "checks", "strict", "probes", "max_memory")
+                     "checks", "strict", "probes", "max_memory", "timeout")
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ def _validate(key: str, value: Any, path: Path) -> Any:
     if not ok:
         raise ConfigError(f"{path}: [tool.gradtool] {key} = {_toml(value)}: expected {expected}",
                           _hint(key, value))
-    if key in ("eps", "atol", "rtol", "nondet_tol", "max_memory"):
+    if key in ("eps", "atol", "rtol", "nondet_tol", "max_memory", "timeout"):
         return float(value)
     return list(value) if isinstance(value, list) else value
 
@@ -198,6 +199,8 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "strict": ("true or false", lambda v: isinstance(v, bool)),
     "probes": ("a positive integer", lambda v: _is_int(v) and v >= 1),
     "max_memory": ("a positive number of bytes", lambda v: _is_number(v) and v > 0),
+    "timeout": ("a non-negative number of seconds (0: no limit)",
+                lambda v: _is_number(v) and v >= 0),
     "format": (f"one of {', '.join(FORMATS)}", lambda v: v in FORMATS),
     "junit_xml": ("a file path string", lambda v: isinstance(v, str) and v != ""),
     "annotations": (f"one of {', '.join(ANNOTATIONS)}", lambda v: v in ANNOTATIONS),

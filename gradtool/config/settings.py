@@ -45,6 +45,7 @@ class CheckConfig:
     max_worst: int = 5
     reference: str | None = None     # module:fn, the float64 reference of a low-precision run
     autocast: str | None = None      # run forward in a torch.autocast region of this dtype
+    timeout: float = 600.0  # seconds per target in a worker process (0: no limit)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:

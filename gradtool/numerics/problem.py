@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch.autograd.variable import Variable
 
+from ..heartbeat import Calls
 from ..tracebacks import calls_user_code
 
 
@@ -30,7 +31,7 @@ class Problem:
     output_labels: list[str] | None = None  # names to give the outputs instead of 'output k'
     batched_fn: Callable[..., Any] | None = None  # fn that vmap can batch (None: unknown)
     freeze_seed: int | None = None    # reset torch's RNG before each call (stochastic forwards)
-    calls: Counter[str] = field(default_factory=Counter)
+    calls: Counter[str] = field(default_factory=Calls)
     vmap_ok: bool | None = None       # learnt on first use
     output_mask: list[bool] | None = None  # which tensor outputs are differentiable
     left_out: list[str] = field(default_factory=list)  # float outputs autograd does not track

@@ -64,6 +64,9 @@ def render_github(report: Report, cwd: Path | None = None) -> str:
         file, line = split_location(rejected.source, base)
         lines.append(workflow_command("error", rejected.message, file=file, line=line,
                                       title=f"gradtool could not load {rejected.source}"))
+    lines += [workflow_command("warning", f"{name} was not checked: the run was interrupted by "
+                               f"{report.interrupted or 'a signal'}", title="gradtool: not run")
+              for name in report.not_run]
     # Several cases of one target can fail identically; one annotation per distinct line is enough.
     unique = list(dict.fromkeys(lines))
     return "\n".join(unique) + ("\n" if unique else "")

@@ -47,6 +47,11 @@ def render_junit(report: Report, plain_text: PlainText | None = None) -> str:
             case = _testcase(suite, rejected.source, "load", 0.0)
             _child(case, "error", rejected.message.splitlines()[0] if rejected.message else "",
                    f"could not load {rejected.source}\n{rejected.message}")
+    if report.not_run:
+        suite = _suite(root, "not run", _properties(report, None))
+        for name in report.not_run:
+            _child(_testcase(suite, name, "not run", 0.0), "skipped",
+                   f"not run: the run was interrupted by {report.interrupted or 'a signal'}", "")
     if len(root) == 0:
         # An empty <testsuites/> confuses some CI readers; an empty suite reads as "0 tests".
         _suite(root, "gradtool", _properties(report, None))

@@ -25,6 +25,8 @@ def report_lines(report: Report, verbose: bool = False, quiet: bool = False) -> 
     for rejected in report.rejected:
         lines.append((f"REJECTED {rejected.source}", "bold red"))
         lines += [(f"  {line}", "") for line in rejected.message.splitlines()]
+    lines += [(f"NOT RUN  {name}  ({report.interrupted or 'interrupted'})", "bold yellow")
+              for name in report.not_run]
     lines.append(("", ""))
     lines.append(summary_line(report))
     return lines
@@ -40,6 +42,10 @@ def summary_line(report: Report) -> Line:
     parts = [f"{counts[k]} {k}" for k in order if counts.get(k)]
     if report.rejected:
         parts.insert(0, f"{len(report.rejected)} rejected")
+    if report.not_run:
+        parts.append(f"{len(report.not_run)} target(s) not run")
+    if report.interrupted:
+        parts.append(f"interrupted by {report.interrupted}")
     n_checks = sum(counts.values())
     text = (f"{len(report.targets)} target(s), {n_checks} check(s): "
             f"{', '.join(parts) or 'nothing run'} in {report.duration_s:.2f}s")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.settings import CheckConfig
+from .. import heartbeat
 from ..errors import GradtoolError, InternalError
 from ..results import CaseResult, CheckResult, Outcome, Rejected, Report, TargetResult
 from ..targets.inputs import InputSpec
@@ -44,22 +45,33 @@ class Job:
 def run(jobs: Sequence[Job], config: CheckConfig, rejected: Sequence[Rejected] = (),
         progress: Progress | None = None) -> Report:
     """Run every job; a failure in one never stops the others."""
-    from ..targets.cases import check_device
-
-    for device in {config.device, *(job.config.device for job in jobs)}:
-        check_device(device)
+    check_devices(jobs, config)
     start = time.perf_counter()
     results = []
     more_rejected = list(rejected)
     for job in jobs:
         if progress:
             progress(job.target.name)
-        try:
-            results.append(run_job(job))
-        except GradtoolError as exc:  # e.g. a module class that cannot be constructed
-            more_rejected.append(Rejected(job.target.name, str(exc)))
+        result = run_one(job)
+        (results if isinstance(result, TargetResult) else more_rejected).append(result)
     return Report(tuple(results), config.effective, versions(), tuple(more_rejected),
                   time.perf_counter() - start)
+
+
+def check_devices(jobs: Sequence[Job], config: CheckConfig | None = None) -> None:
+    """An unusable device is a usage error before anything runs."""
+    from ..targets.cases import check_device
+
+    for device in {job.config.device for job in jobs} | ({config.device} if config else set()):
+        check_device(device)
+
+
+def run_one(job: Job) -> TargetResult | Rejected:
+    """One job's result, or its rejection (e.g. a module class that cannot be constructed)."""
+    try:
+        return run_job(job)
+    except GradtoolError as exc:
+        return Rejected(job.target.name, str(exc))
 
 
 def run_job(job: Job) -> TargetResult:
@@ -105,6 +117,7 @@ def case_for(job: Job, spec: CaseSpec) -> Any:
 def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     """Sample one case and run every configured check on it."""
     config = job.config
+    heartbeat.enter(target=job.target.name, case=spec.label, check="")
     case = case_for(job, spec)
     reproduce = job.reproduce or reproduce_command(job.target, case.specs, config, spec.seed,
                                                    spec.origin)
@@ -141,7 +154,7 @@ def _once(result: CheckResult, earlier: Sequence[CheckResult], problem: Any) -> 
 def _forward_runs(problem: Any) -> bool:
     try:
         problem.outputs(problem.inputs)
-    except Exception:  # noqa: BLE001 - the user's forward raising is what is asked
+    except (Exception, SystemExit):  # noqa: BLE001 - the user's forward failing is what is asked
         return False
     return True
 
@@ -154,6 +167,7 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult | None:
 
     config = job.config.with_(**job.check_config.get(name, {}))
     start, before = time.perf_counter(), dict(case.problem.calls)
+    heartbeat.enter(check=name)
     try:
         check = load(name)
         if name == "gradient" and job.surrogate is None and _low_precision(case, config):
@@ -169,7 +183,8 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult | None:
             result = with_inner_contracts(result, case.problem, config)
     except (GradtoolError, InternalError):
         raise
-    except Exception as exc:  # user code raising where a check did not expect it: still a result
+    # User code raising where a check did not expect it is still a result; so is its sys.exit().
+    except (Exception, SystemExit) as exc:
         result = error_result(name, exc, job.target, start, case.problem, before)
     return _apply_xfail(result, job.xfail.get(name))
 
@@ -312,7 +327,8 @@ def versions() -> dict[str, str]:
 
     from .._version import __version__
 
-    return {"gradtool": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
+    # str(): torch.__version__ is a TorchVersion, whose unpickling would import torch.
+    return {"gradtool": __version__, "torch": str(torch.__version__), "numpy": numpy.__version__,
             "python": platform.python_version()}
 
 

@@ -1,0 +1,219 @@
+"""The supervisor of `gradtool check`: workers run the targets; a crash, hang or Ctrl-C loses none.
+
+It imports no torch (workers do): collection imports the user's modules, so it happens in them."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any
+
+from .. import heartbeat
+from ..config.settings import CheckConfig
+from ..errors import GradtoolError, NothingToCheck
+from ..results import CaseResult, CheckResult, InputInfo, Outcome, Rejected, Report, TargetResult
+from .worker import BEAT_BYTES, serve
+
+TICK_S = 0.1  # how often deadlines and signals are looked at while workers are busy
+
+
+@dataclass
+class Worker:
+    process: Any
+    conn: Any
+    beat: Any  # shared memory (a RawArray of bytes) the worker writes its heartbeat to
+    index: int | None = None   # the job it runs now
+    started: float = 0.0
+    ready: bool = False        # collection done
+
+    def state(self) -> dict[str, Any]:
+        """What it was doing last (target, case, check, phase, call), as it published."""
+        try:
+            return json.loads(self.beat.value or b"{}")
+        except ValueError:  # caught mid-write
+            return {}
+
+
+class Supervisor:
+    """Hands job indices to workers, replaces the ones that die or overrun, stops on a signal."""
+
+    def __init__(self, collect: Callable[[], Any], config: CheckConfig, workers: int,
+                 max_rss: int | None, progress: Callable[[str], None] | None) -> None:
+        self.collect, self.config, self.size = collect, config, max(1, workers)
+        self.max_rss, self.progress = max_rss, progress
+        # Fork is cheap and safe while this process holds no torch; once it does (the CLI called
+        # in-process, as by click's test runner), a forked child can deadlock on its threads' locks.
+        self.context = multiprocessing.get_context("spawn" if "torch" in sys.modules else "fork")
+        self.workers: list[Worker] = []
+        self.facts: dict[str, Any] | None = None
+        self.pending: deque[int] = deque()
+        self.results: dict[int, TargetResult | Rejected] = {}
+        self.stopped_by: str | None = None
+
+    def run(self, arguments: list[str]) -> Report:
+        start = time.perf_counter()
+        previous = {s: signal.signal(s, self._stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for _ in range(self.size):
+                self._spawn()
+            while not self.stopped_by and not self._finished():
+                self._step()
+        finally:
+            self._shut_down()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return self._report(arguments, time.perf_counter() - start)
+
+    @property
+    def total(self) -> int:
+        """How many jobs there are (0 until a worker has collected them)."""
+        return len(self.facts["jobs"]) if self.facts else 0
+
+    def _stop(self, signum: int, _frame: Any) -> None:
+        self.stopped_by = signal.Signals(signum).name
+
+    def _finished(self) -> bool:
+        return self.facts is not None and not self.pending and \
+            all(w.index is None for w in self.workers)
+
+    def _spawn(self) -> None:
+        ours, theirs = self.context.Pipe()
+        beat = self.context.RawArray("c", BEAT_BYTES)
+        process = self.context.Process(target=serve, args=(theirs, beat, self.collect,
+                                                           self.max_rss), daemon=True)
+        process.start()
+        theirs.close()
+        self.workers.append(Worker(process, ours, beat))
+
+    def _step(self) -> None:
+        self._assign()
+        wait([w.conn for w in self.workers] + [w.process.sentinel for w in self.workers],
+             timeout=TICK_S)
+        for worker in list(self.workers):
+            self._read(worker)
+            if worker.process.exitcode is not None and worker in self.workers:
+                self._died(worker)
+        self._enforce_timeouts()
+
+    def _assign(self) -> None:
+        for worker in self.workers:
+            if worker.ready and worker.index is None and self.pending:
+                worker.index, worker.started = self.pending.popleft(), time.monotonic()
+                if self.progress:
+                    self.progress(self._job(worker.index)["name"])
+                worker.conn.send(worker.index)
+
+    def _read(self, worker: Worker) -> None:
+        try:
+            while worker.conn.poll():
+                self._handle(worker, worker.conn.recv())
+        except (EOFError, OSError):
+            pass  # it died; the sentinel says so
+
+    def _handle(self, worker: Worker, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "ready":
+            if self.facts is None:
+                self.facts = message[1]
+                self.pending.extend(range(len(message[1]["jobs"])))
+            worker.ready = True
+        elif kind == "done":
+            self.results[message[1]] = message[2]
+            worker.index = None
+        elif kind == "usage":
+            raise (NothingToCheck if message[1] else GradtoolError)(message[2])
+        else:
+            raise RuntimeError(f"a gradtool worker hit a bug in gradtool:\n{message[1]}")
+
+    def _died(self, worker: Worker) -> None:
+        code = worker.process.exitcode
+        self._retire(worker)
+        if worker.index is not None:
+            cause = f"process died: {exit_cause(code)} while running"
+            self.results[worker.index] = self._error(worker, cause, heartbeat.describe)
+        elif self.facts is None and not self.workers:
+            raise GradtoolError(f"process died: {exit_cause(code)} while importing the targets",
+                                "run with --no-isolate to see where")
+        if self.pending or self.facts is None:
+            self._spawn()
+
+    def _enforce_timeouts(self) -> None:
+        now = time.monotonic()
+        for worker in list(self.workers):
+            limit = self._job(worker.index)["timeout"] if worker.index is not None else 0
+            if limit and now - worker.started > limit:
+                worker.process.kill()
+                worker.process.join()
+                self._retire(worker)
+                self.results[worker.index] = self._error(
+                    worker, f"timed out after {limit:g} s in", heartbeat.place)
+                if self.pending:
+                    self._spawn()
+
+    def _retire(self, worker: Worker) -> None:
+        self.workers.remove(worker)
+        worker.conn.close()
+
+    def _job(self, index: int) -> dict[str, Any]:
+        assert self.facts is not None
+        return self.facts["jobs"][index]
+
+    def _error(self, worker: Worker, cause: str, where: Callable[[dict[str, Any]], str]
+               ) -> TargetResult:
+        """The target a worker was running when it died or overran: an `error` naming why."""
+        job, state = self._job(worker.index), worker.state()
+        if state.get("target") != job["name"]:
+            state = {"target": job["name"]}
+        case = next((c for c in job["cases"] if c[0] == state.get("case")), job["cases"][0])
+        check = CheckResult(
+            state.get("check") or job["checks"][0], Outcome.ERROR, f"{cause} {where(state)}",
+            ("the worker process running this target was stopped; the other targets ran on "
+             "in fresh workers (rerun this one with --no-isolate to debug it in-process)",),
+            source=job["source"], duration_s=time.monotonic() - worker.started)
+        inputs = tuple(InputInfo(name, text, True) for name, text in case[3] or ())
+        result = CaseResult(case[0], case[1], inputs, (check,), case[3] is None,
+                            reproduce=case[2])
+        return TargetResult(job["name"], job["kind"], job["qualname"], job["source"], (result,),
+                            job["spec"])
+
+    def _shut_down(self) -> None:
+        for worker in self.workers:
+            if worker.index is None and worker.ready and not self.stopped_by:
+                try:
+                    worker.conn.send(None)
+                except OSError:
+                    pass
+            else:
+                worker.process.kill()
+        for worker in self.workers:
+            worker.process.join(1)
+            if worker.process.exitcode is None:
+                worker.process.kill()
+
+    def _report(self, arguments: list[str], duration: float) -> Report:
+        facts = self.facts or {"jobs": [], "rejected": [], "versions": {}}
+        ordered = [self.results[i] for i in sorted(self.results)]
+        not_run = tuple(job["name"] for i, job in enumerate(facts["jobs"])
+                        if i not in self.results)
+        if self.facts is None and self.stopped_by:
+            not_run = tuple(arguments)  # stopped while importing: the arguments are all we know
+        rejected = (*facts["rejected"], *(r for r in ordered if isinstance(r, Rejected)))
+        return Report(tuple(r for r in ordered if isinstance(r, TargetResult)),
+                      self.config.effective, facts["versions"], rejected, duration,
+                      not_run=not_run, interrupted=self.stopped_by)
+
+
+def exit_cause(code: int | None) -> str:
+    """'SIGSEGV (segmentation fault)' or 'exit code 3' from a process's exit code."""
+    if code is not None and code < 0:
+        sig = signal.Signals(-code)
+        text = f"{sig.name} ({(signal.strsignal(sig) or '').lower()})"
+        return text + (" — out of memory?" if sig == signal.SIGKILL else "")
+    return f"exit code {code}"

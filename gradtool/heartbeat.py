@@ -1,0 +1,57 @@
+"""Where a run is now (target, case, check, phase, call count), published for a supervisor."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+_sink: Callable[[bytes], None] | None = None
+_where: dict[str, Any] = {"target": "", "case": "", "check": "", "phase": "", "call": 0}
+
+
+def install(sink: Callable[[bytes], None] | None) -> None:
+    """Publish every change to `sink` (a worker's shared memory); None stops publishing."""
+    global _sink
+    _sink = sink
+
+
+def enter(**fields: Any) -> None:
+    """The run moved on: a new target, case or check (the phase starts over)."""
+    _where.update(fields, phase="", call=0)
+    _publish()
+
+
+def _publish() -> None:
+    if _sink is not None:
+        _sink(json.dumps(_where).encode())
+
+
+class Calls(Counter):
+    """Problem.calls: counts forward/backward evaluations and publishes the latest one."""
+
+    def __setitem__(self, key: str, value: int) -> None:
+        super().__setitem__(key, value)
+        if _sink is not None:
+            _where.update(phase=key, call=value)
+            _publish()
+
+
+def describe(state: dict[str, Any]) -> str:
+    """'forward of Bad, case 0 (gradient check, forward call 37)' from a published state."""
+    what = f"{state.get('phase') or 'setup'} of {state.get('target') or 'a target'}"
+    if state.get("case"):
+        what += f", {state['case']}"
+    detail = [f"{state['check']} check"] if state.get("check") else []
+    if state.get("phase"):
+        detail.append(f"{state['phase']} call {state['call']}")
+    return what + (f" ({', '.join(detail)})" if detail else "")
+
+
+def place(state: dict[str, Any]) -> str:
+    """'gradient check (forward call 37)', or 'setup of Bad, case 0' before any check began."""
+    if not state.get("check"):
+        return describe(state)
+    text = f"{state['check']} check"
+    return text + (f" ({state['phase']} call {state['call']})" if state.get("phase") else "")
