@@ -108,3 +108,19 @@ def test_probe_is_cheaper_than_one_gradcheck_fast_in_calls():
     gradcheck(Counted.apply, (x,), fast_mode=True)
     ours = calls(bugs.Cube, ["(1000,)"], "probe")
     assert ours["forward"] + ours["backward"] <= counter["forward"] + counter["backward"]
+
+
+@pytest.mark.parametrize("bug", ["correct", "factor", "one element", "transposed"])
+@pytest.mark.parametrize("family", ["fixed point", "simplex projection"])
+def test_non_vmappable_gradient_spends_no_more_forwards_than_gradcheck_slow(family, bug):
+    # gradcheck slow: 2 n_in + 1 forwards at the Function (n_in = 12); a failure's dense blocks
+    # and kink re-estimates reuse the sweep's evaluations (two new ones at 10 h at most)
+    import expensive
+
+    cls = expensive.FAMILIES[family][bug]
+    report = gradtool.check(cls, ["(12,)"], mode="full", checks=("gradient",))
+    result = next(c for _, _, c in report.checks())
+    assert result.outcome.value == ("passed" if bug == "correct" else "failed")
+    assert result.calls["forward"] <= 2 * 12 + 1 + (2 if bug in ("one element", "transposed")
+                                                     else 0)
+    assert result.calls["backward"] <= 12 + 2

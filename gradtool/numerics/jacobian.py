@@ -295,16 +295,17 @@ def _confirm(problem: Problem, config: CheckConfig, tally: BlockTally, i: int, o
     are re-estimated worst first until one stands (the verdict is then settled), from the
     evaluations the sweep kept plus two at ten times the step."""
     exact = [tally.element(r, c, a, n) for _, r, c, a, n in tally.worst]
-    if has_reference or _whole_tensor(tally.worst):
-        return exact, False  # a surrogate is exact; a common ratio is no kink
+    if has_reference:  # a declared surrogate is exact: nothing to re-estimate
+        return exact, False
     if not tally.worst:  # failures counted past the budget of exact columns: no values
         return [], False
     h = config.tolerance("eps")
     cache: dict[int, dict[str, torch.Tensor]] = {}
     elements = []
     for k, (_, r, c, a, n) in enumerate(tally.worst):
-        if c not in cache:
-            cache[c] = _estimates(problem, i, c, h, done)
+        if c not in cache:  # a common ratio: one-sided estimates already kept show a tie
+            near = k == 0 and _whole_tensor(tally.worst)
+            cache[c] = _estimates(problem, i, c, h, done, near)
         estimates = [e[out_offset + r].item() for e in cache[c].values()]
         spread = max(estimates) - min(estimates)
         shaky = not math.isfinite(spread) or spread > tally.atol + tally.rtol * abs(n)
@@ -322,13 +323,18 @@ def _whole_tensor(worst: Sequence[tuple[float, int, int, float, float]]) -> bool
     return max(ratios) - min(ratios) <= 1e-3 * max(1.0, max(abs(x) for x in ratios))
 
 
-def _estimates(problem: Problem, i: int, col: int, h: float,
-               done: Evaluations | None) -> dict[str, torch.Tensor]:
-    """steps.one_sided's estimates, reusing f(x) and f(x ± h e_col) where already evaluated."""
+def _estimates(problem: Problem, i: int, col: int, h: float, done: Evaluations | None,
+               near: bool = False) -> dict[str, torch.Tensor]:
+    """steps.one_sided's estimates, reusing f(x) and f(x ± h e_col) where already evaluated
+    (near: only those, no new evaluation)."""
     if done is None or col not in done.kept[i]:
         return one_sided(problem, problem.inputs, i, col, h)
     plus, minus = done.kept[i][col]
     f0 = done.f0
+    near_only = {"right": (plus - f0) / h, "left": (f0 - minus) / h,
+                 "central": (plus - minus) / (2 * h)}
+    if near:
+        return near_only
     work = [v.detach().clone() for v in problem.inputs]
     flat = work[i].view(-1)
     original = flat[col].item()
@@ -336,8 +342,7 @@ def _estimates(problem: Problem, i: int, col: int, h: float,
     for delta in (10 * h, -10 * h):
         flat[col] = original + delta
         far.append(flat_cat(problem.outputs(work)))
-    return {"right": (plus - f0) / h, "left": (f0 - minus) / h,
-            "central": (plus - minus) / (2 * h), "central x10": (far[0] - far[1]) / (20 * h)}
+    return {**near_only, "central x10": (far[0] - far[1]) / (20 * h)}
 
 
 def _kink_note(tally: BlockTally, elements: Sequence) -> str:
