@@ -124,3 +124,18 @@ def test_non_vmappable_gradient_spends_no_more_forwards_than_gradcheck_slow(fami
     assert result.calls["forward"] <= 2 * 12 + 1 + (2 if bug in ("one element", "transposed")
                                                      else 0)
     assert result.calls["backward"] <= 12 + 2
+
+
+@pytest.mark.parametrize("mode", ["full", "auto"])
+@pytest.mark.parametrize("family", ["fixed point", "simplex projection"])
+def test_a_detached_second_order_costs_no_more_than_gradgradcheck_slow(family, mode):
+    # gradgradcheck slow on n = 12: 2 (12 + 12) + 2 evaluations of backward's graph; a failure
+    # is confirmed by whole columns (kept for the diagnosis), not bisected then recomputed
+    import expensive
+
+    report = gradtool.check(expensive.FAMILIES[family]["detached 2nd order"], ["(12,)"],
+                            mode=mode, checks=("double_backward",))
+    result = next(c for _, _, c in report.checks())
+    assert result.outcome.value == "failed" and result.mode == "full"
+    assert "second derivative is zero" in result.blocks[-1].diagnosis
+    assert result.calls["forward"] <= 2 * 24 + 2 + 10

@@ -116,8 +116,25 @@ def sweep_coloured(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor,
         mask = (entry_colour >= start) & (entry_colour < stop)
         _compare_colours(sweep, colour, weights, start, stop, rows[mask], cols[mask],
                          vals[mask], flags)
-    if flags.any():
+    if flags.any() and _whole_pays(sweep, colour, flags):
+        stray = torch.cat(flags.stray, dim=1) if flags.stray else torch.zeros(3, 0)
+        _unconfirmed(sweep, jac, colour, flags, stray)
+    elif flags.any():
         _confirm(sweep, jac, colour, weights[0], flags)
+
+
+def _whole_pays(sweep: Sweep, colour: torch.Tensor, flags: Flags) -> bool:
+    """Whether recomputing the flagged colours column by column costs no more evaluations
+    than confirming the worst columns and bisecting the rest (small blocks, wide failures)."""
+    suspect = set(colour[torch.nonzero(flags.by_column.sum(0)).reshape(-1)].tolist())
+    for s in flags.stray:
+        suspect |= set(s[0].long().tolist())
+    whole = int(torch.isin(colour, torch.tensor(sorted(suspect))).sum()) if suspect else 0
+    flagged = min(EXACT_COLUMNS, int((flags.by_column.sum(0) > 0).sum()))
+    strays = sum(s.shape[1] for s in flags.stray)
+    depth = max(1, int(colour.bincount().max()).bit_length())
+    bisection = 2 * flagged + min(SUSPECTS, strays) * 2 * (depth + 1)
+    return 0 < whole <= WHOLE_COLUMNS and 2 * whole <= bisection
 
 
 def _compare_colours(sweep: Sweep, colour: torch.Tensor, weights: torch.Tensor, start: int,

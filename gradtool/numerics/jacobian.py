@@ -179,11 +179,13 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
     dense = {}
     if any(t.mismatched for row in tallies for t in row) and _affordable(problem, jac):
         # Whole blocks: for the diagnosis, and exact counts where the sweep only had bounds.
-        dense = _dense_blocks(problem, config, jac, leaves, bounds, kept)
-        tallies = _tallies(problem, leaves, outs, config.tolerance("atol"),
-                           config.tolerance("rtol"), config.max_worst)
+        failing = [any(t.mismatched for t in row) for row in tallies]
+        dense = _dense_blocks(problem, config, jac, leaves, bounds, kept, failing)
+        fresh = _tallies(problem, leaves, outs, config.tolerance("atol"),
+                         config.tolerance("rtol"), config.max_worst)
         for (i, o), (analytical, numerical) in dense.items():
-            tallies[i][o].add(analytical, numerical)
+            fresh[i][o].add(analytical, numerical)
+            tallies[i][o] = fresh[i][o]
     verdict = _finish(problem, config, tallies, False, "full", reason,
                       Evaluations(flat_cat(outs).detach(), kept))
     verdict.dense = dense
@@ -224,14 +226,18 @@ def _check_reference(problem: Problem, config: CheckConfig, leaves: Sequence[tor
 
 def _dense_blocks(problem: Problem, config: CheckConfig, jac: AnalyticalJacobian,
                   leaves: Sequence[torch.Tensor], bounds: Sequence[int],
-                  kept: Sequence[dict[int, tuple[torch.Tensor, torch.Tensor]]]
+                  kept: Sequence[dict[int, tuple[torch.Tensor, torch.Tensor]]],
+                  failing: Sequence[bool]
                   ) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
     """Whole blocks for the diagnosis of a failure (small problems only); columns the sweep
-    already evaluated are reused, only the others are computed."""
+    already evaluated are reused, only the others are computed, and only for the inputs that
+    failed (an input that passed is given only when its columns are all kept)."""
     dense, offset = {}, 0
     h = config.tolerance("eps")
     for i, leaf in enumerate(leaves):
-        cols = torch.arange(leaf.numel())
+        if not failing[i] and len(kept[i]) < leaf.numel():
+            offset += leaf.numel()
+            continue
         numerical = torch.empty(bounds[-1], leaf.numel(), dtype=leaf.dtype)
         known = [c for c in range(leaf.numel()) if c in kept[i]]
         for c in known:
@@ -240,7 +246,7 @@ def _dense_blocks(problem: Problem, config: CheckConfig, jac: AnalyticalJacobian
         missing = torch.tensor(sorted(set(range(leaf.numel())) - set(known)), dtype=torch.long)
         if len(missing):
             numerical[:, missing] = numerical_columns(problem, problem.inputs, i, missing, h)
-        analytical = jac.columns(cols + offset, numerical.dtype)
+        analytical = jac.columns(torch.arange(leaf.numel()) + offset, numerical.dtype)
         for o in range(len(bounds) - 1):
             rows = slice(bounds[o], bounds[o + 1])
             dense[(i, o)] = (analytical[rows].clone(), numerical[rows].clone())
