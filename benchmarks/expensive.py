@@ -39,6 +39,10 @@ def row(family: str, bug: str, cls: type, repeats: int) -> dict:
     return {"family": family, "bug": bug, **out}
 
 
+def mark(run: tuple) -> str:
+    return "pass" if run[3] else "FAIL"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -56,7 +60,6 @@ def main(argv: list[str] | None = None) -> int:
             ours, theirs = tg[0] + t2[0], cg[0] + c2[0]
             totals[0] += ours
             totals[1] += theirs
-            mark = lambda x: "pass" if x[3] else "FAIL"  # noqa: E731
             print(f"| {family} | {bug} | {tg[0] * 1e3:.1f} ms {mark(tg)} ({tg[4]}) | "
                   f"{cg[0] * 1e3:.1f} ms {mark(cg)} | {t2[0] * 1e3:.1f} ms {mark(t2)} ({t2[4]}) | "
                   f"{c2[0] * 1e3:.1f} ms {mark(c2)} | {ours / theirs:.2f}× | "

@@ -139,3 +139,24 @@ def test_a_detached_second_order_costs_no_more_than_gradgradcheck_slow(family, m
     assert result.outcome.value == "failed" and result.mode == "full"
     assert "second derivative is zero" in result.blocks[-1].diagnosis
     assert result.calls["forward"] <= 2 * 24 + 2 + 10
+
+
+def test_a_failing_probe_on_a_small_input_goes_to_full_mode_in_auto_only():
+    # full_budget_s=0 makes auto mode choose probe; once the probe fails, 2 n_in columns cost
+    # fewer evaluations than bisecting to elements, so auto finishes in full mode
+    import expensive
+
+    def run(cls, mode):
+        report = gradtool.check(cls, ["(12,)"], mode=mode, checks=("gradient",),
+                                full_budget_s=0.0)
+        return next(c for _, _, c in report.checks())
+
+    passing = run(expensive.FIXED_POINT["correct"], "auto")
+    assert passing.outcome.value == "passed" and passing.mode == "probe"
+    failing = run(expensive.FIXED_POINT["factor"], "auto")
+    assert failing.outcome.value == "failed" and failing.mode == "full"
+    assert "probe failed" in failing.mode_reason
+    assert failing.calls["forward"] <= 1 + 3 + 2 * 12 + 2   # prime, probe, columns
+    assert "factor 2" in failing.blocks[0].diagnosis
+    probe = run(expensive.FIXED_POINT["factor"], "probe")  # asked for: stays probe
+    assert probe.outcome.value == "failed" and probe.mode == "probe"
