@@ -171,7 +171,10 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
         kept.append(sweep.kept if sweep.kept is not None else {})
         rows, cols, _ = jac.entries(offset, offset + size)
         colour = colour_columns(rows, cols, n_out, tuple(leaf.shape))
-        if colour is not None:
+        # A block backward says is all zero, evaluated call by call: a coloured sweep saves
+        # evaluations only if it passes, and such a block is where detached terms fail.
+        looped = problem.batched_fn is None or problem.vmap_ok is False
+        if colour is not None and not (looped and len(rows) == 0):
             sweep_coloured(sweep, jac, colour, config.seed)
         else:
             sweep_dense(sweep, jac)
