@@ -108,3 +108,55 @@ def test_probe_is_cheaper_than_one_gradcheck_fast_in_calls():
     gradcheck(Counted.apply, (x,), fast_mode=True)
     ours = calls(bugs.Cube, ["(1000,)"], "probe")
     assert ours["forward"] + ours["backward"] <= counter["forward"] + counter["backward"]
+
+
+@pytest.mark.parametrize("bug", ["correct", "factor", "one element", "transposed"])
+@pytest.mark.parametrize("family", ["fixed point", "simplex projection"])
+def test_non_vmappable_gradient_spends_no_more_forwards_than_gradcheck_slow(family, bug):
+    # gradcheck slow: 2 n_in + 1 forwards at the Function (n_in = 12); a failure's dense blocks
+    # and kink re-estimates reuse the sweep's evaluations (two new ones at 10 h at most)
+    import expensive
+
+    cls = expensive.FAMILIES[family][bug]
+    report = gradtool.check(cls, ["(12,)"], mode="full", checks=("gradient",))
+    result = next(c for _, _, c in report.checks())
+    assert result.outcome.value == ("passed" if bug == "correct" else "failed")
+    assert result.calls["forward"] <= 2 * 12 + 1 + (2 if bug in ("one element", "transposed")
+                                                     else 0)
+    assert result.calls["backward"] <= 12 + 2
+
+
+@pytest.mark.parametrize("mode", ["full", "auto"])
+@pytest.mark.parametrize("family", ["fixed point", "simplex projection"])
+def test_a_detached_second_order_costs_no_more_than_gradgradcheck_slow(family, mode):
+    # gradgradcheck slow on n = 12: 2 (12 + 12) + 2 evaluations of backward's graph; a failure
+    # is confirmed by whole columns (kept for the diagnosis), not bisected then recomputed
+    import expensive
+
+    report = gradtool.check(expensive.FAMILIES[family]["detached 2nd order"], ["(12,)"],
+                            mode=mode, checks=("double_backward",))
+    result = next(c for _, _, c in report.checks())
+    assert result.outcome.value == "failed" and result.mode == "full"
+    assert "second derivative is zero" in result.blocks[-1].diagnosis
+    assert result.calls["forward"] <= 2 * 24 + 2 + 10
+
+
+def test_a_failing_probe_on_a_small_input_goes_to_full_mode_in_auto_only():
+    # full_budget_s=0 makes auto mode choose probe; once the probe fails, 2 n_in columns cost
+    # fewer evaluations than bisecting to elements, so auto finishes in full mode
+    import expensive
+
+    def run(cls, mode):
+        report = gradtool.check(cls, ["(12,)"], mode=mode, checks=("gradient",),
+                                full_budget_s=0.0)
+        return next(c for _, _, c in report.checks())
+
+    passing = run(expensive.FIXED_POINT["correct"], "auto")
+    assert passing.outcome.value == "passed" and passing.mode == "probe"
+    failing = run(expensive.FIXED_POINT["factor"], "auto")
+    assert failing.outcome.value == "failed" and failing.mode == "full"
+    assert "probe failed" in failing.mode_reason
+    assert failing.calls["forward"] <= 1 + 3 + 2 * 12 + 2   # prime, probe, columns
+    assert "factor 2" in failing.blocks[0].diagnosis
+    probe = run(expensive.FIXED_POINT["factor"], "probe")  # asked for: stays probe
+    assert probe.outcome.value == "failed" and probe.mode == "probe"

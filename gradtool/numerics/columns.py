@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,7 +19,7 @@ from .compare import BlockTally
 from .localise import bisect
 from .problem import Problem
 from .sparsity import AnalyticalJacobian
-from .steps import central, chunk_size, numerical_columns
+from .steps import central, chunk_size, outputs_of
 
 EXACT_COLUMNS = 64   # flagged columns confirmed one by one: enough to name the worst elements
 SUSPECTS = 5         # rows whose failing column is unknown, bisected within their colour
@@ -38,6 +38,9 @@ class Sweep:
     tallies: list[BlockTally]        # one per output
     out_bounds: list[int]            # flat row where each output starts, plus n_out
     h: float
+    # col -> (f(x + h e_col), f(x - h e_col)) of every exact column, for the failing path to
+    # reuse (dense blocks, kink checks) instead of evaluating again; None: not kept
+    kept: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = field(default=None)
 
     def rows_of(self, o: int) -> slice:
         return slice(self.out_bounds[o], self.out_bounds[o + 1])
@@ -55,13 +58,29 @@ def sweep_dense(sweep: Sweep, jac: AnalyticalJacobian) -> None:
 
 def _exact(sweep: Sweep, jac: AnalyticalJacobian, cols: torch.Tensor) -> torch.Tensor:
     """Compare whole columns exactly; return the (row, col) mask of failing elements."""
-    numerical = numerical_columns(sweep.problem, sweep.values, sweep.which, cols, sweep.h)
+    numerical = _columns(sweep, cols)
     analytical = jac.columns(cols + sweep.offset, numerical.dtype)
     for o, tally in enumerate(sweep.tallies):
         rows = sweep.rows_of(o)
         tally.add(analytical[rows], numerical[rows], cols=cols)
     atol, rtol = sweep.tallies[0].atol, sweep.tallies[0].rtol
     return ~((analytical - numerical).abs() <= atol + rtol * numerical.abs())
+
+
+def _columns(sweep: Sweep, cols: torch.Tensor) -> torch.Tensor:
+    """Central-difference columns (n_out, len(cols)), as steps.numerical_columns computes
+    them, keeping both evaluations of each column when the sweep keeps them."""
+    base = sweep.values[sweep.which].detach().reshape(-1)
+    d = torch.zeros(len(cols), base.numel(), dtype=base.dtype)
+    d[torch.arange(len(cols)), cols] = 1
+    d = d * sweep.h
+    batch = torch.cat([base + d, base - d]).view(-1, *sweep.values[sweep.which].shape)
+    out = outputs_of(sweep.problem, sweep.values, sweep.which, batch)
+    plus, minus = out[:len(cols)], out[len(cols):]
+    if sweep.kept is not None:
+        for k, col in enumerate(cols.tolist()):
+            sweep.kept[col] = (plus[k], minus[k])
+    return ((plus - minus) / (2 * sweep.h)).T
 
 
 class Flags:
@@ -99,8 +118,25 @@ def sweep_coloured(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor,
         mask = (entry_colour >= start) & (entry_colour < stop)
         _compare_colours(sweep, colour, weights, start, stop, rows[mask], cols[mask],
                          vals[mask], flags)
-    if flags.any():
+    if flags.any() and _whole_pays(sweep, colour, flags):
+        stray = torch.cat(flags.stray, dim=1) if flags.stray else torch.zeros(3, 0)
+        _unconfirmed(sweep, jac, colour, flags, stray)
+    elif flags.any():
         _confirm(sweep, jac, colour, weights[0], flags)
+
+
+def _whole_pays(sweep: Sweep, colour: torch.Tensor, flags: Flags) -> bool:
+    """Whether recomputing the flagged colours column by column costs no more evaluations
+    than confirming the worst columns and bisecting the rest (small blocks, wide failures)."""
+    suspect = set(colour[torch.nonzero(flags.by_column.sum(0)).reshape(-1)].tolist())
+    for s in flags.stray:
+        suspect |= set(s[0].long().tolist())
+    whole = int(torch.isin(colour, torch.tensor(sorted(suspect))).sum()) if suspect else 0
+    flagged = min(EXACT_COLUMNS, int((flags.by_column.sum(0) > 0).sum()))
+    strays = sum(s.shape[1] for s in flags.stray)
+    depth = max(1, int(colour.bincount().max()).bit_length())
+    bisection = 2 * flagged + min(SUSPECTS, strays) * 2 * (depth + 1)
+    return 0 < whole <= WHOLE_COLUMNS and 2 * whole <= bisection
 
 
 def _compare_colours(sweep: Sweep, colour: torch.Tensor, weights: torch.Tensor, start: int,

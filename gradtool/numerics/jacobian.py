@@ -13,7 +13,7 @@ from ..config.settings import CheckConfig
 from ..results import Block, Outcome
 from .columns import Sweep, sweep_coloured, sweep_dense
 from .compare import BlockTally
-from .problem import Problem, output_names
+from .problem import Problem, flat_cat, output_names
 from .sparsity import (
     AnalyticalJacobian,
     Strides,
@@ -170,14 +170,19 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
     bounds = [0]
     for o in outs:
         bounds.append(bounds[-1] + o.numel())
-    offset = 0
+    offset, kept = 0, []
+    keep = 2 * n_out * jac.n_in <= DENSE_LIMIT  # evaluations kept for the failing path
     for i, leaf in enumerate(leaves):
         size = leaf.numel()
         sweep = Sweep(problem, problem.inputs, i, offset, size, tallies[i], bounds,
-                      config.tolerance("eps"))
+                      config.tolerance("eps"), {} if keep else None)
+        kept.append(sweep.kept if sweep.kept is not None else {})
         rows, cols, _ = jac.entries(offset, offset + size)
         colour = colour_columns(rows, cols, n_out, tuple(leaf.shape))
-        if colour is not None:
+        # A block backward says is all zero, evaluated call by call: a coloured sweep saves
+        # evaluations only if it passes, and such a block is where detached terms fail.
+        looped = problem.batched_fn is None or problem.vmap_ok is False
+        if colour is not None and not (looped and len(rows) == 0):
             sweep_coloured(sweep, jac, colour, config.seed)
         else:
             sweep_dense(sweep, jac)
@@ -185,12 +190,15 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
     dense = {}
     if any(t.mismatched for row in tallies for t in row) and _affordable(problem, jac):
         # Whole blocks: for the diagnosis, and exact counts where the sweep only had bounds.
-        dense = _dense_blocks(problem, config, jac, leaves, bounds)
-        tallies = _tallies(problem, leaves, outs, config.tolerance("atol"),
-                           config.tolerance("rtol"), config.max_worst)
+        failing = [any(t.mismatched for t in row) for row in tallies]
+        dense = _dense_blocks(problem, config, jac, leaves, bounds, kept, failing)
+        fresh = _tallies(problem, leaves, outs, config.tolerance("atol"),
+                         config.tolerance("rtol"), config.max_worst)
         for (i, o), (analytical, numerical) in dense.items():
-            tallies[i][o].add(analytical, numerical)
-    verdict = _finish(problem, config, tallies, False, "full", reason)
+            fresh[i][o].add(analytical, numerical)
+            tallies[i][o] = fresh[i][o]
+    verdict = _finish(problem, config, tallies, False, "full", reason,
+                      Evaluations(flat_cat(outs).detach(), kept))
     verdict.dense = dense
     return verdict
 
@@ -228,15 +236,28 @@ def _check_reference(problem: Problem, config: CheckConfig, leaves: Sequence[tor
 
 
 def _dense_blocks(problem: Problem, config: CheckConfig, jac: AnalyticalJacobian,
-                  leaves: Sequence[torch.Tensor], bounds: Sequence[int]
+                  leaves: Sequence[torch.Tensor], bounds: Sequence[int],
+                  kept: Sequence[dict[int, tuple[torch.Tensor, torch.Tensor]]],
+                  failing: Sequence[bool]
                   ) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
-    """Whole blocks for the diagnosis of a failure (small problems only)."""
+    """Whole blocks for the diagnosis of a failure (small problems only); columns the sweep
+    already evaluated are reused, only the others are computed, and only for the inputs that
+    failed (an input that passed is given only when its columns are all kept)."""
     dense, offset = {}, 0
     h = config.tolerance("eps")
     for i, leaf in enumerate(leaves):
-        cols = torch.arange(leaf.numel())
-        numerical = numerical_columns(problem, problem.inputs, i, cols, h)
-        analytical = jac.columns(cols + offset, numerical.dtype)
+        if not failing[i] and len(kept[i]) < leaf.numel():
+            offset += leaf.numel()
+            continue
+        numerical = torch.empty(bounds[-1], leaf.numel(), dtype=leaf.dtype)
+        known = [c for c in range(leaf.numel()) if c in kept[i]]
+        for c in known:
+            plus, minus = kept[i][c]
+            numerical[:, c] = (plus - minus) / (2 * h)
+        missing = torch.tensor(sorted(set(range(leaf.numel())) - set(known)), dtype=torch.long)
+        if len(missing):
+            numerical[:, missing] = numerical_columns(problem, problem.inputs, i, missing, h)
+        analytical = jac.columns(torch.arange(leaf.numel()) + offset, numerical.dtype)
         for o in range(len(bounds) - 1):
             rows = slice(bounds[o], bounds[o + 1])
             dense[(i, o)] = (analytical[rows].clone(), numerical[rows].clone())
@@ -251,8 +272,17 @@ def _tallies(problem: Problem, leaves: Sequence[torch.Tensor], outs: Sequence[to
             for name, v in zip(problem.input_names, leaves)]
 
 
+@dataclass
+class Evaluations:
+    """What the sweep already evaluated: f(x), and f(x ± h e_col) per input (col -> pair)."""
+
+    f0: torch.Tensor
+    kept: Sequence[dict[int, tuple[torch.Tensor, torch.Tensor]]]
+
+
 def _finish(problem: Problem, config: CheckConfig, tallies: list[list[BlockTally]],
-            has_reference: bool, mode: str, reason: str) -> Verdict:
+            has_reference: bool, mode: str, reason: str,
+            done: Evaluations | None = None) -> Verdict:
     """Re-estimate failing elements with other steps: disagreement means inconclusive."""
     blocks, outcomes, details = [], [], []
     for i, row in enumerate(tallies):
@@ -261,7 +291,8 @@ def _finish(problem: Problem, config: CheckConfig, tallies: list[list[BlockTally
                 blocks.append(tally.to_block())
                 continue
             offset = sum(math.prod(t.output_shape) for t in row[:o])
-            elements, inconclusive = _confirm(problem, config, tally, i, offset, has_reference)
+            elements, inconclusive = _confirm(problem, config, tally, i, offset, has_reference,
+                                              done)
             blocks.append(tally.to_block(tuple(elements)))
             outcomes.append(Outcome.INCONCLUSIVE if inconclusive else Outcome.FAILED)
             if inconclusive:
@@ -273,23 +304,62 @@ def _finish(problem: Problem, config: CheckConfig, tallies: list[list[BlockTally
 
 
 def _confirm(problem: Problem, config: CheckConfig, tally: BlockTally, i: int, out_offset: int,
-             has_reference: bool) -> tuple[list, bool]:
-    """Worst elements, each marked inconclusive when finite differences disagree there."""
-    elements = []
+             has_reference: bool, done: Evaluations | None = None) -> tuple[list, bool]:
+    """Worst elements, each marked inconclusive when finite differences disagree there.
+
+    Economy: a whole-tensor mistake (one ratio analytical / numerical over several columns: a
+    factor, a sign, a detached term) is no kink and needs no re-estimate; otherwise elements
+    are re-estimated worst first until one stands (the verdict is then settled), from the
+    evaluations the sweep kept plus two at ten times the step."""
+    exact = [tally.element(r, c, a, n) for _, r, c, a, n in tally.worst]
     if has_reference:  # a declared surrogate is exact: nothing to re-estimate
-        return [tally.element(r, c, a, n) for _, r, c, a, n in tally.worst], False
+        return exact, False
     if not tally.worst:  # failures counted past the budget of exact columns: no values
         return [], False
     h = config.tolerance("eps")
     cache: dict[int, dict[str, torch.Tensor]] = {}
-    for _, r, c, a, n in tally.worst:
-        if c not in cache:
-            cache[c] = one_sided(problem, problem.inputs, i, c, h)
+    elements = []
+    for k, (_, r, c, a, n) in enumerate(tally.worst):
+        if c not in cache:  # a common ratio: one-sided estimates already kept show a tie
+            near = k == 0 and _whole_tensor(tally.worst)
+            cache[c] = _estimates(problem, i, c, h, done, near)
         estimates = [e[out_offset + r].item() for e in cache[c].values()]
         spread = max(estimates) - min(estimates)
         shaky = not math.isfinite(spread) or spread > tally.atol + tally.rtol * abs(n)
         elements.append(tally.element(r, c, a, n, inconclusive=shaky))
-    return elements, all(e.inconclusive for e in elements)
+        if not shaky:  # a standing element settles the verdict: failed
+            return elements + exact[k + 1:], False
+    return elements, True
+
+
+def _whole_tensor(worst: Sequence[tuple[float, int, int, float, float]]) -> bool:
+    """Three or more worst elements over two or more columns share one ratio a / n."""
+    ratios = [a / n for _, _, _, a, n in worst if n != 0 and math.isfinite(a / n)]
+    if len(ratios) < 3 or len(ratios) < len(worst) or len({c for _, _, c, _, _ in worst}) < 2:
+        return False
+    return max(ratios) - min(ratios) <= 1e-3 * max(1.0, max(abs(x) for x in ratios))
+
+
+def _estimates(problem: Problem, i: int, col: int, h: float, done: Evaluations | None,
+               near: bool = False) -> dict[str, torch.Tensor]:
+    """steps.one_sided's estimates, reusing f(x) and f(x ± h e_col) where already evaluated
+    (near: only those, no new evaluation)."""
+    if done is None or col not in done.kept[i]:
+        return one_sided(problem, problem.inputs, i, col, h)
+    plus, minus = done.kept[i][col]
+    f0 = done.f0
+    near_only = {"right": (plus - f0) / h, "left": (f0 - minus) / h,
+                 "central": (plus - minus) / (2 * h)}
+    if near:
+        return near_only
+    work = [v.detach().clone() for v in problem.inputs]
+    flat = work[i].view(-1)
+    original = flat[col].item()
+    far = []
+    for delta in (10 * h, -10 * h):
+        flat[col] = original + delta
+        far.append(flat_cat(problem.outputs(work)))
+    return {**near_only, "central x10": (far[0] - far[1]) / (20 * h)}
 
 
 def _kink_note(tally: BlockTally, elements: Sequence) -> str:

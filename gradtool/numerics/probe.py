@@ -18,7 +18,7 @@ import torch
 from ..config.settings import CheckConfig
 from ..results import Outcome
 from .compare import BlockTally
-from .jacobian import Reference, Verdict, _tallies
+from .jacobian import Reference, Verdict, _tallies, check_full
 from .localise import Locator, Test, Tests
 from .problem import Problem, flat_cat
 from .steps import FINITE_MACHINE, directional, vjp_rows
@@ -52,7 +52,21 @@ def check_probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Te
     if not failing:
         return Verdict(Outcome.PASSED, [t.to_block(exhaustive=False) for row in tallies
                                         for t in row], "probe", reason)
+    n_in = sum(v.numel() for v in leaves)
+    pairs = min(4, len(leaves) * len(outs))
+    if config.mode == "auto" and 2 * n_in <= localising_cost(n_in, pairs):
+        # Every column costs fewer evaluations than bisecting to elements: full mode names
+        # them all (and diagnoses whole blocks) for the price of gradcheck's slow mode.
+        return check_full(problem, config, leaves, outs, None,
+                          f"{reason}; the probe failed and {2 * n_in} column evaluations cost "
+                          "less than localising it")
     return _localise(problem, config, leaves, outs, tallies, probes, failing, reason)
+
+
+def localising_cost(n_in: int, pairs: int) -> int:
+    """Forward evaluations _localise predicts: per failing pair, three bisections of 3
+    evaluations per halving, and a 5-evaluation re-estimate of each element found."""
+    return pairs * 3 * (3 * (max(1, n_in).bit_length() + 1) + 5)
 
 
 def screen(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
