@@ -151,17 +151,6 @@ def check_at_values(fn: Callable[..., Any], values: Sequence[torch.Tensor], name
     return gradtool.check(fn, [v.detach().requires_grad_(True) for v in values], **settings)
 
 
-def missing_feature(fn: Callable[..., Any], values: Sequence[torch.Tensor]) -> str | None:
-    """The gradtool feature, being built in another issue, that this op's outputs need."""
-    from gradtool.numerics.problem import tensor_outputs
-
-    if any(v.layout != torch.strided for v in values):
-        return "needs sparse inputs refused with a clear error (user values, #15)"
-    leaves = [v.detach().clone().requires_grad_(True) for v in values]
-    outs = tensor_outputs(fn(*leaves))
-    if any(o.is_complex() for o in outs) and not any(v.is_complex() for v in values):
-        return "needs complex outputs (#12)"
-    if any(o.requires_grad for o in outs) and any(
-            o.is_floating_point() and not o.requires_grad for o in outs):
-        return "needs non-differentiable outputs left out (#10)"
-    return None
+def is_sparse(values: Sequence[torch.Tensor]) -> bool:
+    """A sample with a sparse tensor: gradtool refuses it (a usage error naming the fix)."""
+    return any(v.layout != torch.strided for v in values)

@@ -284,3 +284,10 @@ def test_pytest_fixture_takes_tensors_and_kwargs(gradtool_check, fx):
     with pytest.raises(pytest.fail.Exception, match="w.r.t. 'mask'"):
         gradtool_check(fx.MaskedWrongMask, [x], kwargs={"mask": mask})
     assert mask.grad is None
+
+
+def test_a_sparse_tensor_is_refused_naming_its_layout_and_the_fix():
+    sparse = torch.eye(3, dtype=torch.float64).to_sparse().requires_grad_(True)
+    with pytest.raises(InputError, match="sparse_coo: gradtool checks dense") as info:
+        gradtool.check(torch.sin, [sparse])
+    assert "to_dense()" in str(info.value)

@@ -96,7 +96,7 @@ def _forward_purity(problem: Problem, target: Target) -> list[str]:
     outputs = tensor_outputs(result)
     problems = []
     for name, arg, original in zip(problem.names, args, originals):
-        if original is None or torch.equal(arg, original) or _both_nan(arg, original):
+        if original is None or _equal(arg, original) or _both_nan(arg, original):
             continue
         problem.mutates = True
         if any(t is arg for t in outputs):
@@ -111,7 +111,21 @@ def _forward_purity(problem: Problem, target: Target) -> list[str]:
     return problems
 
 
+def _comparable(t: torch.Tensor) -> torch.Tensor:
+    """complex32 has no comparison kernels on the CPU: compare it exactly, as complex64."""
+    return t.to(torch.complex64) if t.dtype == torch.complex32 else t
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(_comparable(a), _comparable(b))
+
+
+def _allclose(a: torch.Tensor, b: torch.Tensor, **tolerances: float) -> bool:
+    return torch.allclose(_comparable(a), _comparable(b), equal_nan=True, **tolerances)
+
+
 def _both_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = _comparable(a), _comparable(b)
     return bool(torch.equal(torch.isnan(a), torch.isnan(b))) and \
         bool(torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))
 
@@ -121,7 +135,7 @@ def _detect_stochastic(case: Case, config: CheckConfig) -> list[str]:
     problem = case.problem
     first = problem.outputs(problem.inputs)
     second = problem.outputs(problem.inputs)
-    if all(torch.equal(a, b) or _both_nan(a, b) for a, b in zip(first, second)):
+    if all(_equal(a, b) or _both_nan(a, b) for a, b in zip(first, second)):
         return []  # NaN != NaN: equal NaN positions are not randomness
     problem.freeze_seed = case.seed
     return [f"forward is stochastic (two calls on the same inputs differ): torch's RNG is "
@@ -216,7 +230,7 @@ def _grad_output_untouched(backward, grads: list[torch.Tensor]) -> list[str]:
     copies = [g.clone() for g in grads]
     given = [g.clone() for g in grads]
     backward(given)
-    if all(torch.equal(a, b) for a, b in zip(given, copies)):
+    if all(_equal(a, b) for a, b in zip(given, copies)):
         return []
     return ["backward modifies grad_output in place — use out-of-place ops "
             "(grad_output * c, not grad_output.mul_(c))"]
@@ -245,7 +259,7 @@ def _outputs_used(problem: Problem, target: Target, leaves: list[torch.Tensor],
         zeroed = problem.vjp(leaves, diff_outs, [zeros[j] if j == k else g1[j]
                                                 for j in range(len(g1))])
         for name, a, b in zip(problem.input_names, unused, zeroed):
-            if not torch.allclose(a, b, atol=atol, rtol=rtol, equal_nan=True):
+            if not _allclose(a, b, atol=atol, rtol=rtol):
                 return found + [f"backward gives '{name}' a different gradient when output {k} "
                                 f"is unused (None gradient) than when its gradient is zero (by "
                                 f"{(a - b).abs().max().item():.3g}): treat None as zero"]
@@ -286,7 +300,7 @@ def _linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> l
         if a is None or b is None or m is None or a.shape != m.shape:
             continue
         expected = 2 * a + 3 * b
-        if not torch.allclose(m, expected, atol=atol, rtol=rtol, equal_nan=True):
+        if not _allclose(m, expected, atol=atol, rtol=rtol):
             diff = (m - expected).abs().max().item()
             return [f"backward is not linear in grad_output: for '{name}', "
                     f"backward(2·g1 + 3·g2) differs from 2·backward(g1) + 3·backward(g2) by "

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InputError
 from .inputs import Keyword, LiteralSpec, TensorSpec
 
 __all__ = ["Keyword", "Nested", "ValueSpec", "given_specs", "leaves", "rebuild", "structured"]
@@ -110,6 +111,13 @@ def given_specs(args: Any, kwargs: dict[str, Any] | None = None,
     import torch
 
     given = [v for v in _values(args, kwargs) if isinstance(v, torch.Tensor)]
+    for tensor in given:
+        if tensor.layout != torch.strided:
+            # Finite differences step dense elements; a sparse tensor's missing ones are not zeros
+            # to perturb (gradcheck needs masked=True semantics for them): refuse, say how.
+            raise InputError(f"a given tensor has layout {tensor.layout}: gradtool checks dense "
+                             "(strided) tensors", "pass tensor.to_dense() to check the dense "
+                             "function, or check the op through a dense wrapper")
     any_grad = any(t.requires_grad for t in given)
 
     def convert(value: Any) -> Any:
