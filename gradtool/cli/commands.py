@@ -84,6 +84,9 @@ def run_check(kw: dict[str, Any]) -> int:
     if kw.get("isolate", True):
         report = _supervise(collect, config, targets, kw)
     else:
+        from .worker import quiet_expected_warnings
+
+        quiet_expected_warnings()
         jobs, rejected = collect()
         report = _run(jobs, rejected, config, quiet=kw.get("quiet", False))
     if kw.get("save_inputs"):

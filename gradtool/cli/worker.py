@@ -47,6 +47,7 @@ def serve(conn: Any, beat: Any, collect: Callable[[], tuple[list[Any], list[Any]
           max_rss: int | None) -> None:
     """Collect (deterministically, as every worker does), report what was found, run by index."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
+    quiet_expected_warnings()
     try:
         jobs, rejected = collect()
         from ..run.runner import check_devices, versions
@@ -71,6 +72,15 @@ def serve(conn: Any, beat: Any, collect: Callable[[], tuple[list[Any], list[Any]
         except InternalError:  # a bug in gradtool: exit 3 with its traceback, as in-process
             conn.send(("internal", traceback.format_exc()))
             return
+
+
+def quiet_expected_warnings() -> None:
+    """In gradtool's own processes: torch's warnings about what gradtool does on purpose (value-
+    only forwards under no_grad through reentrant checkpointing) are noise in a report."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="None of the inputs have requires_grad=True",
+                            category=UserWarning)
 
 
 def _publish(beat: Any, data: bytes) -> None:
