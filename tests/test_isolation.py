@@ -156,3 +156,25 @@ def test_a_bug_in_gradtool_inside_a_worker_exits_3_with_its_traceback(tmp_path):
         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 3, out.stdout + out.stderr
     assert "bug in gradtool" in out.stderr and "KeyError" in out.stderr
+
+
+
+def test_a_forward_returning_a_non_tensor_points_at_forward():
+    import torch
+
+    import gradtool
+    from gradtool.targets.load import source_of
+
+    class Stringy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return "not a tensor"
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
+    report = gradtool.check(Stringy, ["(3,)"], checks=["contract"])
+    contract = report.targets[0].cases[0].checks[0]
+    assert "forward returned str, not a tensor" in contract.summary
+    assert contract.source == source_of(Stringy.forward) != source_of(Stringy.backward)

@@ -32,9 +32,17 @@ def check_contract(case: Case, target: Target, config: CheckConfig) -> CheckResu
     summary = violations[0] if violations else "forward and backward keep autograd's contract"
     return CheckResult(
         "contract", outcome, summary, tuple(violations[1:] + notes),
-        source=target.source if violations else None,
-        calls=calls_since(problem, before), duration_s=time.perf_counter() - start,
-        tolerance={"nondet_tol": config.nondet_tol})
+        source=_where(target, violations), calls=calls_since(problem, before),
+        duration_s=time.perf_counter() - start, tolerance={"nondet_tol": config.nondet_tol})
+
+
+def _where(target: Target, violations: list[str]) -> str | None:
+    """The code to look at: forward's line when forward returned no tensor, else backward's."""
+    if not violations:
+        return None
+    if violations[0].startswith("forward returned") and target.forward_source:
+        return target.forward_source
+    return target.source
 
 
 def _violations(case: Case, target: Target, config: CheckConfig) -> tuple[list[str], list[str]]:

@@ -95,6 +95,8 @@ def _short(check: CheckResult) -> str:
 
 
 def _inputs_lines(case: CaseResult) -> Iterator[Line]:
+    if not case.inputs:  # never sampled: its worker died or timed out before they were known
+        return
     how = "inferred" if case.inferred else "given"
     inputs = ", ".join(f"{i.name} {i.description}" for i in case.inputs)
     yield f"  inputs ({how}, seed {case.seed}): {inputs}", "dim"
