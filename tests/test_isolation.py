@@ -178,3 +178,22 @@ def test_a_forward_returning_a_non_tensor_points_at_forward():
     contract = report.targets[0].cases[0].checks[0]
     assert "forward returned str, not a tensor" in contract.summary
     assert contract.source == source_of(Stringy.forward) != source_of(Stringy.backward)
+
+
+def test_ctrl_c_in_process_keeps_finished_results_and_lists_the_rest():
+    import torch
+
+    from gradtool.config.settings import CheckConfig
+    from gradtool.run.runner import CaseSpec, Job, run
+    from gradtool.targets.inputs import parse_input
+    from gradtool.targets.load import make_target
+
+    def interrupted(x):
+        raise KeyboardInterrupt  # what Ctrl-C raises inside a --no-isolate run
+
+    config = CheckConfig(checks=("gradient",))
+    jobs = [Job(make_target(fn, name), [CaseSpec("case 0", [parse_input("(3,)")], 0)], config)
+            for fn, name in ((torch.sin, "sin"), (interrupted, "stop"), (torch.cos, "cos"))]
+    report = run(jobs, config)
+    assert report.interrupted and report.not_run == ("stop", "cos")
+    assert [t.target for t in report.targets] == ["sin"] and report.ok() is False

@@ -49,10 +49,15 @@ def run(jobs: Sequence[Job], config: CheckConfig, rejected: Sequence[Rejected] =
     start = time.perf_counter()
     results = []
     more_rejected = list(rejected)
-    for job in jobs:
+    for k, job in enumerate(jobs):
         if progress:
             progress(job.target.name)
-        result = run_one(job)
+        try:
+            result = run_one(job)
+        except KeyboardInterrupt:  # Ctrl-C in-process (--no-isolate): what finished still counts
+            return Report(tuple(results), config.effective, versions(), tuple(more_rejected),
+                          time.perf_counter() - start,
+                          not_run=tuple(j.target.name for j in jobs[k:]), interrupted=True)
         (results if isinstance(result, TargetResult) else more_rejected).append(result)
     return Report(tuple(results), config.effective, versions(), tuple(more_rejected),
                   time.perf_counter() - start)
