@@ -59,7 +59,7 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
     except MemoryError as exc:
         return CheckResult(name, Outcome.ERROR, str(exc),
                            details=("use --mode probe, or raise --max-memory",))
-    except (Exception, SystemExit) as exc:  # the user's forward or backward raised (or exited)
+    except Exception as exc:  # the user's forward or backward raised (sys.exit: the runner)
         return error_result(name, exc, target, start, problem, before)
     blocks = [_with_diagnosis(problem, verdict, b, k, config, diagnoser)
               for k, b in enumerate(verdict.blocks)]
