@@ -70,6 +70,28 @@ class Block:
     exhaustive: bool = True  # False when elements were found by localisation, not a full sweep
 
 
+class Severity(str, Enum):
+    """How a finding counts: a failure fails its check; a warning is told, and fails only under
+    --strict (legal but worth knowing: an engine-summed gradient, say)."""
+
+    FAILURE = "failure"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One broken (or questionable) rule, as data: logic reads `rule`, never `message`.
+
+    rule is a stable id, `<check>.<rule>` (e.g. "contract.broadcast_gradient"), listed in the
+    README and `gradtool list`, and the handle by which a spec or [tool.gradtool] silences it.
+    """
+
+    rule: str
+    message: str
+    severity: Severity = Severity.FAILURE
+    source: str | None = None       # file:line of the code to look at, when it is not the check's
+
+
 @dataclass(frozen=True)
 class CheckResult:
     """One property verified on one case."""
@@ -87,6 +109,11 @@ class CheckResult:
     source: str | None = None       # file:line of the code to look at
     traceback: str | None = None    # trimmed, for error outcomes
     expected_failure: str | None = None  # the declared reason, for xfailed / xpassed
+    findings: tuple[Finding, ...] = ()   # every rule broken, failures and warnings, as data
+
+    @property
+    def warnings(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.severity is Severity.WARNING)
 
 
 @dataclass(frozen=True)
