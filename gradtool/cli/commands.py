@@ -28,6 +28,7 @@ def settings_from(kw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         "timeout": kw.get("timeout"),
         "format": kw.get("fmt") if kw.get("fmt") in ("terminal", "json") else None,
         "junit_xml": kw.get("junit_xml"), "annotations": kw.get("annotations"),
+        "html": kw.get("html"),
         "paths": list(kw.get("targets") or []) or None,
     }
     return merge(discover(Path.cwd()), cli)
@@ -229,11 +230,16 @@ def _emit(report: Report, settings: dict[str, Any], kw: dict[str, Any]) -> None:
         _print_terminal(report, kw)
     if kw.get("json_path"):
         write_file(kw["json_path"], render_json(report) + "\n", "JSON report")
+    if settings.get("html"):
+        from ..render.html import render_html
+
+        write_file(settings["html"], render_html(report), "HTML report")
     if settings.get("junit_xml"):
         from ..render.junit import render_junit
         from ..render.terminal import check_text
 
-        write_file(settings["junit_xml"], render_junit(report, check_text), "JUnit XML report")
+        write_file(settings["junit_xml"], render_junit(report, check_text, settings.get("html")),
+                   "JUnit XML report")
     from ..render.annotations import annotations_enabled, render_github
 
     if annotations_enabled(settings.get("annotations"), os.environ):
