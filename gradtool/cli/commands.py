@@ -92,6 +92,8 @@ def run_check(kw: dict[str, Any]) -> int:
         report = _run(jobs, rejected, config, quiet=kw.get("quiet", False))
     if kw.get("save_inputs"):
         _save_inputs(kw["save_inputs"], collect()[0])  # in this process, and only when asked
+    if kw.get("repro") and not report.ok(config.strict):
+        report = _reproduce(report, collect, kw)
     try:
         _emit(report, settings, kw)
     except BrokenPipeError:  # `gradtool check ... | head`: the verdict still decides the code
@@ -101,6 +103,20 @@ def run_check(kw: dict[str, Any]) -> int:
     if report.rejected:
         return 2
     return 0 if report.ok(config.strict) else 1
+
+
+def _reproduce(report: Report, collect: Any, kw: dict[str, Any]) -> Report:
+    """--repro: shrink each failing target's case and write its test (in this process, after
+    the run, and only when something failed)."""
+    from dataclasses import replace
+
+    from ..run.repro import DEFAULT_BUDGET, write_reproducers
+    from .worker import quiet_expected_warnings
+
+    quiet_expected_warnings()
+    written = write_reproducers(report, collect()[0], kw["repro"],
+                                kw.get("repro_budget") or DEFAULT_BUDGET)
+    return replace(report, reproducers=written)
 
 
 def _jobs_for(targets: list[str], config: CheckConfig, options: dict[str, Any]):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..results import Block, CaseResult, CheckResult, Element, Outcome, Report, TargetResult
+from ..results import (Block, CaseResult, CheckResult, Element, Outcome, Report, Reproducer,
+                       TargetResult)
 
 Line = tuple[str, str]  # (text, rich style name)
 
@@ -27,9 +28,19 @@ def report_lines(report: Report, verbose: bool = False, quiet: bool = False) -> 
         lines += [(f"  {line}", "") for line in rejected.message.splitlines()]
     lines += [(f"NOT RUN  {name}  ({report.interrupted or 'interrupted'})", "bold yellow")
               for name in report.not_run]
+    lines += [reproducer_line(r) for r in report.reproducers]
     lines.append(("", ""))
     lines.append(summary_line(report))
     return lines
+
+
+def reproducer_line(r: Reproducer) -> Line:
+    """--repro's result for one target: the file, and how far its case was shrunk."""
+    if not r.path:
+        return f"REPRO    {r.target}: {r.note}", "yellow"
+    note = f" ({r.note})" if r.note else ""
+    return (f"REPRO    {r.path}: {r.check} ({r.finding}), shrunk {r.shrunk_from} → "
+            f"{r.shrunk_to} in {r.checks_run} checks{note}", "cyan")
 
 
 def render_plain(report: Report, verbose: bool = False, quiet: bool = False) -> str:
