@@ -172,3 +172,22 @@ def test_json_report_with_grids_and_reproducers_validates():
     data = json.loads(json.dumps(report.to_dict()))
     assert data["targets"][0]["cases"][0]["checks"][0]["blocks"][0]["grid"]["row_tile"] == 4
     jsonschema.validate(data, schema)
+
+
+def test_verbose_terminal_shows_a_text_heat_map_and_plain_output_is_unchanged():
+    from gradtool.render.terminal import HEATMAP, heat_text, render_plain, report_lines
+
+    report = gradtool.check(f"{BUGS}:SquareTailDropped", ["6x42"], checks=["gradient"])
+    plain, verbose = render_plain(report), render_plain(report, verbose=True)
+    assert "│" not in plain and "|a − n|" not in plain
+    rows = [text for text, style in report_lines(report, verbose=True) if style == HEATMAP]
+    assert len(rows) == 16 and all(r.strip().startswith("│") for r in rows)
+    assert "×" in "".join(rows) and "█" in rows[-1]  # worst elements; the tail: bottom right
+    assert rows[-1].rstrip().endswith("█│") and "|a − n| of 'x' -> output" in verbose
+    # the map is the only addition: the rest is the plain report (timing on the header line)
+    rest = [line for line in verbose.splitlines() if "│" not in line and "|a − n|" not in line]
+    assert [line.split("  (")[0] if line.startswith("FAIL") else line for line in rest] == \
+        plain.splitlines()
+    styled = heat_text("│··█×│")
+    assert styled.plain == "│··█×│" and {str(s.style) for s in styled.spans} >= {"bold red",
+                                                                                 "bold cyan"}

@@ -282,11 +282,14 @@ def write_file(path: str, text: str, what: str) -> None:
 
 
 def _print_terminal(report: Report, kw: dict[str, Any]) -> None:
-    from ..render.terminal import report_lines
+    from ..render.terminal import HEATMAP, heat_text, report_lines
 
     console = _console(sys.stdout, kw.get("color") or "auto")
     for text, style in report_lines(report, kw.get("verbose", False), kw.get("quiet", False)):
-        console.print(text, style=style or None, markup=False)
+        if style == HEATMAP:  # -v's text heat map: a colour per shade
+            console.print(heat_text(text))
+        else:
+            console.print(text, style=style or None, markup=False)
 
 
 def run_list(kw: dict[str, Any]) -> int:
