@@ -191,3 +191,18 @@ def test_verbose_terminal_shows_a_text_heat_map_and_plain_output_is_unchanged():
     styled = heat_text("│··█×│")
     assert styled.plain == "│··█×│" and {str(s.style) for s in styled.spans} >= {"bold red",
                                                                                  "bold cyan"}
+
+
+def test_page_for_the_bundled_examples_failures_is_small():
+    """Every failing Function of specs/examples/*.py (their specs declare them xfail)."""
+    failing, pages = 0, 0
+    for path in sorted((ROOT / "specs" / "examples").glob("*.py")):
+        report = gradtool.check(str(path), checks=["gradient", "double_backward"])
+        page = render_html(report)
+        parsed = parse(page)
+        blocks = [b for b in failing_blocks(report) if b.grid is not None]
+        assert len(parsed.figures) == len(blocks)
+        assert parsed.urls == [] and parsed.links == 0 and parsed.script_src == 0
+        failing += len(blocks)
+        pages += len(page.encode())
+    assert failing >= 5 and pages <= 5 * 2**20

@@ -121,7 +121,8 @@ def _block(block: Block, check: CheckResult) -> str:
         why = ("probe mode compares random projections, so no full block was computed: no heat "
                "map (rerun with --mode full on smaller inputs to see one)"
                if check.mode == "probe" or not block.exhaustive else
-               "the block was too large to evaluate whole on failure: no heat map")
+               "no whole block was evaluated for this comparison (too large to evaluate whole "
+               "on failure, or a check comparing other quantities): no heat map")
         picture = f'<p class="nomap">{escape(why)}</p>'
     else:
         picture = _figure(block, block.grid)
