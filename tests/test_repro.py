@@ -108,3 +108,20 @@ def test_diagnosis_kind_ignores_numbers():
     assert diagnosis_kind(a) == diagnosis_kind(b) == "factor"
     assert diagnosis_kind("no simple pattern: 1 of 1 elements differ") == "no simple pattern"
     assert diagnosis_kind("2 of 4 elements wrong, the rest agree: (0,)") == "a few elements"
+
+
+def test_given_values_are_saved_beside_the_test(tmp_path):
+    """--inputs-from a .pt: the values are replayed (not shrunk), from a .pt beside the test."""
+    saved, folder = tmp_path / "in.pt", tmp_path / "repro"
+    base = [sys.executable, "-m", "gradtool", "check", f"{BUGS}:ScaleTwice", "--check",
+            "gradient", "-q", "--no-isolate"]
+    subprocess.run([*base, "-i", "9x9", "--save-inputs", str(saved)], cwd=ROOT, timeout=300,
+                   capture_output=True)
+    proc = subprocess.run([*base, "--inputs-from", str(saved), "--repro", str(folder)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "given values replayed as they are" in proc.stdout
+    assert (folder / "test_ScaleTwice.inputs.pt").is_file()
+    assert "torch.load(HERE / 'test_ScaleTwice.inputs.pt')" in \
+        (folder / "test_ScaleTwice.py").read_text()
+    failing = pytest_run(folder / "test_ScaleTwice.py")
+    assert failing.returncode == 1 and "extra factor 3" in failing.stdout

@@ -65,15 +65,16 @@ def _one(job: Job, case: CaseResult, check: str, folder: Path, budget: int,
     name = _file_name(job.target, names)
     path = folder / f"test_{name}.py"
     config = job.config.with_(**job.check_config.get(check, {}))
-    text = test_source(_target_text(job, folder), name, shrunk, config, path)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)  # a large given value is saved beside first
+        text = test_source(_target_text(job, folder), name, shrunk, config, path)
         path.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise GradtoolError(f"cannot write --repro {path}: {exc.strerror or exc}",
                             "check that the folder is writable") from None
     notes = [n for n, on in (("budget exhausted", shrunk.exhausted),
-                             ("values simplified", shrunk.values)) if on]
+                             ("values simplified", shrunk.values), (shrunk.note, shrunk.note))
+             if on]
     return Reproducer(job.target.name, str(path), check, shrunk.kind, shrunk.before,
                       shrunk.after, shrunk.checks_run, budget, ", ".join(notes))
 

@@ -61,6 +61,7 @@ class Shrunk:
     checks_run: int
     exhausted: bool
     values: bool = False  # the tensor inputs are simplified given values, not seeded samples
+    note: str = ""
 
 
 class Shrinker:
@@ -138,8 +139,9 @@ def shrink(job: Job, spec: CaseSpec, check: str, budget: int) -> Shrunk | None:
     small = shrinker.sizes(specs) if shapes_of(specs) else specs
     simple = shrinker.values(small) if shapes_of(small) and shrinker.left() else None
     exhausted = not shrinker.left()
+    note = "" if shapes_of(specs) else "given values replayed as they are, not shrunk"
     return Shrunk(check, shrinker.kind, simple or small, spec.seed, describe(specs),
-                  describe(small), shrinker.runs, exhausted, simple is not None)
+                  describe(small), shrinker.runs, exhausted, simple is not None, note)
 
 
 def tensors(values: Sequence[Any]) -> list[Any]:
