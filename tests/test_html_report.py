@@ -206,3 +206,30 @@ def test_page_for_the_bundled_examples_failures_is_small():
         failing += len(blocks)
         pages += len(page.encode())
     assert failing >= 5 and pages <= 5 * 2**20
+
+
+def test_maps_are_well_formed_svg_with_cells_inside_the_frame():
+    import re
+
+    report = gradtool.check(f"{BUGS}:ScaleTwice", ["6x40"], checks=["gradient"])
+    svgs = re.findall(r"<svg .*?</svg>", render_html(report), re.S)
+    assert len(svgs) == 2
+    for svg in svgs:
+        root = ET.fromstring(svg)  # well-formed XML
+        width, height = float(root.get("width")), float(root.get("height"))
+        rects = [r for r in root.iter("rect") if r.get("class") != "l0"]
+        assert rects  # the diagonal's cells are drawn
+        for r in rects:
+            assert float(r.get("x")) + float(r.get("width")) <= width
+            assert float(r.get("y")) + float(r.get("height")) <= height
+
+
+def test_help_and_option_parsing_do_not_import_the_page_or_torch():
+    code = ("import sys\nfrom click.testing import CliRunner\nfrom gradtool.cli.main import main\n"
+            "r = CliRunner().invoke(main, ['check', '--help'])\nassert r.exit_code == 0\n"
+            "assert '--html' in r.output and '--repro-budget' in r.output\n"
+            "bad = [m for m in ('torch', 'gradtool.render.html', 'gradtool.run.shrink') "
+            "if m in sys.modules]\nassert not bad, bad\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
