@@ -157,7 +157,7 @@ def _svg(grid: ErrorGrid, values: tuple[tuple[float, ...], ...], what: str, bloc
     for r, row in enumerate(values):
         shapes += _row_runs(row, r, cell, top, left, vmax)
     shapes += _markers(block, grid, cell, top, left)
-    legend = (f"white: 0 or below {vmax / 10 ** DECADES:.2g}; darkest: {vmax:.3g}"
+    legend = (f"grey: 0 or below {vmax / 10 ** DECADES:.2g}; darkest: {vmax:.3g}"
               + ("; black: inf/NaN" if any(not math.isfinite(v) for row in values for v in row)
                  else "") if vmax > 0 else "all zero")
     return (f'<svg width="{width}" height="{height}" '
@@ -209,7 +209,7 @@ def _markers(block: Block, grid: ErrorGrid, cell: int, top: int, left: int) -> l
         tip = (f"{e.input}{list(e.input_index)} -> {e.output}{list(e.output_index)}: "
                f"analytical {e.analytical:.6g}, numerical {e.numerical:.6g}")
         out.append(f'<circle cx="{left + col * cell + cell / 2}" cy="{top + row * cell + cell / 2}"'
-                   f' r="{max(3, cell * 0.6):.1f}" fill="none" stroke="#0969da" '
+                   f' r="{max(3, cell * 0.45):.1f}" fill="none" stroke="#0969da" '
                    f'stroke-width="2"><title>{escape(tip)}</title></circle>')
     return out
 
