@@ -114,8 +114,12 @@ def _reproduce(report: Report, collect: Any, kw: dict[str, Any]) -> Report:
     from .worker import quiet_expected_warnings
 
     quiet_expected_warnings()
-    written = write_reproducers(report, collect()[0], kw["repro"],
-                                kw.get("repro_budget") or DEFAULT_BUDGET)
+    try:
+        written = write_reproducers(report, collect()[0], kw["repro"],
+                                    kw.get("repro_budget") or DEFAULT_BUDGET)
+    except KeyboardInterrupt:  # Ctrl-C while shrinking: the run's own report still stands
+        click.echo("gradtool: --repro interrupted; no reproducer written", err=True)
+        return report
     return replace(report, reproducers=written)
 
 
