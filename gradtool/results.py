@@ -54,6 +54,24 @@ class Element:
 
 
 @dataclass(frozen=True)
+class ErrorGrid:
+    """A failing block's errors, downsampled for a picture (the HTML heat map, -v's text map).
+
+    Cell (r, c) holds the largest error over Jacobian rows (output elements) r*row_tile ...
+    (r+1)*row_tile - 1 and columns (input elements) c*col_tile ... of the block; rel_diff is
+    |a - n| / max(|n|, atol), so an exact zero in numerical does not blow it up; mismatched
+    counts the elements beyond tolerance in each cell."""
+
+    n_rows: int              # output elements of the block (Jacobian rows)
+    n_cols: int              # input elements (Jacobian columns)
+    row_tile: int
+    col_tile: int
+    abs_diff: tuple[tuple[float, ...], ...]
+    rel_diff: tuple[tuple[float, ...], ...]
+    mismatched: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
 class Block:
     """The comparison of one (input, output) pair of the Jacobian."""
 
@@ -68,6 +86,7 @@ class Block:
     worst: tuple[Element, ...] = ()
     diagnosis: str | None = None
     exhaustive: bool = True  # False when elements were found by localisation, not a full sweep
+    grid: ErrorGrid | None = None  # failing/inconclusive blocks evaluated whole (full mode) only
 
 
 class Severity(str, Enum):
@@ -168,6 +187,22 @@ class Rejected:
 
 
 @dataclass(frozen=True)
+class Reproducer:
+    """A standalone pytest file written by --repro for a failing target, and how far the
+    failing case was shrunk ("6x40 -> 1x1 in 14 checks")."""
+
+    target: str
+    path: str                 # the test file written
+    check: str                # the failing check it reproduces
+    finding: str              # the kind of failure kept while shrinking
+    shrunk_from: str          # the inputs before shrinking, e.g. "6x40, 2.5"
+    shrunk_to: str
+    checks_run: int           # checks run while shrinking (the budget's unit)
+    budget: int
+    note: str = ""            # e.g. "budget exhausted", "values simplified"
+
+
+@dataclass(frozen=True)
 class Report:
     """A whole run: the result of gradtool.check and the input of every renderer."""
 
@@ -179,6 +214,7 @@ class Report:
     schema_version: int = SCHEMA_VERSION
     not_run: tuple[str, ...] = ()     # targets left unchecked when the run was interrupted
     interrupted: str | None = None    # the signal that stopped the run (SIGINT, SIGTERM)
+    reproducers: tuple[Reproducer, ...] = ()  # --repro: a test file per failing target
 
     def checks(self) -> list[tuple[TargetResult, CaseResult, CheckResult]]:
         """Every (target, case, check) triple, in run order."""

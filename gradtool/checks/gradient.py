@@ -63,6 +63,7 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
         return error_result(name, exc, target, start, problem, before)
     blocks = [_with_diagnosis(problem, verdict, b, k, config, diagnoser)
               for k, b in enumerate(verdict.blocks)]
+    blocks = [with_grid(problem, verdict, b, k, config) for k, b in enumerate(blocks)]
     left_out = [f"{out} left out: it does not require grad after forward "
                 "(ctx.mark_non_differentiable, or autograd does not differentiate it)"
                 for out in problem.left_out]
@@ -110,6 +111,20 @@ def _with_diagnosis(problem: Problem, verdict: Verdict, block: Block, k: int,
     if text is None:
         return block
     return Block(**{**block.__dict__, "diagnosis": text})
+
+
+def with_grid(problem: Problem, verdict: Verdict, block: Block, k: int,
+              config: CheckConfig) -> Block:
+    """A mismatched block evaluated whole gets its downsampled errors (for heat maps); a
+    passing one, or one seen only through probes, pays nothing."""
+    i, o = divmod(k, max(1, len(problem.output_names)))
+    if not block.mismatched or (i, o) not in verdict.dense:
+        return block
+    from ..numerics.grid import error_grid
+
+    analytical, numerical = verdict.dense[(i, o)]
+    grid = error_grid(analytical, numerical, config.tolerance("atol"), config.tolerance("rtol"))
+    return Block(**{**block.__dict__, "grid": grid})
 
 
 def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,

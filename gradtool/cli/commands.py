@@ -28,6 +28,7 @@ def settings_from(kw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         "timeout": kw.get("timeout"),
         "format": kw.get("fmt") if kw.get("fmt") in ("terminal", "json") else None,
         "junit_xml": kw.get("junit_xml"), "annotations": kw.get("annotations"),
+        "html": kw.get("html"),
         "paths": list(kw.get("targets") or []) or None,
     }
     return merge(discover(Path.cwd()), cli)
@@ -91,6 +92,8 @@ def run_check(kw: dict[str, Any]) -> int:
         report = _run(jobs, rejected, config, quiet=kw.get("quiet", False))
     if kw.get("save_inputs"):
         _save_inputs(kw["save_inputs"], collect()[0])  # in this process, and only when asked
+    if kw.get("repro") and not report.ok(config.strict):
+        report = _reproduce(report, collect, kw)
     try:
         _emit(report, settings, kw)
     except BrokenPipeError:  # `gradtool check ... | head`: the verdict still decides the code
@@ -100,6 +103,24 @@ def run_check(kw: dict[str, Any]) -> int:
     if report.rejected:
         return 2
     return 0 if report.ok(config.strict) else 1
+
+
+def _reproduce(report: Report, collect: Any, kw: dict[str, Any]) -> Report:
+    """--repro: shrink each failing target's case and write its test (in this process, after
+    the run, and only when something failed)."""
+    from dataclasses import replace
+
+    from ..run.repro import DEFAULT_BUDGET, write_reproducers
+    from .worker import quiet_expected_warnings
+
+    quiet_expected_warnings()
+    try:
+        written = write_reproducers(report, collect()[0], kw["repro"],
+                                    kw.get("repro_budget") or DEFAULT_BUDGET)
+    except KeyboardInterrupt:  # Ctrl-C while shrinking: the run's own report still stands
+        click.echo("gradtool: --repro interrupted; no reproducer written", err=True)
+        return report
+    return replace(report, reproducers=written)
 
 
 def _jobs_for(targets: list[str], config: CheckConfig, options: dict[str, Any]):
@@ -229,11 +250,16 @@ def _emit(report: Report, settings: dict[str, Any], kw: dict[str, Any]) -> None:
         _print_terminal(report, kw)
     if kw.get("json_path"):
         write_file(kw["json_path"], render_json(report) + "\n", "JSON report")
+    if settings.get("html"):
+        from ..render.html import render_html
+
+        write_file(settings["html"], render_html(report), "HTML report")
     if settings.get("junit_xml"):
         from ..render.junit import render_junit
         from ..render.terminal import check_text
 
-        write_file(settings["junit_xml"], render_junit(report, check_text), "JUnit XML report")
+        write_file(settings["junit_xml"], render_junit(report, check_text, settings.get("html")),
+                   "JUnit XML report")
     from ..render.annotations import annotations_enabled, render_github
 
     if annotations_enabled(settings.get("annotations"), os.environ):
@@ -260,11 +286,14 @@ def write_file(path: str, text: str, what: str) -> None:
 
 
 def _print_terminal(report: Report, kw: dict[str, Any]) -> None:
-    from ..render.terminal import report_lines
+    from ..render.terminal import HEATMAP, heat_text, report_lines
 
     console = _console(sys.stdout, kw.get("color") or "auto")
     for text, style in report_lines(report, kw.get("verbose", False), kw.get("quiet", False)):
-        console.print(text, style=style or None, markup=False)
+        if style == HEATMAP:  # -v's text heat map: a colour per shade
+            console.print(heat_text(text))
+        else:
+            console.print(text, style=style or None, markup=False)
 
 
 def run_list(kw: dict[str, Any]) -> int:

@@ -186,6 +186,13 @@ CHECK_EPILOG = "\b\nInputs:\n" + INPUT_HELP
               help="Also write the JSON report to this file.")
 @click.option("--junit-xml", type=click.Path(dir_okay=False), default=None,
               help="Write a JUnit XML report to this file.")
+@click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
+              help="Write a self-contained HTML report (heat maps of failing blocks) to this file.")
+@click.option("--repro", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="For each failing target, shrink the failing case and write "
+                   "DIR/test_<target>.py, a standalone pytest file that fails the same way.")
+@click.option("--repro-budget", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Checks --repro may run per failing target while shrinking [40].")
 @click.option("--annotations", type=click.Choice(["auto", "github", "none"]), default=None,
               help="GitHub Actions ::error annotations [auto: when GITHUB_ACTIONS=true].")
 @click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",

@@ -38,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "format": "terminal",
     "junit_xml": None,
     "annotations": "auto",
+    "html": None,
 }
 KEYS = tuple(DEFAULTS)
 
@@ -98,6 +99,8 @@ def load_config(path: Path | None, cwd: Path | None = None) -> ProjectConfig:
     settings["paths"] = [resolve_entry(p, path.parent, cwd) for p in settings["paths"]]
     if settings["junit_xml"] is not None:
         settings["junit_xml"] = _display(path.parent / settings["junit_xml"], cwd)
+    if settings["html"] is not None:
+        settings["html"] = _display(path.parent / settings["html"], cwd)
     return ProjectConfig(path=path, settings=settings, sources=sources)
 
 
@@ -204,6 +207,7 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "format": (f"one of {', '.join(FORMATS)}", lambda v: v in FORMATS),
     "junit_xml": ("a file path string", lambda v: isinstance(v, str) and v != ""),
     "annotations": (f"one of {', '.join(ANNOTATIONS)}", lambda v: v in ANNOTATIONS),
+    "html": ("a file path string", lambda v: isinstance(v, str) and v != ""),
 }
 
 

@@ -31,13 +31,16 @@ def xml_safe(text: Any) -> str:
     return _ILLEGAL_XML.sub(lambda m: f"#x{ord(m.group()):02X}", str(text))
 
 
-def render_junit(report: Report, plain_text: PlainText | None = None) -> str:
-    """The whole report as a JUnit XML document (deterministic: no timestamp, no hostname)."""
+def render_junit(report: Report, plain_text: PlainText | None = None,
+                 html: str | None = None) -> str:
+    """The whole report as a JUnit XML document (deterministic: no timestamp, no hostname);
+    html: the path of the HTML report, linked from every suite (property html_report)."""
     describe = plain_text or check_text
     strict = bool(report.config.get("strict"))
     root = ET.Element("testsuites", name="gradtool")
     for target in report.targets:
-        suite = _suite(root, target.target, _properties(report, target))
+        suite = _suite(root, target.target,
+                       {**_properties(report, target), **({"html_report": html} if html else {})})
         for case in target.cases:
             for check in case.checks:
                 _add_check(suite, target, case, check, describe, strict)

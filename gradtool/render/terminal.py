@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from typing import Any
 
-from ..results import Block, CaseResult, CheckResult, Element, Outcome, Report, TargetResult
+from ..results import (Block, CaseResult, CheckResult, Element, Outcome, Report, Reproducer,
+                       TargetResult)
 
 Line = tuple[str, str]  # (text, rich style name)
 
@@ -27,9 +30,19 @@ def report_lines(report: Report, verbose: bool = False, quiet: bool = False) -> 
         lines += [(f"  {line}", "") for line in rejected.message.splitlines()]
     lines += [(f"NOT RUN  {name}  ({report.interrupted or 'interrupted'})", "bold yellow")
               for name in report.not_run]
+    lines += [reproducer_line(r) for r in report.reproducers]
     lines.append(("", ""))
     lines.append(summary_line(report))
     return lines
+
+
+def reproducer_line(r: Reproducer) -> Line:
+    """--repro's result for one target: the file, and how far its case was shrunk."""
+    if not r.path:
+        return f"REPRO    {r.target}: {r.note}", "yellow"
+    note = f" ({r.note})" if r.note else ""
+    return (f"REPRO    {r.path}: {r.check} ({r.finding}), shrunk {r.shrunk_from} → "
+            f"{r.shrunk_to} in {r.checks_run} checks{note}", "cyan")
 
 
 def render_plain(report: Report, verbose: bool = False, quiet: bool = False) -> str:
@@ -72,6 +85,10 @@ def _case_lines(target: TargetResult, case: CaseResult, verbose: bool, quiet: bo
             yield from _inputs_lines(case)
             shown_inputs = True
         yield from (("  " + line, "") for line in check_body(check))
+        if verbose:  # a small picture of each failing block evaluated whole
+            for block in check.blocks:
+                if block.mismatched and block.grid is not None:
+                    yield from (("  " + line, style) for line, style in heatmap_lines(block))
         yield f"  reproduce: {case.reproduce}", "cyan"
     if case.inferred and not shown_inputs and not quiet:
         yield from _inputs_lines(case)  # inferred inputs are shown so they can be pinned
@@ -170,3 +187,64 @@ def _shape(shape: tuple[int, ...]) -> str:
 
 def _index(index: tuple[int, ...]) -> str:
     return "(" + ",".join(map(str, index)) + ")"
+
+
+# The text heat map (-v): log-scale shades of |a - n| over 6 decades below the block's maximum.
+SHADES = "·░▒▓█"
+HEATMAP = "heatmap"  # the style of a map row: heat_text colours each shade
+HEAT_STYLES = {"░": "yellow", "▒": "dark_orange", "▓": "red", "█": "bold red", "×": "bold cyan"}
+DECADES = 6
+
+
+def heatmap_lines(block: Block, max_cols: int = 48, max_rows: int = 16) -> list[Line]:
+    """|analytical − numerical| of a failing block as rows of shade characters, pooled again
+    (max) to fit a terminal; the worst elements are marked ×."""
+    grid = block.grid
+    if grid is None or not grid.abs_diff:
+        return []
+    values = grid.abs_diff
+    rt, ct = -(-len(values) // max_rows), -(-len(values[0]) // max_cols)
+    pooled = [[max(v for row in values[r:r + rt] for v in row[c:c + ct])
+               for c in range(0, len(values[0]), ct)] for r in range(0, len(values), rt)]
+    finite = [v for row in pooled for v in row if v == v and v != float("inf")]
+    vmax = max(finite, default=0.0)
+    cells = [[_shade(v, vmax) for v in row] for row in pooled]
+    for e in block.worst:
+        r = _flat(e.output_index, block.output_shape) // grid.row_tile // rt
+        c = _flat(e.input_index, block.input_shape) // grid.col_tile // ct
+        if r < len(cells) and c < len(cells[r]):
+            cells[r][c] = "×"
+    per = (f"a character is the max over {grid.row_tile * rt} output x {grid.col_tile * ct} "
+           "input elements" if grid.row_tile * rt * grid.col_tile * ct > 1
+           else "a character per element")
+    head = (f"|a − n| of '{block.input}' -> {block.output}: input element →, output element ↓; "
+            f"{per}; {SHADES[1:]} up to {vmax:.3g} (log scale), × worst")
+    return [(head, "dim"), *((f"│{''.join(row)}│", HEATMAP) for row in cells)]
+
+
+def _shade(value: float, vmax: float) -> str:
+    if value != value or value == float("inf"):
+        return SHADES[-1]
+    if value <= 0 or vmax <= 0 or value <= vmax / 10 ** DECADES:
+        return SHADES[0]
+    position = (math.log10(value / vmax) + DECADES) / DECADES
+    return SHADES[max(1, min(len(SHADES) - 1, 1 + int(position * (len(SHADES) - 1))))]
+
+
+def _flat(index: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    flat = 0
+    for i, size in zip(index, shape):
+        flat = flat * size + i
+    return flat
+
+
+def heat_text(text: str) -> Any:
+    """A map row as rich Text, each shade in its colour (rich is imported only here)."""
+    from rich.text import Text
+
+    line, start = Text(), 0
+    for k in range(1, len(text) + 1):  # one span per run of one shade
+        if k == len(text) or text[k] != text[start]:
+            line.append(text[start:k], style=HEAT_STYLES.get(text[start], "dim"))
+            start = k
+    return line

@@ -1,0 +1,178 @@
+"""--repro DIR: for each failing target, a shrunk case written as a standalone pytest file."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..config.settings import CheckConfig
+from ..errors import GradtoolError
+from ..results import CaseResult, Outcome, Report, Reproducer, TargetResult
+from ..targets.inputs import Keyword, LiteralSpec, TensorSpec
+from .runner import CaseSpec, Job, _cli_input
+from .shrink import MAX_VALUES, Shrunk, shrink
+
+DEFAULT_BUDGET = 40
+# CheckConfig fields a reproducer passes on when they differ from the defaults.
+SETTINGS = ("dtype", "eps", "atol", "rtol", "nondet_tol", "mode", "probes", "autocast",
+            "reference")
+
+
+def write_reproducers(report: Report, jobs: Sequence[Job], folder: str,
+                      budget: int = DEFAULT_BUDGET) -> tuple[Reproducer, ...]:
+    """A test file per failing target (nothing at all for a passing run)."""
+    written: list[Reproducer] = []
+    names: set[str] = set()
+    for target in report.targets:
+        found = _first_failure(target)
+        job = next((j for j in jobs if j.target.name == target.target), None)
+        if found is None or job is None:
+            continue
+        case, check = found
+        written.append(_one(job, case, check, Path(folder), budget, names))
+    return tuple(written)
+
+
+def _first_failure(target: TargetResult) -> tuple[CaseResult, str] | None:
+    for case in target.cases:
+        for check in case.checks:
+            if check.outcome is Outcome.FAILED:
+                return case, check.name
+    return None
+
+
+def _one(job: Job, case: CaseResult, check: str, folder: Path, budget: int,
+         names: set[str]) -> Reproducer:
+    def skipped(why: str, checks_run: int = 0) -> Reproducer:
+        return Reproducer(job.target.name, "", check, "", "", "", checks_run, budget,
+                          f"not written: {why}")
+
+    if job.surrogate is not None:
+        return skipped("the spec's surrogate cannot be replayed by assert_gradients")
+    if job.target.init:
+        return skipped("a module class built with --init; check an instance instead")
+    spec = next((s for s in job.cases if case.label.startswith(s.label)), job.cases[0])
+    shrunk = shrink(job, CaseSpec(case.label, spec.inputs, case.seed, spec.origin), check,
+                    budget)
+    if shrunk is None:
+        return skipped(f"the {check} check does not fail the same way when run again here")
+    if not all(_leaf(s) for s in shrunk.specs):
+        return skipped("nested inputs are not written yet", shrunk.checks_run)
+    name = _file_name(job.target, names)
+    path = folder / f"test_{name}.py"
+    config = job.config.with_(**job.check_config.get(check, {}))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)  # a large given value is saved beside first
+        text = test_source(_target_text(job, folder), name, shrunk, config, path)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise GradtoolError(f"cannot write --repro {path}: {exc.strerror or exc}",
+                            "check that the folder is writable") from None
+    notes = [n for n, on in (("budget exhausted", shrunk.exhausted),
+                             ("values simplified", shrunk.values), (shrunk.note, shrunk.note))
+             if on]
+    return Reproducer(job.target.name, str(path), check, shrunk.kind, shrunk.before,
+                      shrunk.after, shrunk.checks_run, budget, ", ".join(notes))
+
+
+def _leaf(spec: Any) -> bool:
+    from ..targets.values import ValueSpec
+
+    inner = spec.spec if isinstance(spec, Keyword) else spec
+    return isinstance(inner, (TensorSpec, LiteralSpec, ValueSpec))
+
+
+def _file_name(target: Any, names: set[str]) -> str:
+    stem = re.sub(r"\W+", "_", target.name.rpartition(":")[2] or target.qualname).strip("_")
+    stem = stem or "target"
+    name, k = stem, 2
+    while name in names:
+        name, k = f"{stem}_{k}", k + 1
+    names.add(name)
+    return name
+
+
+def _target_text(job: Job, folder: Path) -> str:
+    """A Python expression for the target string, a file path relative to the test file (so
+    the folder can move with the code), or the importable module:Name."""
+    location, sep, name = job.target.name.rpartition(":")
+    if not sep or not location.endswith(".py"):
+        if sep and "/" not in location:
+            return repr(job.target.name)  # module:Name
+        obj = job.target.function_cls or job.target.obj  # a spec's target: its class's file
+        obj = obj if inspect.isclass(obj) or inspect.isfunction(obj) else type(obj)
+        location, name = inspect.getsourcefile(obj) or "", obj.__qualname__
+    file, here = Path(location).resolve(), folder.resolve()
+    if os.path.commonpath([file, here]) == file.anchor:  # nothing shared: an absolute path
+        return repr(f"{file.as_posix()}:{name}")
+    relative = Path(os.path.relpath(file, here)).as_posix()
+    return f'str(HERE / {relative!r}) + {":" + name!r}'
+
+
+def test_source(target: str, name: str, shrunk: Shrunk, config: CheckConfig,
+                path: Path) -> str:
+    """The standalone test: its inputs, then one assert_gradients call."""
+    values = [(k, s) for k, s in enumerate(shrunk.specs) if _is_value(s)]
+    lines = ['"""Minimal reproducer written by `gradtool check --repro`.',
+             "",
+             f"The {shrunk.check} check of {name} fails: {shrunk.kind}.",
+             f"Shrunk {shrunk.before} -> {shrunk.after} in {shrunk.checks_run} checks"
+             + (" (values simplified)." if shrunk.values else "."),
+             "It fails while the bug is there and passes once it is fixed.",
+             '"""', "", "from pathlib import Path", ""]
+    if values:
+        lines.append("import torch")
+    lines += ["import gradtool", "", "HERE = Path(__file__).resolve().parent",
+              f"TARGET = {target}", "", "", f"def test_{name}():"]
+    big = [(k, s) for k, s in values if _inner(s).value.numel() > MAX_VALUES]
+    if big:  # too many to write out: saved beside the test
+        import torch
+
+        saved = path.with_suffix(".inputs.pt")
+        torch.save({str(k): _inner(s).value.detach().clone() for k, s in big}, saved)
+        lines.append(f"    saved = torch.load(HERE / {saved.name!r})")
+    inputs, kwargs = [], []
+    for k, spec in enumerate(shrunk.specs):
+        inner = _inner(spec)
+        if _is_value(spec):
+            lines.append(f"    v{k} = {_tensor_text(inner, k, big)}")
+            text = f"v{k}"
+        else:
+            text = repr(_cli_input(inner, config))
+        (kwargs if isinstance(spec, Keyword) else inputs).append(
+            f"{spec.name!r}: {text}" if isinstance(spec, Keyword) else text)
+    call = [f"TARGET, [{', '.join(inputs)}]"]
+    if kwargs:
+        call.append("kwargs={" + ", ".join(kwargs) + "}")
+    call.append(f"seed={shrunk.seed}")
+    call.append(f"checks=[{shrunk.check!r}]")
+    defaults = CheckConfig()
+    call += [f"{key}={getattr(config, key)!r}" for key in SETTINGS
+             if getattr(config, key) != getattr(defaults, key)]
+    lines.append(f"    gradtool.assert_gradients({', '.join(call)})")
+    return "\n".join(lines) + "\n"
+
+
+def _inner(spec: Any) -> Any:
+    return spec.spec if isinstance(spec, Keyword) else spec
+
+
+def _is_value(spec: Any) -> bool:
+    from ..targets.values import ValueSpec
+
+    inner = _inner(spec)
+    return isinstance(inner, ValueSpec) and hasattr(inner.value, "numel")
+
+
+def _tensor_text(spec: Any, k: int, big: list[tuple[int, Any]]) -> str:
+    value = spec.value
+    grad = ".requires_grad_(True)" if spec.requires_grad else ""
+    if any(j == k for j, _ in big):
+        return f"saved[{str(k)!r}]{grad}"
+    dtype = str(value.dtype).removeprefix("torch.")
+    return (f"torch.tensor({value.tolist()!r}, dtype=torch.{dtype}, "
+            f"requires_grad={spec.requires_grad})")
