@@ -6,7 +6,7 @@ import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config.settings import CheckConfig
 from .. import heartbeat
@@ -14,6 +14,10 @@ from ..errors import GradtoolError, InternalError
 from ..results import CaseResult, CheckResult, Outcome, Rejected, Report, TargetResult
 from ..targets.inputs import InputSpec
 from ..targets.load import Target
+
+if TYPE_CHECKING:  # the runner imports torch only when it runs
+    from ..checks._common import Context
+    from ..targets.cases import Case
 
 Progress = Callable[[str], None]
 
@@ -107,7 +111,7 @@ def _inconclusive(result: CaseResult) -> bool:
     return any(c.outcome is Outcome.INCONCLUSIVE for c in result.checks)
 
 
-def case_for(job: Job, spec: CaseSpec) -> Any:
+def case_for(job: Job, spec: CaseSpec) -> Case:
     """The sampled Case: given inputs, or inferred ones."""
     from ..targets.cases import build_case
     from ..targets.infer import infer_case
@@ -124,6 +128,7 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     config = job.config
     heartbeat.enter(target=job.target.name, case=spec.label, check="")
     case = case_for(job, spec)
+    _probe(case, config)
     reproduce = job.reproduce or reproduce_command(job.target, case.specs, config, spec.seed,
                                                    spec.origin)
     # The default run reports the faces a target has; a check asked for by name that does not
@@ -137,11 +142,20 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     if has_given_values(case.specs) and not spec.origin:
         notes.append("inputs given as values: to replay them, torch.save((args, kwargs), "
                      "'INPUTS.pt'), or run with --save-inputs INPUTS.pt")
-    if case.problem.freeze_seed is not None:
+    if case.facts.stochastic:
         notes.append("forward is stochastic: RNG frozen (re-seeded) around every evaluation")
     pin = "" if has_given_values(case.specs) else pin_flags(case.specs, config)
     return CaseResult(case.label, spec.seed, tuple(case.infos), tuple(checks), case.inferred,
                       tuple(dict.fromkeys(notes)), reproduce, pin)
+
+
+def _probe(case: Case, config: CheckConfig) -> None:
+    """The probe phase: the case's facts, learnt once before any check (targets/probe.py)."""
+    from ..config.registry import BY_NAME
+    from ..targets.probe import probe
+
+    heartbeat.enter(check="probe")  # a timeout here names the probe phase
+    probe(case, keep_graph=any(BY_NAME[name].probe_graph for name in config.checks))
 
 
 def _once(result: CheckResult, earlier: Sequence[CheckResult], problem: Any) -> CheckResult:
@@ -164,7 +178,7 @@ def _forward_runs(problem: Any) -> bool:
     return True
 
 
-def _run_check(name: str, case: Any, job: Job) -> CheckResult | None:
+def _run_check(name: str, case: Case, job: Job) -> CheckResult | None:
     """Dispatch through the registry: a check that does not apply is skipped with the reason
     when it was asked for, and left out (None) of the default run."""
     from ..checks._common import error_result, load, skipped
@@ -174,18 +188,13 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult | None:
     start, before = time.perf_counter(), dict(case.problem.calls)
     heartbeat.enter(check=name)
     try:
-        check = load(name)
-        if name == "gradient" and job.surrogate is None and _low_precision(case, config):
-            from ..checks import precision as check  # below float64: against a float64 reference
+        check = _variant(name, case, job, config)
         context = _context(job, config)
         reason = check.applies(case, context) if hasattr(check, "applies") else None
         if reason and job.config.checks == DEFAULT_CHECKS:
             return None
-        result = skipped(name, reason) if reason else check.run(case, context)
-        if name == "contract" and not reason and job.target.kind in ("module", "callable"):
-            from .inner import with_inner_contracts  # each custom Function inside, alone
-
-            result = with_inner_contracts(result, case.problem, config)
+        result = skipped(name, reason) if reason else _hooked(name, check.run(case, context),
+                                                              case, job, config)
     except (GradtoolError, InternalError):
         raise
     # User code raising where a check did not expect it is still a result; so is its sys.exit().
@@ -194,13 +203,53 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult | None:
     return _apply_xfail(result, job.xfail.get(name))
 
 
-def _low_precision(case: Any, config: CheckConfig) -> bool:
+def _variant(name: str, case: Case, job: Job, config: CheckConfig) -> Any:
+    """The check's module, or the variant the registry declares for this case (the
+    low-precision judge for `gradient`, say)."""
+    from importlib import import_module
+
+    from ..checks._common import load
+    from ..config.registry import BY_NAME
+
+    for when, module in BY_NAME[name].variants:
+        if WHEN[when](case, job, config):
+            return import_module(f"gradtool.checks.{module}")
+    return load(name)
+
+
+def _hooked(name: str, result: CheckResult, case: Case, job: Job,
+            config: CheckConfig) -> CheckResult:
+    """The result passed through the hooks the registry declares for this case (the contracts
+    of the custom Functions inside a model, say)."""
+    from importlib import import_module
+
+    from ..config.registry import BY_NAME
+
+    for when, path in BY_NAME[name].hooks:
+        if WHEN[when](case, job, config):
+            module, function = path.split(":")
+            result = getattr(import_module(module), function)(result, case.problem, config)
+    return result
+
+
+def _low_precision(case: Case, job: Job, config: CheckConfig) -> bool:
+    """Below float64 (and no surrogate): judged against a float64 reference."""
     from ..checks.precision import low_precision
 
-    return low_precision(case.problem, config) is not None
+    return job.surrogate is None and low_precision(case.problem, config) is not None
 
 
-def applicable(job: Job, case: Any) -> list[tuple[str, str | None]]:
+def _composite(case: Case, job: Job, config: CheckConfig) -> bool:
+    """A module or callable: custom Functions inside are checked alone too."""
+    return job.target.kind in ("module", "callable")
+
+
+# The conditions a registry entry may name for its variants and hooks.
+WHEN: dict[str, Callable[[Case, Job, CheckConfig], bool]] = {
+    "low_precision": _low_precision, "composite": _composite}
+
+
+def applicable(job: Job, case: Case) -> list[tuple[str, str | None]]:
     """Each configured check with the reason it would be skipped (None: it runs)."""
     from ..checks._common import load
 
@@ -212,7 +261,7 @@ def applicable(job: Job, case: Any) -> list[tuple[str, str | None]]:
     return out
 
 
-def _context(job: Job, config: CheckConfig) -> Any:
+def _context(job: Job, config: CheckConfig) -> Context:
     from ..checks._common import Context
 
     surrogate = job.surrogate
@@ -238,7 +287,7 @@ def _apply_xfail(result: CheckResult, reason: str | None) -> CheckResult:
     return result
 
 
-def _reference(job: Job, case: Any) -> Callable[[Any], Any]:
+def _reference(job: Job, case: Case) -> Callable[[Any], Any]:
     """Rows of the surrogate's intended Jacobian, in the same layout as the analytical rows."""
     import torch
 
