@@ -298,9 +298,16 @@ def _print_terminal(report: Report, kw: dict[str, Any]) -> None:
 
 def run_list(kw: dict[str, Any]) -> int:
     """What check would run: targets, their kinds and inputs (inferred ones are inferred)."""
+    from .listing import rule_lines
+
     settings, _ = settings_from(kw)
     config = config_from(settings)
     targets = list(settings.get("paths") or [])
+    if kw.get("rules"):
+        for line in rule_lines(config):
+            click.echo(line)
+        if not kw.get("targets"):
+            return 0
     if not targets:
         raise NothingToCheck("nothing to list: give a target, spec file or folder")
     jobs, rejected = _collect(targets, config, **_sources(kw, config))

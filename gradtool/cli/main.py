@@ -237,6 +237,9 @@ def graph(**kw: Any) -> int:
 @main.command("list", context_settings=CONTEXT, epilog=CHECK_EPILOG)
 @click.argument("targets", nargs=-1)
 @check_options
+@click.option("--rules", is_flag=True, default=False,
+              help="List every rule id (check.rule) with its severity, the ids `ignore:` "
+                   "takes; with no target, only the rules.")
 @guarded
 def list_(**kw: Any) -> int:
     """List what `gradtool check` would check (targets, specs, inputs) without running checks."""
