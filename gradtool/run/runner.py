@@ -14,6 +14,7 @@ from ..errors import GradtoolError, InternalError
 from ..results import CaseResult, CheckResult, Outcome, Rejected, Report, TargetResult
 from ..targets.inputs import InputSpec
 from ..targets.load import Target
+from .reproduce import has_given_values, pin_flags, reproduce_for
 
 if TYPE_CHECKING:  # the runner imports torch only when it runs
     from ..checks._common import Context
@@ -129,8 +130,7 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     heartbeat.enter(target=job.target.name, case=spec.label, check="")
     case = case_for(job, spec)
     _probe(case, config)
-    reproduce = job.reproduce or reproduce_command(job.target, case.specs, config, spec.seed,
-                                                   spec.origin)
+    reproduce = reproduce_for(job, case.specs, spec.seed, spec.origin)
     # The default run reports the faces a target has; a check asked for by name that does not
     # apply is reported skipped, with the reason.
     checks: list[CheckResult] = []
@@ -154,7 +154,8 @@ def _probe(case: Case, config: CheckConfig) -> None:
     from ..config.registry import BY_NAME
     from ..targets.probe import probe
 
-    heartbeat.enter(check="probe")  # a timeout here names the probe phase
+    # A death or timeout here is reported under the first check (its result would say it).
+    heartbeat.enter(check=config.checks[0] if config.checks else "")
     probe(case, keep_graph=any(BY_NAME[name].probe_graph for name in config.checks))
 
 
@@ -307,72 +308,6 @@ def _reference(job: Job, case: Case) -> Callable[[Any], Any]:
         return torch.stack(out)
 
     return rows
-
-
-def pin_flags(specs: Sequence[InputSpec], config: CheckConfig) -> str:
-    """'-i 3x4 -i 2.5': the flags that give these inputs explicitly."""
-    return " ".join(f"-i {_quote(_cli_input(spec, config))}" for spec in specs)
-
-
-def reproduce_command(target: Target, specs: Sequence[InputSpec], config: CheckConfig,
-                      seed: int, origin: str | None = None) -> str:
-    """The one-line command that re-runs this case exactly (given values: from a .pt file)."""
-    parts = ["gradtool", "check", _quote(target.name)]
-    if origin or has_given_values(specs):
-        # Given values cannot be written as --input: they are replayed from a saved file.
-        parts += ["--inputs-from", _quote(origin or "INPUTS.pt")]
-    elif specs:
-        parts.append(pin_flags(specs, config))
-    parts += ["--seed", str(seed)]
-    defaults = CheckConfig()
-    for name in ("dtype", "eps", "atol", "rtol", "nondet_tol", "mode", "autocast", "reference"):
-        value = getattr(config, name)
-        if value is not None and value != getattr(defaults, name):
-            parts += [f"--{name.replace('_', '-')}", str(value)]
-    return " ".join(parts)
-
-
-def _cli_input(spec: Any, config: CheckConfig) -> str:
-    from ..targets.inputs import LiteralSpec
-    from ..targets.values import Keyword, Nested, ValueSpec
-
-    if isinstance(spec, Keyword):
-        return f"{spec.name}={_cli_input(spec.spec, config)}"
-    if isinstance(spec, Nested):
-        return _cli_input(spec.spec, config)
-    if isinstance(spec, dict):
-        return "{" + ", ".join(f"{k!r}: {_cli_input(v, config)}" for k, v in spec.items()) + "}"
-    if isinstance(spec, (tuple, list)):
-        items = [_cli_input(v, config) for v in spec]
-        if isinstance(spec, list):
-            return "[" + ", ".join(items) + "]"
-        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
-    if isinstance(spec, (LiteralSpec, ValueSpec)):
-        text = repr(spec.value)
-        return text if not text.startswith("(") else "=" + text
-    return spec.describe(config.dtype).replace(f":{config.dtype}", "", 1) \
-        if spec.dtype is None else spec.describe(config.dtype)
-
-
-def has_given_values(specs: Sequence[Any]) -> bool:
-    """Whether any input is a value the user gave (no --input string can reproduce it)."""
-    from ..targets.values import ValueSpec, leaves
-
-    return any(isinstance(leaf, ValueSpec) for _, leaf in leaves(
-        [getattr(s, "spec", s) for s in specs]))
-
-
-def _quote(text: str) -> str:
-    """Shell-quote readably: bare when safe, else single quotes, else double quotes."""
-    import shlex
-
-    if shlex.quote(text) == text:
-        return text
-    if "'" not in text:
-        return f"'{text}'"
-    if not any(c in text for c in '"$`\\!'):
-        return f'"{text}"'
-    return shlex.quote(text)
 
 
 def versions() -> dict[str, str]:
