@@ -18,6 +18,7 @@ from .reproduce import has_given_values, pin_flags, reproduce_for
 
 if TYPE_CHECKING:  # the runner imports torch only when it runs
     from ..checks._common import Context
+    from ..numerics.problem import Problem
     from ..targets.cases import Case
 
 Progress = Callable[[str], None]
@@ -159,7 +160,7 @@ def _probe(case: Case, config: CheckConfig) -> None:
     probe(case, keep_graph=any(BY_NAME[name].probe_graph for name in config.checks))
 
 
-def _once(result: CheckResult, earlier: Sequence[CheckResult], problem: Any) -> CheckResult:
+def _once(result: CheckResult, earlier: Sequence[CheckResult], problem: Problem) -> CheckResult:
     """A forward that fails is reported under the first check only, not under every one."""
     if result.outcome is not Outcome.ERROR:
         return result
@@ -171,7 +172,7 @@ def _once(result: CheckResult, earlier: Sequence[CheckResult], problem: Any) -> 
                        f"not run: the same error as under {same.name} ({same.summary})"[:300])
 
 
-def _forward_runs(problem: Any) -> bool:
+def _forward_runs(problem: Problem) -> bool:
     try:
         problem.outputs(problem.inputs)
     except (Exception, SystemExit):  # noqa: BLE001 - the user's forward failing is what is asked
