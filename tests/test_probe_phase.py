@@ -101,3 +101,26 @@ def test_the_contract_check_reuses_the_probe_forwards(contract_cases):
     report = gradtool.check(contract_cases.Square, ["3x4"], checks=("contract",))
     check = next(c for _, _, c in report.checks())
     assert check.outcome.value == "passed" and "forward" not in check.calls
+
+
+@pytest.mark.parametrize("checks", [("gradient",), ("contract", "gradient")])
+def test_the_probe_costs_two_forwards_and_its_graph_forward_is_reused(checks):
+    # Counted at the Function itself: every forward of the run is the checks' own (as each
+    # reports) plus the probe's two, one of which a check reuses instead of running its own.
+    from collections import Counter
+
+    bugs = load_fixture("bugs")
+    counter: Counter = Counter()
+
+    class Counted(bugs.Cube):
+        @staticmethod
+        def forward(ctx, x):
+            counter["forward"] += 1
+            return bugs.Cube.forward(ctx, x)
+
+    report = gradtool.check(Counted, ["(10,)"], checks=checks, mode="probe")
+    assert all(c.outcome.value == "passed" for _, _, c in report.checks())
+    per_check = sum(c.calls.get("forward", 0) for _, _, c in report.checks())
+    assert counter["forward"] == per_check + 2
+    first = next(c for _, _, c in report.checks())
+    assert first.calls.get("forward", 0) == (0 if first.name == "contract" else 3)

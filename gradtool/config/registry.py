@@ -80,7 +80,7 @@ REGISTRY: tuple[CheckInfo, ...] = (
               hooks=(("composite", "gradtool.run.inner:with_inner_contracts"),),
               probe_graph=True),
     CheckInfo("gradient", "backward's Jacobian against finite differences, element by element",
-              variants=(("low_precision", "precision"),)),
+              variants=(("low_precision", "precision"),), probe_graph=True),
     CheckInfo("double_backward", "the gradient check applied to backward itself "
                                  "(what gradgradcheck does)"),
     CheckInfo("forward_ad", "forward mode: jvp's columns J·u against finite differences, and "

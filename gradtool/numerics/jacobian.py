@@ -14,7 +14,7 @@ from ..results import Block, Outcome
 from .columns import Sweep, sweep_coloured, sweep_dense
 from .compare import BlockTally
 from .facts import output_facts
-from .problem import Problem, flat_cat
+from .problem import Problem, flat_cat, select_outputs
 from .sparsity import (
     AnalyticalJacobian,
     Strides,
@@ -69,6 +69,9 @@ def prime(problem: Problem) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     gradtool derived, as double backward's) learns it here, from this forward, once."""
     problem.plan = None
     known = problem.facts.outputs_known
+    first = problem.take_first_graph() if known else None
+    if first is not None:  # the probe phase's graph forward (timed there), not yet used
+        return first[0], select_outputs(first[1], problem.output_mask)
     start = time.perf_counter()
     leaves, outs = problem.graph()
     problem.forward_seconds = time.perf_counter() - start  # for plan_full's prediction

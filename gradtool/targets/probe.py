@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,7 +27,8 @@ def probe(case: Case, keep_graph: bool = True) -> Facts:
     graph (which outputs are differentiable, custom Functions inside); outputs that differ
     between them mean forward is stochastic, and the RNG is frozen from then on (a third
     forward, under the frozen RNG, gives the graph). keep_graph: keep that graph forward for
-    the contract check, which needs one (it replaces the forwards the contract made). The
+    the first check that needs one (the contract check, else the priming forward of the
+    gradient check): it replaces a forward that check made. The
     user's code raising is no result here: what was learnt stays, and each check that runs
     forward reports the exception itself.
     """
@@ -101,7 +103,10 @@ def _graph_forward(problem: Problem) -> tuple[list[torch.Tensor], Any]:
         try:
             with torch.enable_grad(), problem.rng():
                 problem.calls["forward"] += 1
-                return leaves, problem.fn(*problem.with_inputs(passed))
+                start = time.perf_counter()
+                result = problem.fn(*problem.with_inputs(passed))
+                problem.forward_seconds = time.perf_counter() - start  # for mode predictions
+                return leaves, result
         except RuntimeError as exc:
             if LEAF_INPLACE not in str(exc) or attempt:
                 raise
