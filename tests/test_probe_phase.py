@@ -124,3 +124,11 @@ def test_the_probe_costs_two_forwards_and_its_graph_forward_is_reused(checks):
     assert counter["forward"] == per_check + 2
     first = next(c for _, _, c in report.checks())
     assert first.calls.get("forward", 0) == (0 if first.name == "contract" else 3)
+
+
+def test_a_forward_writing_its_input_passes_every_check_alone(contract_cases):
+    # Before the probe phase, only the contract check learnt that a mark_dirty Function needs
+    # copies of its inputs: the gradient check alone raised in forward (an error outcome).
+    for check in ("gradient", "double_backward"):
+        report = gradtool.check(contract_cases.ExpInplace, ["3x4"], checks=(check,))
+        assert outcomes(report) == {check: "passed"}
