@@ -1,4 +1,4 @@
-"""One reproduce builder: replaying the `reproduce:` line of a failing case gives the same verdict."""
+"""One reproduce builder: replaying a failing case's `reproduce:` line gives the same verdict."""
 
 from __future__ import annotations
 
