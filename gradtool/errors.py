@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Stable exit codes (documented in README): the one list every command returns from."""
+
+    OK = 0
+    CHECKS_FAILED = 1
+    USAGE = 2
+    INTERNAL = 3
+    NOTHING = 5
+    INTERRUPTED = 130
 
 
 class GradtoolError(Exception):
     """A mistake in what the user asked for (not a gradient failure, not a gradtool bug)."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
@@ -48,13 +60,13 @@ class ConfigError(GradtoolError):
 class NothingToCheck(GradtoolError):
     """The targets resolved to nothing checkable."""
 
-    exit_code = 5
+    exit_code = ExitCode.NOTHING
 
 
 class InternalError(Exception):
     """An exception raised by gradtool's own code: a bug in gradtool, never the user's (exit 3)."""
 
-    exit_code = 3
+    exit_code = ExitCode.INTERNAL
 
     def __init__(self, exc: BaseException, where: str | None) -> None:
         at = f" at {where}" if where else ""

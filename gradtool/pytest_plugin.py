@@ -41,6 +41,10 @@ class GradtoolInconclusive(UserWarning):
     """A check whose finite differences were unreliable: shown, but it fails only when strict."""
 
 
+class GradtoolWarning(UserWarning):
+    """A check that passed with a warning finding (legal, worth telling): fails only when strict."""
+
+
 class CheckFailed(Exception):
     """Raised by a SpecItem whose check failed; its message is the CLI's plain report."""
 
@@ -189,8 +193,10 @@ def settle(target: TargetResult, case: CaseResult, check: CheckResult, strict: b
     if outcome is Outcome.INCONCLUSIVE and not strict:
         warnings.warn(GradtoolInconclusive(check_text(target, case, check)), stacklevel=1)
         return
-    if outcome.is_bad(strict):
+    if outcome.is_bad(strict) or (strict and check.warnings):
         raise CheckFailed(check_text(target, case, check))
+    if check.warnings:  # legal, but worth telling: a warning, as for inconclusive outcomes
+        warnings.warn(GradtoolWarning(check_text(target, case, check)), stacklevel=1)
 
 
 def display_path(path: Path) -> str:

@@ -228,7 +228,9 @@ class Report:
         """True when nothing fails the run (a rejected spec or target fails it too)."""
         if self.rejected or self.not_run or self.interrupted:
             return False
-        return not any(k.outcome.is_bad(strict) for _, _, k in self.checks())
+        # --strict fails on warnings too, as on inconclusive outcomes.
+        return not any(k.outcome.is_bad(strict) or (strict and k.warnings)
+                       for _, _, k in self.checks())
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (enums as their string values)."""

@@ -149,6 +149,7 @@ def test_taylor_is_inconclusive_when_rounding_dominates_and_names_a_finer_dtype(
 
 def test_unresolvable_difference_is_inconclusive_and_names_the_precision():
     from gradtool.checks.precision import Run, judge
+    from gradtool.numerics.facts import Facts
     from gradtool.numerics.problem import Problem
     from gradtool.numerics.rounding import measure_bound
 
@@ -157,7 +158,7 @@ def test_unresolvable_difference_is_inconclusive_and_names_the_precision():
     # 0.001's bound is as large as the value: a difference just beyond it is no verdict
     tol = float(bound.tolerances[0][1])
     low = torch.tensor([1.0, 0.001 + 1.5 * tol], dtype=torch.float64)
-    problem = Problem(lambda x: x, [exact], ["x"], [0], output_names=["output"])
+    problem = Problem(lambda x: x, [exact], ["x"], [0], facts=Facts(output_names=("output",)))
     if tol >= 0.0005:
         verdict = judge(problem, Run([low], [], 1), Run([exact], [], 1), bound)
         assert verdict.outcome.value == "inconclusive"

@@ -56,7 +56,7 @@ INVALID = [
     (spec_file("- target: ops.py:Double", "  atoll: 1.0e-5"),
      "a.yaml:4: specs[0].atoll: unknown key 'atoll'; allowed: name, target, expr, init, inputs, "
      "kwargs, inputs_from, cases, seed, dtype, device, eps, atol, rtol, nondet_tol, mode, checks, "
-     "reference, autocast, timeout, tolerances, xfail, surrogate, trust_callable",
+     "reference, autocast, timeout, ignore, tolerances, xfail, surrogate, trust_callable",
      "did you mean 'atol'?"),
     (spec_file("- name: both", "  target: ops.py:Double", "  expr: x", f"  {X}"),
      "a.yaml:3: specs[0]: give exactly one of target: (file.py:Name or module:Name) or expr:",

@@ -9,14 +9,13 @@ from typing import Any
 import torch
 
 from ..config.settings import CheckConfig
-from ..numerics.problem import Problem, function_nodes, tensor_outputs
-from ..results import CheckResult, Outcome
+from ..numerics.problem import Problem, tensor_outputs
+from ..results import CheckResult, Finding, Outcome, Severity
 from ..targets.cases import Case
 from ..targets.load import Target
+from ..targets.probe import _graph_forward, comparable, equal, probe, stochastic_note
 from ..tracebacks import calls_user_code
 from ._common import Context, calls_since, error_result
-
-LEAF_INPLACE = "leaf Variable that requires grad is being used in an in-place operation"
 
 
 def check_contract(case: Case, target: Target, config: CheckConfig) -> CheckResult:
@@ -24,147 +23,95 @@ def check_contract(case: Case, target: Target, config: CheckConfig) -> CheckResu
     start = time.perf_counter()
     problem = case.problem
     before = dict(problem.calls)
+    probe(case)  # learnt already in a run; a case built elsewhere (a captured Function) here
     try:
-        violations, notes = _violations(case, target, config)
+        found, notes = _findings(case, target, config)
     except Exception as exc:  # the user's forward or backward raised (sys.exit: the runner)
         return error_result("contract", exc, target, start, problem, before)
-    outcome = Outcome.FAILED if violations else Outcome.PASSED
-    summary = violations[0] if violations else "forward and backward keep autograd's contract"
+    return contract_result(found, notes, target, config, calls_since(problem, before),
+                           time.perf_counter() - start)
+
+
+def contract_result(found: Sequence[Finding], notes: Sequence[str], target: Target,
+                    config: CheckConfig, calls: dict[str, int] | None = None,
+                    duration_s: float = 0.0) -> CheckResult:
+    """The verdict from the findings: failed on a failure, else passed (warnings told); rules
+    the configuration ignores are dropped, and said."""
+    kept = [f for f in found if f.rule not in config.ignore]
+    silenced = sorted({f.rule for f in found if f.rule in config.ignore})
+    failures = [f for f in kept if f.severity is Severity.FAILURE]
+    warnings = [f for f in kept if f.severity is Severity.WARNING]
+    ordered = failures + warnings
+    notes = [*notes, *([f"ignored by configuration: {', '.join(silenced)}"] if silenced else [])]
+    if failures:
+        summary, rest = failures[0].message, [f.message for f in failures[1:]]
+    else:
+        summary, rest = "forward and backward keep autograd's contract", []
     return CheckResult(
-        "contract", outcome, summary, tuple(violations[1:] + notes),
-        source=_where(target, violations), calls=calls_since(problem, before),
-        duration_s=time.perf_counter() - start, tolerance={"nondet_tol": config.nondet_tol})
+        "contract", Outcome.FAILED if failures else Outcome.PASSED, summary,
+        tuple(rest + notes), source=_where(target, failures), calls=calls or {},
+        duration_s=duration_s, tolerance={"nondet_tol": config.nondet_tol},
+        findings=tuple(ordered))
 
 
-def _where(target: Target, violations: list[str]) -> str | None:
-    """The code to look at: forward's line when forward returned no tensor, else backward's."""
-    if not violations:
+def _where(target: Target, failures: Sequence[Finding]) -> str | None:
+    """The code to look at: the first failure's own (forward's line when forward returned no
+    tensor), else backward's."""
+    if not failures:
         return None
-    if violations[0].startswith("forward returned") and target.forward_source:
-        return target.forward_source
-    return target.source
+    return failures[0].source or target.source
 
 
-def _violations(case: Case, target: Target, config: CheckConfig) -> tuple[list[str], list[str]]:
+def _findings(case: Case, target: Target, config: CheckConfig
+              ) -> tuple[list[Finding], list[str]]:
     problem = case.problem
-    # Purity first, on copies: it learns whether forward writes to its inputs, so that the
-    # stochastic probe's two forwards copy them instead of compounding the write.
-    violations = _forward_purity(problem, target)
-    notes = _detect_stochastic(case, config)
-    leaves, result = _forward(problem)
+    found = list(problem.facts.findings)  # forward's purity, seen by the probe phase
+    note = stochastic_note(problem.facts)
+    notes = [note] if note else []
+    leaves, result = problem.take_first_graph() or _graph_forward(problem)
     if not tensor_outputs(result):
-        return violations + [not_a_tensor(result)], notes
+        return found + [not_a_tensor(result, target)], notes
     outs = [t for t in tensor_outputs(result) if t.is_floating_point() or t.is_complex()]
-    problem.has_functions = bool(function_nodes([o for o in outs if o.requires_grad]))
-    violations += _finite("forward output", outs)
+    found += _finite("contract.forward_nonfinite", "forward output", outs)
     diff_outs = [o for o in outs if o.requires_grad]
     if not diff_outs:
-        return violations + ["no output requires grad: forward detaches its result from the "
-                             "inputs (or marks every output non-differentiable)"], notes
-    backward = _backward_caller(problem, target, leaves, result, violations)
+        return found + [Finding("contract.no_differentiable_output",
+                                "no output requires grad: forward detaches its result from the "
+                                "inputs (or marks every output non-differentiable)")], notes
+    backward = _backward_caller(problem, target, leaves, result, found)
     if backward is None:
-        return violations, notes
+        return found, notes
     gen = torch.Generator().manual_seed(case.seed + 101)
     g1 = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in diff_outs]
     g2 = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in diff_outs]
-    violations += _grad_output_untouched(backward, g1)
-    violations += _outputs_used(problem, target, leaves, diff_outs, g1, config)
+    found += _grad_output_untouched(backward, g1)
+    found += _outputs_used(problem, target, leaves, diff_outs, g1, config)
     r1 = backward(g1)
-    violations += _finite("gradient", [r for r in r1 if r is not None])
-    violations += _linearity(backward, g1, g2, r1, problem, config)
-    violations += _deterministic(backward, g1, r1, problem, config)
-    return violations, notes
-
-
-@calls_user_code
-def _forward(problem: Problem) -> tuple[list[torch.Tensor], Any]:
-    """A graph forward returning the raw result; learns whether forward writes to its inputs."""
-    leaves = [v.detach().clone().requires_grad_(True) for v in problem.inputs]
-    for attempt in range(2):
-        passed = [leaf.clone() for leaf in leaves] if problem.mutates else leaves
-        try:
-            with torch.enable_grad(), problem.rng():
-                problem.calls["forward"] += 1
-                return leaves, problem.fn(*problem.with_inputs(passed))
-        except RuntimeError as exc:
-            if LEAF_INPLACE not in str(exc) or attempt:
-                raise
-            problem.mutates = True  # mark_dirty Functions need non-leaf inputs
-    raise AssertionError("unreachable")
-
-
-@calls_user_code
-def _forward_purity(problem: Problem, target: Target) -> list[str]:
-    """An input changed by forward must be marked dirty (and so returned as an output)."""
-    originals = [a.detach().clone() if isinstance(a, torch.Tensor) else None for a in problem.args]
-    args = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in problem.args]
-    with torch.no_grad(), problem.rng():
-        problem.calls["forward"] += 1
-        result = problem.fn(*args)
-    outputs = tensor_outputs(result)
-    problems = []
-    for name, arg, original in zip(problem.names, args, originals):
-        if original is None or _equal(arg, original) or _both_nan(arg, original):
-            continue
-        problem.mutates = True
-        if any(t is arg for t in outputs):
-            continue  # returned itself: marked dirty (Function.apply) or a plain in-place op
-        # Function.apply hands back an unmarked input as a new alias of the same memory.
-        if any(t.data_ptr() == arg.data_ptr() and t.shape == arg.shape for t in outputs):
-            problems.append(f"forward modifies input '{name}' in place and returns it without "
-                            f"ctx.mark_dirty({name})")
-        else:
-            problems.append(f"forward modifies input '{name}' in place without "
-                            f"ctx.mark_dirty({name}) (and without returning it)")
-    return problems
-
-
-def _comparable(t: torch.Tensor) -> torch.Tensor:
-    """complex32 has no comparison kernels on the CPU: compare it exactly, as complex64."""
-    return t.to(torch.complex64) if t.dtype == torch.complex32 else t
-
-
-def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch.equal(_comparable(a), _comparable(b))
+    found += _finite("contract.gradient_nonfinite", "gradient", [r for r in r1 if r is not None])
+    found += _linearity(backward, g1, g2, r1, problem, config)
+    found += _deterministic(backward, g1, r1, problem, config)
+    return found, notes
 
 
 def _allclose(a: torch.Tensor, b: torch.Tensor, **tolerances: float) -> bool:
-    return torch.allclose(_comparable(a), _comparable(b), equal_nan=True, **tolerances)
+    return torch.allclose(comparable(a), comparable(b), equal_nan=True, **tolerances)
 
 
-def _both_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a, b = _comparable(a), _comparable(b)
-    return bool(torch.equal(torch.isnan(a), torch.isnan(b))) and \
-        bool(torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))
-
-
-def _detect_stochastic(case: Case, config: CheckConfig) -> list[str]:
-    """Same inputs, different outputs: freeze the RNG around every evaluation from now on."""
-    problem = case.problem
-    first = problem.outputs(problem.inputs)
-    second = problem.outputs(problem.inputs)
-    if all(_equal(a, b) or _both_nan(a, b) for a, b in zip(first, second)):
-        return []  # NaN != NaN: equal NaN positions are not randomness
-    problem.freeze_seed = case.seed
-    return [f"forward is stochastic (two calls on the same inputs differ): torch's RNG is "
-            f"re-seeded with {case.seed} before every evaluation"]
-
-
-def _finite(what: str, tensors: Sequence[torch.Tensor]) -> list[str]:
+def _finite(rule: str, what: str, tensors: Sequence[torch.Tensor]) -> list[Finding]:
     bad = sum(int((~torch.isfinite(t)).sum()) for t in tensors)
-    return [f"{what} has {bad} NaN/Inf value(s) on finite inputs"] if bad else []
+    return [Finding(rule, f"{what} has {bad} NaN/Inf value(s) on finite inputs")] if bad else []
 
 
 def _backward_caller(problem: Problem, target: Target, leaves: list[torch.Tensor], result: Any,
-                     violations: list[str]):
+                     found: list[Finding]):
     """A function grad_outputs -> one gradient per differentiable input."""
     tensors = tensor_outputs(result)
     diff_outs = [t for t in tensors if (t.is_floating_point() or t.is_complex()) and t.requires_grad]
     node = diff_outs[0].grad_fn
     if target.kind == "function" and getattr(type(node), "_forward_cls", None) is target.obj:
         raw_call = _raw_backward(problem, node, tensors, diff_outs)
-        violations += _arity_and_shapes(problem, raw_call, diff_outs)
-        if any("gradient" in v and ("returned" in v or "shape" in v) for v in violations):
+        found += _arity_and_shapes(problem, raw_call, diff_outs)
+        if any(f.rule in ENGINE_ERRORS for f in found):
             return None  # the rest would only repeat the engine's error
         return lambda grads: _positions(problem, raw_call(grads))
     return lambda grads: problem.vjp(leaves, diff_outs, grads)
@@ -188,41 +135,52 @@ def _positions(problem: Problem, raw: tuple[Any, ...]) -> list[torch.Tensor | No
     return [raw[p] if p < len(raw) else None for p in problem.diff]
 
 
-def _arity_and_shapes(problem: Problem, raw_call, diff_outs: list[torch.Tensor]) -> list[str]:
+def _arity_and_shapes(problem: Problem, raw_call, diff_outs: list[torch.Tensor]
+                      ) -> list[Finding]:
     probe = raw_call([torch.ones_like(t) for t in diff_outs])
     n_args = len(problem.args)
     names = ", ".join(problem.names)
     problems = []
     extra = probe[n_args:]
     if len(probe) < n_args or any(g is not None for g in extra):
-        problems.append(f"backward returned {len(probe)} gradient(s); forward takes {n_args} "
-                        f"input(s) ({names}) — return exactly one per input, None for "
-                        f"non-tensors")
+        problems.append(Finding(
+            "contract.gradient_count",
+            f"backward returned {len(probe)} gradient(s); forward takes {n_args} input(s) "
+            f"({names}) — return exactly one per input, None for non-tensors"))
     for name, arg, grad in zip(problem.names, problem.args, probe):
         problems += _one_gradient(name, arg, grad)
     return problems
 
 
-def _one_gradient(name: str, arg: Any, grad: Any) -> list[str]:
+def _one_gradient(name: str, arg: Any, grad: Any) -> list[Finding]:
     if grad is None:
         return []
     if not isinstance(arg, torch.Tensor):
-        return [f"backward returned a gradient for '{name}', which is not a tensor "
-                f"({type(arg).__name__}) — return None in its place"]
+        return [Finding("contract.gradient_for_non_tensor",
+                        f"backward returned a gradient for '{name}', which is not a tensor "
+                        f"({type(arg).__name__}) — return None in its place")]
     if not isinstance(grad, torch.Tensor):
-        return [f"backward returned a {type(grad).__name__} for '{name}', not a tensor or None"]
+        return [Finding("contract.gradient_type", f"backward returned a {type(grad).__name__} "
+                                                  f"for '{name}', not a tensor or None")]
     if grad.shape != arg.shape:
         shapes = (f"gradient for '{name}' has shape {tuple(grad.shape)}, but '{name}' has shape "
                   f"{tuple(arg.shape)}")
         if _broadcastable(grad.shape, arg.shape):
-            return [f"{shapes}: the engine would silently sum it — reduce it to the input's shape"]
+            # Legal: autograd's engine sums it down to the input's shape (gradcheck agrees).
+            return [Finding("contract.broadcast_gradient",
+                            f"{shapes}: the engine sums it to the input's shape — legal, but "
+                            "reducing it in backward saves the engine's sum and states intent",
+                            Severity.WARNING)]
         transposed = grad.dim() == 2 and tuple(grad.shape) == tuple(arg.shape)[::-1]
-        return [f"{shapes}{' (transposed?)' if transposed else ''} — return a gradient of the "
-                "input's shape"]
+        return [Finding("contract.gradient_shape",
+                        f"{shapes}{' (transposed?)' if transposed else ''} — return a gradient "
+                        "of the input's shape")]
     if grad.dtype != arg.dtype:
-        return [f"gradient for '{name}' has dtype {grad.dtype}, but '{name}' is {arg.dtype}"]
+        return [Finding("contract.gradient_dtype", f"gradient for '{name}' has dtype "
+                                                   f"{grad.dtype}, but '{name}' is {arg.dtype}")]
     if grad.device != arg.device:
-        return [f"gradient for '{name}' is on {grad.device}, but '{name}' is on {arg.device}"]
+        return [Finding("contract.gradient_device", f"gradient for '{name}' is on {grad.device}, "
+                                                    f"but '{name}' is on {arg.device}")]
     return []
 
 
@@ -234,19 +192,20 @@ def _broadcastable(grad: torch.Size, arg: torch.Size) -> bool:
         return False
 
 
-def _grad_output_untouched(backward, grads: list[torch.Tensor]) -> list[str]:
+def _grad_output_untouched(backward, grads: list[torch.Tensor]) -> list[Finding]:
     copies = [g.clone() for g in grads]
     given = [g.clone() for g in grads]
     backward(given)
-    if all(_equal(a, b) for a, b in zip(given, copies)):
+    if all(equal(a, b) for a, b in zip(given, copies)):
         return []
-    return ["backward modifies grad_output in place — use out-of-place ops "
-            "(grad_output * c, not grad_output.mul_(c))"]
+    return [Finding("contract.grad_output_modified",
+                    "backward modifies grad_output in place — use out-of-place ops "
+                    "(grad_output * c, not grad_output.mul_(c))")]
 
 
 def _outputs_used(problem: Problem, target: Target, leaves: list[torch.Tensor],
                   diff_outs: list[torch.Tensor], g1: list[torch.Tensor],
-                  config: CheckConfig) -> list[str]:
+                  config: CheckConfig) -> list[Finding]:
     """Backward through the engine as it runs when outputs go unused: a zero grad_output gives
     a zero gradient, an unused output (None gradient under set_materialize_grads(False)) acts
     as a zero one, and no differentiable output's gradient is ignored."""
@@ -261,34 +220,41 @@ def _outputs_used(problem: Problem, target: Target, leaves: list[torch.Tensor],
             unused = problem.vjp(leaves, [diff_outs[j] for j in rest], [g1[j] for j in rest])
         except Exception as exc:  # noqa: BLE001 - the user's backward raising is the finding
             first = (str(exc).strip().splitlines() or [""])[0][:200]
-            return found + [f"backward fails when output {k} is unused (its gradient is None, "
-                            f"as with ctx.set_materialize_grads(False)): "
-                            f"{type(exc).__name__}: {first}"]
+            return found + [Finding(
+                "contract.unused_output_raises",
+                f"backward fails when output {k} is unused (its gradient is None, as with "
+                f"ctx.set_materialize_grads(False)): {type(exc).__name__}: {first}")]
         zeroed = problem.vjp(leaves, diff_outs, [zeros[j] if j == k else g1[j]
                                                 for j in range(len(g1))])
         for name, a, b in zip(problem.input_names, unused, zeroed):
             if not _allclose(a, b, atol=atol, rtol=rtol):
-                return found + [f"backward gives '{name}' a different gradient when output {k} "
-                                f"is unused (None gradient) than when its gradient is zero (by "
-                                f"{(a - b).abs().max().item():.3g}): treat None as zero"]
+                return found + [Finding(
+                    "contract.unused_output_differs",
+                    f"backward gives '{name}' a different gradient when output {k} is unused "
+                    f"(None gradient) than when its gradient is zero (by "
+                    f"{(a - b).abs().max().item():.3g}): treat None as zero")]
         # An empty output has no gradient to ignore.
         if target.kind == "function" and diff_outs[k].numel() and \
                 _ignored(problem, leaves, diff_outs, g1, k):
-            found.append(f"backward ignores the gradient of output {k}: mark it with "
-                         "ctx.mark_non_differentiable, or differentiate it")
+            found.append(Finding("contract.ignored_output",
+                                 f"backward ignores the gradient of output {k}: mark it with "
+                                 "ctx.mark_non_differentiable, or differentiate it"))
     return found
 
 
-def _zero_gives_zero(problem: Problem, grads: list[torch.Tensor], noise: float) -> list[str]:
+def _zero_gives_zero(problem: Problem, grads: list[torch.Tensor], noise: float
+                     ) -> list[Finding]:
     for name, grad in zip(problem.input_names, grads):
         nonzero = grad.abs() > noise  # a nondeterministic backward may wander by nondet_tol
         if bool(nonzero.any()):
             values = grad[nonzero]
             shown = (f"{values[0].item():.3g}" if bool((values == values[0]).all())
                      else f"up to {values.abs().max().item():.3g}")
-            return [f"backward adds {shown} to {int(nonzero.sum())} of {grad.numel()} elements "
-                    f"of the gradient of '{name}' even when grad_output is zero: a gradient "
-                    "must be linear in grad_output (no constant term)"]
+            return [Finding(
+                "contract.constant_term",
+                f"backward adds {shown} to {int(nonzero.sum())} of {grad.numel()} elements of "
+                f"the gradient of '{name}' even when grad_output is zero: a gradient must be "
+                "linear in grad_output (no constant term)")]
     return []
 
 
@@ -299,7 +265,7 @@ def _ignored(problem: Problem, leaves: list[torch.Tensor], diff_outs: list[torch
     return all(not bool(r.any()) for r in problem.vjp(leaves, diff_outs, only))
 
 
-def _linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> list[str]:
+def _linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> list[Finding]:
     r2 = backward(g2)
     mixed = backward([2 * a + 3 * b for a, b in zip(g1, g2)])
     # Each of the three calls may wander by nondet_tol: 2·a + 3·b + m can by 6·nondet_tol.
@@ -310,22 +276,26 @@ def _linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> l
         expected = 2 * a + 3 * b
         if not _allclose(m, expected, atol=atol, rtol=rtol):
             diff = (m - expected).abs().max().item()
-            return [f"backward is not linear in grad_output: for '{name}', "
-                    f"backward(2·g1 + 3·g2) differs from 2·backward(g1) + 3·backward(g2) by "
-                    f"{diff:.3g} — the gradient must be a linear map of grad_output"]
+            return [Finding(
+                "contract.nonlinear",
+                f"backward is not linear in grad_output: for '{name}', backward(2·g1 + 3·g2) "
+                f"differs from 2·backward(g1) + 3·backward(g2) by {diff:.3g} — the gradient "
+                "must be a linear map of grad_output")]
     return []
 
 
-def _deterministic(backward, g1, r1, problem: Problem, config: CheckConfig) -> list[str]:
+def _deterministic(backward, g1, r1, problem: Problem, config: CheckConfig) -> list[Finding]:
     again = backward(g1)
     for name, a, b in zip(problem.input_names, r1, again):
         if a is None or b is None or a.shape != b.shape:
             continue
         diff = (a - b).abs().max().item() if a.numel() else 0.0
         if diff > config.nondet_tol:
-            return [f"backward is nondeterministic: two calls with the same grad_output give "
-                    f"'{name}' gradients differing by {diff:.3g} (> nondet_tol "
-                    f"{config.nondet_tol:g}; raise --nondet-tol if this is expected)"]
+            return [Finding(
+                "contract.nondeterministic",
+                f"backward is nondeterministic: two calls with the same grad_output give "
+                f"'{name}' gradients differing by {diff:.3g} (> nondet_tol "
+                f"{config.nondet_tol:g}; raise --nondet-tol if this is expected)")]
     return []
 
 
@@ -334,10 +304,18 @@ def run(case: Case, context: Context) -> CheckResult:
     return check_contract(case, context.target, context.config)
 
 
-def not_a_tensor(result: object) -> str:
-    """'forward returned str, not a tensor': what came back instead, and what to return."""
+def not_a_tensor(result: object, target: Target | None = None) -> Finding:
+    """'forward returned str, not a tensor': what came back instead, and what to return (the
+    code to look at is forward's)."""
     what = type(result).__name__
     if isinstance(result, (tuple, list, dict)):
         what += " holding no tensor"
-    return (f"forward returned {what}, not a tensor: return the output tensor "
-            "(or a tuple, list or dict of tensors)")
+    return Finding("contract.forward_not_tensor",
+                   f"forward returned {what}, not a tensor: return the output tensor (or a "
+                   "tuple, list or dict of tensors)",
+                   source=target.forward_source if target is not None else None)
+
+
+# Shapes and counts autograd's engine refuses: checking further would repeat its error.
+ENGINE_ERRORS = frozenset({"contract.gradient_count", "contract.gradient_for_non_tensor",
+                           "contract.gradient_type", "contract.gradient_shape"})

@@ -7,6 +7,7 @@ import re
 import torch
 
 from ..config.settings import CheckConfig
+from ..numerics.facts import Facts
 from ..numerics.jacobian import Verdict
 from ..numerics.problem import Problem, function_nodes, select_outputs, vjp
 from ..results import Block, CheckResult, Outcome
@@ -114,8 +115,8 @@ def _derive(problem: Problem, seed: int
     names = problem.input_names + [_grad_name(name) for name in problem.output_names or
                                    [f"output {k}" for k in range(len(outs))]]
     derived = Problem(g, [x.detach() for x in leaves] + grads, names,
-                      list(range(n + len(grads))), freeze_seed=problem.freeze_seed,
-                      mutates=False, keep_all_outputs=True)  # a detached gradient is wrong
+                      list(range(n + len(grads))), facts=Facts(seed=problem.freeze_seed),
+                      keep_all_outputs=True)  # a detached gradient is wrong
     derived.output_labels = [f"grad of {name}" for name in problem.input_names]
     derived.batched_fn = None  # autograd inside vmap is not reliable: finite differences loop
     # The outer backward runs through the inner one: the parameters are bound there too.

@@ -127,8 +127,7 @@ def _reference_problem(problem: Problem, target: Target, config: CheckConfig,
     # bind() again in float64: a module's frozen buffers too, and no autocast region.
     fn = reference or bind(target, n_args, config.with_(dtype="float64"), seed)[0]
     return Problem(fn, args, list(problem.names), list(problem.diff),
-                   output_names=list(problem.output_names), freeze_seed=problem.freeze_seed,
-                   output_mask=problem.output_mask, mutates=problem.mutates)
+                   facts=problem.facts.with_(precision="float64"))
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from ..config.settings import CheckConfig
-from ..errors import GradtoolError, NothingToCheck
+from ..errors import ExitCode, GradtoolError, NothingToCheck
 from ..results import Report
 from ..targets.inputs import parse_input
 
@@ -69,7 +69,7 @@ def run_check(kw: dict[str, Any]) -> int:
         from ..config.pyproject import render_effective
 
         click.echo(render_effective(settings, sources))
-        return 0
+        return ExitCode.OK
     config = config_from(settings, kw.get("resample")).with_(
         reference=kw.get("reference"), autocast=kw.get("autocast"))
     if kw.get("trust_callables"):
@@ -99,10 +99,10 @@ def run_check(kw: dict[str, Any]) -> int:
     except BrokenPipeError:  # `gradtool check ... | head`: the verdict still decides the code
         silence_stdout()
     if report.interrupted:
-        return 130
+        return ExitCode.INTERRUPTED
     if report.rejected:
-        return 2
-    return 0 if report.ok(config.strict) else 1
+        return ExitCode.USAGE
+    return ExitCode.OK if report.ok(config.strict) else ExitCode.CHECKS_FAILED
 
 
 def _reproduce(report: Report, collect: Any, kw: dict[str, Any]) -> Report:
@@ -298,9 +298,16 @@ def _print_terminal(report: Report, kw: dict[str, Any]) -> None:
 
 def run_list(kw: dict[str, Any]) -> int:
     """What check would run: targets, their kinds and inputs (inferred ones are inferred)."""
+    from .listing import rule_lines
+
     settings, _ = settings_from(kw)
     config = config_from(settings)
     targets = list(settings.get("paths") or [])
+    if kw.get("rules"):
+        for line in rule_lines(config):
+            click.echo(line)
+        if not kw.get("targets"):
+            return ExitCode.OK
     if not targets:
         raise NothingToCheck("nothing to list: give a target, spec file or folder")
     jobs, rejected = _collect(targets, config, **_sources(kw, config))
@@ -308,7 +315,7 @@ def run_list(kw: dict[str, Any]) -> int:
 
     for line in list_lines(jobs, rejected, config):
         click.echo(line)
-    return 2 if rejected else 0
+    return ExitCode.USAGE if rejected else ExitCode.OK
 
 
 def run_graph(kw: dict[str, Any]) -> int:
@@ -344,7 +351,7 @@ def run_graph(kw: dict[str, Any]) -> int:
         from ..tracebacks import trim
 
         click.echo(f"gradtool: {job.target.name}: forward raised\n{trim(exc)}", err=True)
-        return 1
+        return ExitCode.CHECKS_FAILED
     fmt = kw.get("fmt") or "tree"
     if kw.get("output"):
         write_file(kw["output"], render(graph, fmt, kw.get("depth")), "graph")
@@ -357,7 +364,8 @@ def run_graph(kw: dict[str, Any]) -> int:
     else:
         click.echo(render(graph, fmt, kw.get("depth")), nl=False)
     # --grads is a diagnosis: a gradient that dies or explodes fails the command.
-    return 1 if kw.get("grads") and (graph.problems or graph.backward_error) else 0
+    failed = kw.get("grads") and (graph.problems or graph.backward_error)
+    return ExitCode.CHECKS_FAILED if failed else ExitCode.OK
 
 
 def use_color(choice: str, stream: Any) -> bool:

@@ -22,6 +22,18 @@ def list_lines(jobs: Sequence[Job], rejected: Sequence[Rejected], config: CheckC
         yield f"REJECTED {bad.source}: {bad.message.splitlines()[0]}"
 
 
+def rule_lines(config: CheckConfig) -> Iterator[str]:
+    """Every registered rule: id, severity (ignored: silenced by configuration), meaning."""
+    from ..config.registry import REGISTRY
+
+    rules = [rule for info in REGISTRY for rule in info.rules]
+    width = max((len(rule.id) for rule in rules), default=0)
+    yield "rules (silence one with ignore: [RULE] in a spec or [tool.gradtool]):"
+    for rule in rules:
+        severity = "ignored" if rule.id in config.ignore else rule.severity
+        yield f"  {rule.id:<{width}}  {severity:<8} {rule.description}"
+
+
 def _case_lines(job: Job, spec) -> Iterator[str]:
     try:
         case = case_for(job, spec)

@@ -5,28 +5,16 @@ from __future__ import annotations
 import sys
 import traceback
 from collections.abc import Callable
-from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
 import click
 
 from ..config.settings import CHECK_NAMES, DTYPES, MODES
-from ..errors import GradtoolError, NothingToCheck
+from ..errors import ExitCode, GradtoolError, NothingToCheck
 from ..targets.inputs import INPUT_HELP
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-
-class ExitCode(IntEnum):
-    """Stable exit codes (documented in README)."""
-
-    OK = 0
-    CHECKS_FAILED = 1
-    USAGE = 2
-    INTERNAL = 3
-    NOTHING = 5
-    INTERRUPTED = 130
 
 
 def _version_text() -> str:
@@ -237,6 +225,9 @@ def graph(**kw: Any) -> int:
 @main.command("list", context_settings=CONTEXT, epilog=CHECK_EPILOG)
 @click.argument("targets", nargs=-1)
 @check_options
+@click.option("--rules", is_flag=True, default=False,
+              help="List every rule id (check.rule) with its severity, the ids `ignore:` "
+                   "takes; with no target, only the rules.")
 @guarded
 def list_(**kw: Any) -> int:
     """List what `gradtool check` would check (targets, specs, inputs) without running checks."""

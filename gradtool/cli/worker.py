@@ -15,12 +15,11 @@ BEAT_BYTES = 4096
 
 def job_facts(job: Any) -> dict[str, Any]:
     """What the supervisor needs to describe a job it cannot import: names, cases, timeout."""
-    from ..run.runner import reproduce_command
+    from ..run.reproduce import reproduce_for
 
     t = job.target
-    cases = [(c.label, c.seed, job.reproduce or reproduce_command(
-        t, c.inputs or [], job.config, c.seed, c.origin) + " --no-isolate",
-        _inputs(c.inputs, job)) for c in job.cases]
+    cases = [(c.label, c.seed, reproduce_for(job, c.inputs, c.seed, c.origin) + " --no-isolate",
+              _inputs(c.inputs, job)) for c in job.cases]
     return {"name": t.name, "kind": t.kind, "qualname": t.qualname, "source": t.source,
             "spec": job.spec, "cases": cases,
             "timeout": job.config.timeout, "checks": list(job.config.checks)}

@@ -12,6 +12,7 @@ from typing import Any
 import tomllib
 
 from ..errors import ConfigError, did_you_mean
+from .registry import RULE_IDS
 from .settings import CHECK_NAMES, DEFAULT_CHECKS, DEFAULT_TOLERANCES, DTYPES, MODES
 
 FORMATS = ("terminal", "json")
@@ -39,12 +40,13 @@ DEFAULTS: dict[str, Any] = {
     "junit_xml": None,
     "annotations": "auto",
     "html": None,
+    "ignore": [],       # rule ids silenced (contract.broadcast_gradient, ...)
 }
 KEYS = tuple(DEFAULTS)
 
 # Settings CheckConfig takes; the rest (paths, output options) are for the CLI.
 CHECK_CONFIG_KEYS = ("seed", "dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode",
-                     "checks", "strict", "probes", "max_memory", "timeout")
+                     "checks", "strict", "probes", "max_memory", "timeout", "ignore")
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,7 @@ def _str_list(value: Any, allowed: tuple[str, ...] | None = None) -> bool:
 
 def _choices(key: str) -> tuple[str, ...]:
     return {"dtype": DTYPES, "mode": MODES, "format": FORMATS, "annotations": ANNOTATIONS,
-            "checks": CHECK_NAMES}.get(key, ())
+            "checks": CHECK_NAMES, "ignore": RULE_IDS}.get(key, ())
 
 
 _RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
@@ -208,6 +210,7 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "junit_xml": ("a file path string", lambda v: isinstance(v, str) and v != ""),
     "annotations": (f"one of {', '.join(ANNOTATIONS)}", lambda v: v in ANNOTATIONS),
     "html": ("a file path string", lambda v: isinstance(v, str) and v != ""),
+    "ignore": ("a list of rule ids (gradtool list shows them)", lambda v: _str_list(v, RULE_IDS)),
 }
 
 
@@ -253,8 +256,9 @@ def merge(project: ProjectConfig, cli: Mapping[str, Any]) -> tuple[dict[str, Any
 def check_config_kwargs(settings: Mapping[str, Any]) -> dict[str, Any]:
     """The subset of settings that CheckConfig(**kwargs) takes, in its types."""
     kwargs = {k: settings[k] for k in CHECK_CONFIG_KEYS if k in settings}
-    if "checks" in kwargs:
-        kwargs["checks"] = tuple(kwargs["checks"])
+    for key in ("checks", "ignore"):
+        if key in kwargs:
+            kwargs[key] = tuple(kwargs[key])
     return kwargs
 
 

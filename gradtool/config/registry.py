@@ -12,6 +12,19 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class Rule:
+    """One rule a check enforces: a stable id (`check.rule`), its severity, what it means.
+
+    A warning is legal but worth telling (the check stays passed; --strict fails on it); a
+    failure fails the check. Any rule can be silenced by id (`ignore:` in a spec or
+    [tool.gradtool])."""
+
+    id: str
+    severity: str   # "failure" or "warning" (results.Severity's values)
+    description: str
+
+
+@dataclass(frozen=True)
 class CheckInfo:
     """One registered check."""
 
@@ -19,16 +32,55 @@ class CheckInfo:
     description: str
     default: bool = True   # in the default run (where it applies); False: only when asked for
     module: str = ""       # gradtool.checks.<module>; the name when empty
+    rules: tuple[Rule, ...] = ()  # the rules its findings name (stable ids)
+    variants: tuple[tuple[str, str], ...] = ()  # (when, module): run instead where `when` holds
+    hooks: tuple[tuple[str, str], ...] = ()     # (when, module:function) applied to the result
+    probe_graph: bool = False  # reads the probe phase's graph forward (kept for it)
 
     @property
     def import_path(self) -> str:
         return f"gradtool.checks.{self.module or self.name}"
 
 
+def _rules(severity: str, *pairs: tuple[str, str]) -> tuple[Rule, ...]:
+    return tuple(Rule(f"contract.{name}", severity, text) for name, text in pairs)
+
+
+CONTRACT_RULES = _rules(
+    "failure",
+    ("forward_not_tensor", "forward returns no tensor"),
+    ("unmarked_inplace", "forward writes an input without ctx.mark_dirty"),
+    ("forward_nonfinite", "forward returns NaN/Inf on finite inputs"),
+    ("no_differentiable_output", "no output requires grad"),
+    ("gradient_count", "backward returns a number of gradients other than forward's inputs"),
+    ("gradient_for_non_tensor", "backward returns a gradient for a non-tensor input"),
+    ("gradient_type", "backward returns something other than a tensor or None"),
+    ("gradient_shape", "a gradient's shape neither equals nor broadcasts to its input's"),
+    ("gradient_dtype", "a gradient's dtype differs from its input's (the engine casts it, "
+                       "losing precision silently)"),
+    ("gradient_device", "a gradient is on another device than its input"),
+    ("grad_output_modified", "backward writes to grad_output in place"),
+    ("constant_term", "backward gives a nonzero gradient for a zero grad_output"),
+    ("unused_output_raises", "backward raises when an output's gradient is None"),
+    ("unused_output_differs", "a None output gradient acts otherwise than a zero one"),
+    ("ignored_output", "backward ignores a differentiable output's gradient"),
+    ("gradient_nonfinite", "backward returns NaN/Inf on finite inputs"),
+    ("nonlinear", "backward is not linear in grad_output"),
+    ("nondeterministic", "two backward calls differ by more than nondet_tol"),
+    ("inner_unchecked", "a custom Function inside a model could not be re-run alone"),
+    ("inner_raised", "a custom Function inside a model raised when checked alone"),
+) + _rules(
+    "warning",
+    ("broadcast_gradient", "a gradient broadcastable to its input: the engine sums it (legal)"),
+)
+
 REGISTRY: tuple[CheckInfo, ...] = (
     CheckInfo("contract", "forward and backward keep autograd's rules (arity, shapes, dtypes, "
-                          "linearity, purity, determinism)"),
-    CheckInfo("gradient", "backward's Jacobian against finite differences, element by element"),
+                          "linearity, purity, determinism)", rules=CONTRACT_RULES,
+              hooks=(("composite", "gradtool.run.inner:with_inner_contracts"),),
+              probe_graph=True),
+    CheckInfo("gradient", "backward's Jacobian against finite differences, element by element",
+              variants=(("low_precision", "precision"),), probe_graph=True),
     CheckInfo("double_backward", "the gradient check applied to backward itself "
                                  "(what gradgradcheck does)"),
     CheckInfo("forward_ad", "forward mode: jvp's columns J·u against finite differences, and "
@@ -44,3 +96,5 @@ REGISTRY: tuple[CheckInfo, ...] = (
 BY_NAME = {info.name: info for info in REGISTRY}
 CHECK_NAMES = tuple(BY_NAME)
 DEFAULT_CHECKS = tuple(info.name for info in REGISTRY if info.default)
+RULES = {rule.id: rule for info in REGISTRY for rule in info.rules}
+RULE_IDS = tuple(RULES)

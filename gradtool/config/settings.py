@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..errors import ConfigError, did_you_mean
-from .registry import CHECK_NAMES, DEFAULT_CHECKS
+from .registry import CHECK_NAMES, DEFAULT_CHECKS, RULE_IDS
 
 MODES = ("auto", "full", "probe")
 
@@ -46,6 +46,7 @@ class CheckConfig:
     reference: str | None = None     # module:fn, the float64 reference of a low-precision run
     autocast: str | None = None      # run forward in a torch.autocast region of this dtype
     timeout: float = 600.0  # seconds per target in a worker process (0: no limit)
+    ignore: tuple[str, ...] = ()  # rule ids silenced (a spec's or [tool.gradtool]'s ignore:)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -68,6 +69,11 @@ class CheckConfig:
         if self.autocast is not None and self.autocast not in ("float16", "bfloat16"):
             raise ConfigError(f"autocast {self.autocast!r} is not float16 or bfloat16",
                               did_you_mean(self.autocast, ("float16", "bfloat16")))
+        for rule in self.ignore:
+            if rule not in RULE_IDS:
+                raise ConfigError(f"unknown rule id {rule!r} to ignore; rule ids are "
+                                  f"{', '.join(RULE_IDS)} (gradtool list shows them)",
+                                  did_you_mean(rule, RULE_IDS))
         if self.probes < 1:
             raise ConfigError(f"probes must be at least 1, got {self.probes}")
 
@@ -84,6 +90,7 @@ class CheckConfig:
         for name in ("eps", "atol", "rtol"):
             data[name] = self.tolerance(name)
         data["checks"] = list(self.checks)
+        data["ignore"] = list(self.ignore)
         return data
 
     def with_(self, **changes: Any) -> CheckConfig:

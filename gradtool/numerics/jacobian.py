@@ -13,7 +13,8 @@ from ..config.settings import CheckConfig
 from ..results import Block, Outcome
 from .columns import Sweep, sweep_coloured, sweep_dense
 from .compare import BlockTally
-from .problem import Problem, flat_cat, output_names
+from .facts import output_facts
+from .problem import Problem, flat_cat, select_outputs
 from .sparsity import (
     AnalyticalJacobian,
     Strides,
@@ -62,24 +63,23 @@ class Plan:
 
 
 def prime(problem: Problem) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Run the forward once with a graph; fix which outputs are differentiable and their names."""
-    problem.output_mask = None
+    """Run the forward once with a graph: (leaves, the compared outputs), timed for predictions.
+
+    Which outputs are compared is a fact the probe phase learnt; a problem it never saw (one
+    gradtool derived, as double backward's) learns it here, from this forward, once."""
     problem.plan = None
+    known = problem.facts.outputs_known
+    first = problem.take_first_graph() if known else None
+    if first is not None:  # the probe phase's graph forward (timed there), not yet used
+        return first[0], select_outputs(first[1], problem.output_mask)
     start = time.perf_counter()
     leaves, outs = problem.graph()
     problem.forward_seconds = time.perf_counter() - start  # for plan_full's prediction
-    floats = [o.is_floating_point() or o.is_complex() for o in outs]
-    tracked = [f and o.requires_grad for f, o in zip(floats, outs)]
-    # Outputs autograd never differentiates (ctx.mark_non_differentiable, a layer norm's
-    # mean and rstd) have no analytical Jacobian to compare. When none is tracked, every float
-    # output stays: a forward that detaches everything must fail, not pass empty.
-    keep_all = problem.keep_all_outputs or not any(tracked)
-    problem.output_mask = floats if keep_all else tracked
-    problem.complex = any(v.is_complex() for v in leaves) or any(o.is_complex() for o in outs)
-    labels = problem.output_labels or output_names(len(outs))
-    problem.left_out = [n for n, f, t in zip(labels, floats, problem.output_mask) if f and not t]
-    problem.output_names = [n for n, keep in zip(labels, problem.output_mask) if keep]
-    return leaves, [o for o, keep in zip(outs, problem.output_mask) if keep]
+    if known:
+        return leaves, outs
+    problem.facts = problem.facts.with_(**output_facts(
+        outs, problem.output_labels, problem.keep_all_outputs, leaves))
+    return leaves, [o for o, keep in zip(outs, problem.facts.output_mask or ()) if keep]
 
 
 def choose_mode(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],

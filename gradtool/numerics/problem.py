@@ -13,6 +13,7 @@ from torch.autograd.variable import Variable
 
 from ..heartbeat import Calls
 from ..tracebacks import calls_user_code
+from .facts import Facts, output_names  # noqa: F401 - output_names re-exported
 
 
 @dataclass
@@ -27,25 +28,56 @@ class Problem:
     args: list[Any]
     names: list[str]                  # one per positional argument
     diff: list[int]                   # positions of the arguments whose gradients are checked
-    output_names: list[str] = field(default_factory=list)
     output_labels: list[str] | None = None  # names to give the outputs instead of 'output k'
     batched_fn: Callable[..., Any] | None = None  # fn that vmap can batch (None: unknown)
-    freeze_seed: int | None = None    # reset torch's RNG before each call (stochastic forwards)
+    facts: Facts = field(default_factory=Facts)  # learnt once by the probe phase, then read
     calls: Counter[str] = field(default_factory=Calls)
-    vmap_ok: bool | None = None       # learnt on first use
-    output_mask: list[bool] | None = None  # which tensor outputs are differentiable
-    left_out: list[str] = field(default_factory=list)  # float outputs autograd does not track
     keep_all_outputs: bool = False    # compare untracked outputs too (a derived backward's)
-    has_functions: bool = False       # custom Function nodes in the graph (the contract learns)
+    # Performance memos only: how to evaluate fast, never what the target is.
+    vmap_ok: bool | None = None       # learnt on first use
     batched_vjp_ok: bool | None = None
-    mutates: bool = False             # forward writes to an input (ctx.mark_dirty): copy first
     plan: Any = None                  # what choose_mode learnt, for check_full to reuse
     forward_seconds: float = 0.0      # the priming forward's time, for predictions
-    complex: bool | None = None       # a complex input or output (numerics/wirtinger.py)
     batched_jvp_ok: bool | None = None  # jvps under torch.func.vmap (numerics/forward.py)
+    first_graph: tuple[list[torch.Tensor], Any] | None = None  # the probe's graph forward
     # scope(args): a context binding the target's parameters to args' values (a module's), so
     # that a backward which re-runs forward (checkpointing, adjoints) sees what forward saw.
     scope: Callable[[Sequence[Any]], contextlib.AbstractContextManager[None]] | None = None
+
+    # The facts, read where the engine needs them (set only by replacing `facts` whole).
+    @property
+    def mutates(self) -> bool:
+        return self.facts.mutates
+
+    @property
+    def freeze_seed(self) -> int | None:
+        return self.facts.seed
+
+    @property
+    def output_mask(self) -> list[bool] | None:
+        mask = self.facts.output_mask
+        return None if mask is None else list(mask)
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.facts.output_names)
+
+    @property
+    def left_out(self) -> list[str]:
+        return list(self.facts.left_out)
+
+    @property
+    def complex(self) -> bool | None:
+        return self.facts.complex
+
+    @property
+    def has_functions(self) -> bool:
+        return self.facts.has_functions
+
+    def take_first_graph(self) -> tuple[list[torch.Tensor], Any] | None:
+        """The probe's graph forward (leaves, raw result), handed out once (to the contract)."""
+        first, self.first_graph = self.first_graph, None
+        return first
 
     @property
     def inputs(self) -> list[torch.Tensor]:
@@ -205,10 +237,6 @@ def select_outputs(result: Any, mask: list[bool] | None) -> list[torch.Tensor]:
     if mask is None:
         return tensors
     return [t for t, keep in zip(tensors, mask) if keep]
-
-
-def output_names(count: int) -> list[str]:
-    return ["output"] if count == 1 else [f"output {k}" for k in range(count)]
 
 
 def flat_cat(tensors: Sequence[torch.Tensor], batch: bool = False) -> torch.Tensor:

@@ -14,15 +14,17 @@ from typing import Any
 
 import torch
 
+from .facts import Facts
 from .problem import Problem, tensor_outputs
 
 
 def is_complex(problem: Problem) -> bool:
     """Whether any differentiable input or output is complex (one forward, remembered)."""
-    if problem.complex is None:
-        problem.complex = any(v.is_complex() for v in problem.inputs) or any(
+    if problem.facts.complex is None:  # a problem the probe phase never saw
+        found = any(v.is_complex() for v in problem.inputs) or any(
             o.is_complex() for o in problem.outputs(problem.inputs))
-    return problem.complex
+        problem.facts = problem.facts.with_(complex=found)
+    return bool(problem.facts.complex)
 
 
 def realify(problem: Problem) -> Problem:
@@ -34,10 +36,10 @@ def realify(problem: Problem) -> Problem:
         args[position] = torch.view_as_real(args[position].detach()).clone()
     fn = _wrap(problem.fn, complex_at)
     batched = _wrap(problem.batched_fn, complex_at) if problem.batched_fn is not None else None
-    real = Problem(fn, args, list(problem.names), list(problem.diff), batched_fn=batched,
-                   freeze_seed=problem.freeze_seed, mutates=problem.mutates)
-    real.complex = False
-    return real
+    # Its outputs are other tensors (real parts): the priming forward learns them afresh.
+    facts = Facts(learnt=True, mutates=problem.mutates, seed=problem.freeze_seed, complex=False)
+    return Problem(fn, args, list(problem.names), list(problem.diff), batched_fn=batched,
+                   facts=facts)
 
 
 def _wrap(fn: Callable[..., Any], complex_at: list[int]) -> Callable[..., Any]:

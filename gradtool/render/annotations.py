@@ -60,6 +60,8 @@ def render_github(report: Report, cwd: Path | None = None) -> str:
         title = f"gradtool {check.name} {check.outcome.value}: {target.target}"
         lines.append(workflow_command(command, annotation_message(target, case, check),
                                       file=file, line=line, title=title))
+    for target, case, check in report.checks():
+        lines += _warnings(target, case, check, base, strict)
     for rejected in report.rejected:
         file, line = split_location(rejected.source, base)
         lines.append(workflow_command("error", rejected.message, file=file, line=line,
@@ -70,6 +72,21 @@ def render_github(report: Report, cwd: Path | None = None) -> str:
     # Several cases of one target can fail identically; one annotation per distinct line is enough.
     unique = list(dict.fromkeys(lines))
     return "\n".join(unique) + ("\n" if unique else "")
+
+
+def _warnings(target: TargetResult, case: CaseResult, check: CheckResult, base: Path,
+              strict: bool) -> list[str]:
+    """One ::warning per warning of a check that passed (::error under --strict)."""
+    if check.outcome is not Outcome.PASSED:
+        return []
+    lines = []
+    for finding in check.warnings:
+        file, line = split_location(finding.source or check.source or target.source, base)
+        title = f"gradtool {check.name} warning {finding.rule}: {target.target}"
+        message = f"{finding.message}\ncase {case.label}, seed {case.seed}"
+        lines.append(workflow_command("error" if strict else "warning", message, file=file,
+                                      line=line, title=title))
+    return lines
 
 
 def _command(outcome: Outcome, strict: bool) -> str | None:

@@ -8,5 +8,11 @@ from ..results import Report
 
 
 def render_json(report: Report) -> str:
-    """Every target, case and check with outcomes, numbers, diagnosis, seed, config, versions."""
-    return json.dumps(report.to_dict(), indent=2, sort_keys=False)
+    """Every target, case and check with outcomes, numbers, diagnosis, seed, config, versions;
+    each check's warnings (findings of severity warning, with their rule ids) listed apart."""
+    data = report.to_dict()
+    for target in data["targets"]:
+        for case in target["cases"]:
+            for check in case["checks"]:
+                check["warnings"] = [f for f in check["findings"] if f["severity"] == "warning"]
+    return json.dumps(data, indent=2, sort_keys=False)

@@ -99,8 +99,16 @@ def _plain_value(value: Any) -> str:
 def _add_check(suite: ET.Element, target: TargetResult, case: CaseResult, check: CheckResult,
                describe: PlainText, strict: bool) -> None:
     testcase = _testcase(suite, target.target, f"{case.label}::{check.name}", check.duration_s)
+    _finding_properties(testcase, check)
     outcome = check.outcome
+    if outcome is Outcome.PASSED and check.warnings and strict:
+        _child(testcase, "failure", f"warning (--strict): {check.warnings[0].message}",
+               describe(target, case, check))
+        return
     if outcome is Outcome.PASSED:
+        if check.warnings:  # told, not failed: the check passed
+            out = ET.SubElement(testcase, "system-out")
+            out.text = xml_safe(describe(target, case, check))
         return
     if outcome in (Outcome.SKIPPED, Outcome.XFAILED):
         _child(testcase, "skipped", _skip_message(check), None)
@@ -113,6 +121,16 @@ def _add_check(suite: ET.Element, target: TargetResult, case: CaseResult, check:
         return
     tag = "error" if outcome is Outcome.ERROR else "failure"
     _child(testcase, tag, _message(check), text)
+
+
+def _finding_properties(testcase: ET.Element, check: CheckResult) -> None:
+    """Each finding's rule id as a property (finding.<severity>), so CI can filter by rule."""
+    if not check.findings:
+        return
+    props = ET.SubElement(testcase, "properties")
+    for finding in check.findings:
+        ET.SubElement(props, "property", name=f"finding.{finding.severity.value}",
+                      value=xml_safe(finding.rule))
 
 
 def _testcase(suite: ET.Element, classname: str, name: str, time: float) -> ET.Element:

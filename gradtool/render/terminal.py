@@ -59,6 +59,10 @@ def summary_line(report: Report) -> Line:
         parts.append(f"{len(report.not_run)} target(s) not run")
     if report.interrupted:
         parts.append(f"interrupted by {report.interrupted}")
+    warned = sum(len(k.warnings) for _, _, k in report.checks())
+    if warned:
+        strict = " (fail under --strict)" if report.config.get("strict") else ""
+        parts.append(f"{warned} warning{'' if warned == 1 else 's'}{strict}")
     n_checks = sum(counts.values())
     text = (f"{len(report.targets)} target(s), {n_checks} check(s): "
             f"{', '.join(parts) or 'nothing run'} in {report.duration_s:.2f}s")
@@ -77,6 +81,8 @@ def _case_lines(target: TargetResult, case: CaseResult, verbose: bool, quiet: bo
         word, style = LABELS[check.outcome]
         timing = f"  ({_timing(check)})" if verbose else ""
         short = _short(check) if passing else ""
+        if check.warnings:
+            short = f"{short or '—'} {warnings_text(check)}"
         tail = f"  {short}" if short else ""
         yield f"{word} {label}   {check.name}{tail}{timing}", style
         if passing:
@@ -94,6 +100,13 @@ def _case_lines(target: TargetResult, case: CaseResult, verbose: bool, quiet: bo
         yield from _inputs_lines(case)  # inferred inputs are shown so they can be pinned
     elif not shown_inputs and not quiet:  # a note (a stochastic forward, say) holds on a pass too
         yield from ((f"  note: {note}", "dim") for note in case.notes)
+
+
+def warnings_text(check: CheckResult) -> str:
+    """'1 warning: <message> [rule id]' (several: '2 warnings: ...; ...')."""
+    found = check.warnings
+    listed = "; ".join(f"{w.message} [{w.rule}]" for w in found)
+    return f"{len(found)} warning{'' if len(found) == 1 else 's'}: {listed}"
 
 
 def _timing(check: CheckResult) -> str:
@@ -133,6 +146,8 @@ def check_body(check: CheckResult) -> list[str]:
         if block.mismatched:
             lines += block_lines(block, check.tolerance, label)
     lines += list(check.details)
+    if check.warnings:
+        lines.append(warnings_text(check))
     if check.mode:
         lines.append(f"mode: {check.mode} ({check.mode_reason})")
     if check.source:

@@ -69,6 +69,9 @@ def spec_jobs(spec, config: CheckConfig) -> list[Job]:
     """One job per spec: its target (or expr), its cases and its settings."""
     job_config = config.with_(**{k: (tuple(v) if k == "checks" else v)
                                  for k, v in spec.config.items()})
+    if "ignore" in spec.config:  # a spec's ignored rules add to the project's
+        job_config = job_config.with_(ignore=tuple(dict.fromkeys(
+            (*config.ignore, *spec.config["ignore"]))))
     target = _spec_target(spec, config.trust_callables)
     seed = job_config.seed
     cases = [CaseSpec(c.label, list(c.inputs) if c.inputs else None,

@@ -212,8 +212,8 @@ def captured_case(app: Application, config: CheckConfig, freeze_seed: int | None
     args, kwargs = _positional(target, app)
     own = _config_for(config, args)
     case = case_from_values(target, args, own, kwargs=kwargs)
-    case.problem.mutates = app.mutates
-    case.problem.freeze_seed = freeze_seed  # a fixed RNG keeps dropout-like masks fixed
+    # a fixed RNG keeps dropout-like masks fixed
+    case.problem.facts = case.problem.facts.with_(mutates=app.mutates, seed=freeze_seed)
     return target, case, own
 
 

@@ -13,7 +13,8 @@ from ..config.settings import CheckConfig
 from ..errors import GradtoolError
 from ..results import CaseResult, Outcome, Report, Reproducer, TargetResult
 from ..targets.inputs import Keyword, LiteralSpec, TensorSpec
-from .runner import CaseSpec, Job, _cli_input
+from .reproduce import _cli_input
+from .runner import CaseSpec, Job
 from .shrink import MAX_VALUES, Shrunk, shrink
 
 DEFAULT_BUDGET = 40

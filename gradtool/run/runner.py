@@ -6,7 +6,7 @@ import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config.settings import CheckConfig
 from .. import heartbeat
@@ -14,6 +14,12 @@ from ..errors import GradtoolError, InternalError
 from ..results import CaseResult, CheckResult, Outcome, Rejected, Report, TargetResult
 from ..targets.inputs import InputSpec
 from ..targets.load import Target
+from .reproduce import has_given_values, pin_flags, reproduce_for
+
+if TYPE_CHECKING:  # the runner imports torch only when it runs
+    from ..checks._common import Context
+    from ..numerics.problem import Problem
+    from ..targets.cases import Case
 
 Progress = Callable[[str], None]
 
@@ -107,7 +113,7 @@ def _inconclusive(result: CaseResult) -> bool:
     return any(c.outcome is Outcome.INCONCLUSIVE for c in result.checks)
 
 
-def case_for(job: Job, spec: CaseSpec) -> Any:
+def case_for(job: Job, spec: CaseSpec) -> Case:
     """The sampled Case: given inputs, or inferred ones."""
     from ..targets.cases import build_case
     from ..targets.infer import infer_case
@@ -124,8 +130,8 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     config = job.config
     heartbeat.enter(target=job.target.name, case=spec.label, check="")
     case = case_for(job, spec)
-    reproduce = job.reproduce or reproduce_command(job.target, case.specs, config, spec.seed,
-                                                   spec.origin)
+    _probe(case, config)
+    reproduce = reproduce_for(job, case.specs, spec.seed, spec.origin)
     # The default run reports the faces a target has; a check asked for by name that does not
     # apply is reported skipped, with the reason.
     checks: list[CheckResult] = []
@@ -137,14 +143,24 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     if has_given_values(case.specs) and not spec.origin:
         notes.append("inputs given as values: to replay them, torch.save((args, kwargs), "
                      "'INPUTS.pt'), or run with --save-inputs INPUTS.pt")
-    if case.problem.freeze_seed is not None:
+    if case.facts.stochastic:
         notes.append("forward is stochastic: RNG frozen (re-seeded) around every evaluation")
     pin = "" if has_given_values(case.specs) else pin_flags(case.specs, config)
     return CaseResult(case.label, spec.seed, tuple(case.infos), tuple(checks), case.inferred,
                       tuple(dict.fromkeys(notes)), reproduce, pin)
 
 
-def _once(result: CheckResult, earlier: Sequence[CheckResult], problem: Any) -> CheckResult:
+def _probe(case: Case, config: CheckConfig) -> None:
+    """The probe phase: the case's facts, learnt once before any check (targets/probe.py)."""
+    from ..config.registry import BY_NAME
+    from ..targets.probe import probe
+
+    # A death or timeout here is reported under the first check (its result would say it).
+    heartbeat.enter(check=config.checks[0] if config.checks else "")
+    probe(case, keep_graph=any(BY_NAME[name].probe_graph for name in config.checks))
+
+
+def _once(result: CheckResult, earlier: Sequence[CheckResult], problem: Problem) -> CheckResult:
     """A forward that fails is reported under the first check only, not under every one."""
     if result.outcome is not Outcome.ERROR:
         return result
@@ -156,7 +172,7 @@ def _once(result: CheckResult, earlier: Sequence[CheckResult], problem: Any) -> 
                        f"not run: the same error as under {same.name} ({same.summary})"[:300])
 
 
-def _forward_runs(problem: Any) -> bool:
+def _forward_runs(problem: Problem) -> bool:
     try:
         problem.outputs(problem.inputs)
     except (Exception, SystemExit):  # noqa: BLE001 - the user's forward failing is what is asked
@@ -164,7 +180,7 @@ def _forward_runs(problem: Any) -> bool:
     return True
 
 
-def _run_check(name: str, case: Any, job: Job) -> CheckResult | None:
+def _run_check(name: str, case: Case, job: Job) -> CheckResult | None:
     """Dispatch through the registry: a check that does not apply is skipped with the reason
     when it was asked for, and left out (None) of the default run."""
     from ..checks._common import error_result, load, skipped
@@ -174,18 +190,13 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult | None:
     start, before = time.perf_counter(), dict(case.problem.calls)
     heartbeat.enter(check=name)
     try:
-        check = load(name)
-        if name == "gradient" and job.surrogate is None and _low_precision(case, config):
-            from ..checks import precision as check  # below float64: against a float64 reference
+        check = _variant(name, case, job, config)
         context = _context(job, config)
         reason = check.applies(case, context) if hasattr(check, "applies") else None
         if reason and job.config.checks == DEFAULT_CHECKS:
             return None
-        result = skipped(name, reason) if reason else check.run(case, context)
-        if name == "contract" and not reason and job.target.kind in ("module", "callable"):
-            from .inner import with_inner_contracts  # each custom Function inside, alone
-
-            result = with_inner_contracts(result, case.problem, config)
+        result = skipped(name, reason) if reason else _hooked(name, check.run(case, context),
+                                                              case, job, config)
     except (GradtoolError, InternalError):
         raise
     # User code raising where a check did not expect it is still a result; so is its sys.exit().
@@ -194,13 +205,53 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult | None:
     return _apply_xfail(result, job.xfail.get(name))
 
 
-def _low_precision(case: Any, config: CheckConfig) -> bool:
+def _variant(name: str, case: Case, job: Job, config: CheckConfig) -> Any:
+    """The check's module, or the variant the registry declares for this case (the
+    low-precision judge for `gradient`, say)."""
+    from importlib import import_module
+
+    from ..checks._common import load
+    from ..config.registry import BY_NAME
+
+    for when, module in BY_NAME[name].variants:
+        if WHEN[when](case, job, config):
+            return import_module(f"gradtool.checks.{module}")
+    return load(name)
+
+
+def _hooked(name: str, result: CheckResult, case: Case, job: Job,
+            config: CheckConfig) -> CheckResult:
+    """The result passed through the hooks the registry declares for this case (the contracts
+    of the custom Functions inside a model, say)."""
+    from importlib import import_module
+
+    from ..config.registry import BY_NAME
+
+    for when, path in BY_NAME[name].hooks:
+        if WHEN[when](case, job, config):
+            module, function = path.split(":")
+            result = getattr(import_module(module), function)(result, case.problem, config)
+    return result
+
+
+def _low_precision(case: Case, job: Job, config: CheckConfig) -> bool:
+    """Below float64 (and no surrogate): judged against a float64 reference."""
     from ..checks.precision import low_precision
 
-    return low_precision(case.problem, config) is not None
+    return job.surrogate is None and low_precision(case.problem, config) is not None
 
 
-def applicable(job: Job, case: Any) -> list[tuple[str, str | None]]:
+def _composite(case: Case, job: Job, config: CheckConfig) -> bool:
+    """A module or callable: custom Functions inside are checked alone too."""
+    return job.target.kind in ("module", "callable")
+
+
+# The conditions a registry entry may name for its variants and hooks.
+WHEN: dict[str, Callable[[Case, Job, CheckConfig], bool]] = {
+    "low_precision": _low_precision, "composite": _composite}
+
+
+def applicable(job: Job, case: Case) -> list[tuple[str, str | None]]:
     """Each configured check with the reason it would be skipped (None: it runs)."""
     from ..checks._common import load
 
@@ -212,7 +263,7 @@ def applicable(job: Job, case: Any) -> list[tuple[str, str | None]]:
     return out
 
 
-def _context(job: Job, config: CheckConfig) -> Any:
+def _context(job: Job, config: CheckConfig) -> Context:
     from ..checks._common import Context
 
     surrogate = job.surrogate
@@ -238,7 +289,7 @@ def _apply_xfail(result: CheckResult, reason: str | None) -> CheckResult:
     return result
 
 
-def _reference(job: Job, case: Any) -> Callable[[Any], Any]:
+def _reference(job: Job, case: Case) -> Callable[[Any], Any]:
     """Rows of the surrogate's intended Jacobian, in the same layout as the analytical rows."""
     import torch
 
@@ -258,72 +309,6 @@ def _reference(job: Job, case: Any) -> Callable[[Any], Any]:
         return torch.stack(out)
 
     return rows
-
-
-def pin_flags(specs: Sequence[InputSpec], config: CheckConfig) -> str:
-    """'-i 3x4 -i 2.5': the flags that give these inputs explicitly."""
-    return " ".join(f"-i {_quote(_cli_input(spec, config))}" for spec in specs)
-
-
-def reproduce_command(target: Target, specs: Sequence[InputSpec], config: CheckConfig,
-                      seed: int, origin: str | None = None) -> str:
-    """The one-line command that re-runs this case exactly (given values: from a .pt file)."""
-    parts = ["gradtool", "check", _quote(target.name)]
-    if origin or has_given_values(specs):
-        # Given values cannot be written as --input: they are replayed from a saved file.
-        parts += ["--inputs-from", _quote(origin or "INPUTS.pt")]
-    elif specs:
-        parts.append(pin_flags(specs, config))
-    parts += ["--seed", str(seed)]
-    defaults = CheckConfig()
-    for name in ("dtype", "eps", "atol", "rtol", "nondet_tol", "mode", "autocast", "reference"):
-        value = getattr(config, name)
-        if value is not None and value != getattr(defaults, name):
-            parts += [f"--{name.replace('_', '-')}", str(value)]
-    return " ".join(parts)
-
-
-def _cli_input(spec: Any, config: CheckConfig) -> str:
-    from ..targets.inputs import LiteralSpec
-    from ..targets.values import Keyword, Nested, ValueSpec
-
-    if isinstance(spec, Keyword):
-        return f"{spec.name}={_cli_input(spec.spec, config)}"
-    if isinstance(spec, Nested):
-        return _cli_input(spec.spec, config)
-    if isinstance(spec, dict):
-        return "{" + ", ".join(f"{k!r}: {_cli_input(v, config)}" for k, v in spec.items()) + "}"
-    if isinstance(spec, (tuple, list)):
-        items = [_cli_input(v, config) for v in spec]
-        if isinstance(spec, list):
-            return "[" + ", ".join(items) + "]"
-        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
-    if isinstance(spec, (LiteralSpec, ValueSpec)):
-        text = repr(spec.value)
-        return text if not text.startswith("(") else "=" + text
-    return spec.describe(config.dtype).replace(f":{config.dtype}", "", 1) \
-        if spec.dtype is None else spec.describe(config.dtype)
-
-
-def has_given_values(specs: Sequence[Any]) -> bool:
-    """Whether any input is a value the user gave (no --input string can reproduce it)."""
-    from ..targets.values import ValueSpec, leaves
-
-    return any(isinstance(leaf, ValueSpec) for _, leaf in leaves(
-        [getattr(s, "spec", s) for s in specs]))
-
-
-def _quote(text: str) -> str:
-    """Shell-quote readably: bare when safe, else single quotes, else double quotes."""
-    import shlex
-
-    if shlex.quote(text) == text:
-        return text
-    if "'" not in text:
-        return f"'{text}'"
-    if not any(c in text for c in '"$`\\!'):
-        return f'"{text}"'
-    return shlex.quote(text)
 
 
 def versions() -> dict[str, str]:

@@ -31,7 +31,7 @@ A spec file is one YAML mapping: `version: 1` and `specs:`, a list of specs. Eac
   forward_ad, vmap, complex, compiled],
   reference ('file.py:fn', a low-precision kernel's float64 reference), autocast (float16|bfloat16),
   eps, atol, rtol, nondet_tol, timeout (seconds per target); tolerances: {double_backward: {atol: 1.0e-4}} per check
-  xfail:  {gradient: 'why this check is expected to fail'}
+  xfail:  {gradient: 'why this check is expected to fail'};  ignore: [contract.broadcast_gradient]
   trust_callable: true  lets a target from an installed package that is not a Function, Module
           or torch operator run (with --trust-callables on the command line too)
   surrogate: identity | {kind: scale, factor: -0.5} | {kind: clipped_identity, range: [-1, 1]}
@@ -40,7 +40,7 @@ The whole file is validated first; every error is reported as file:line: key.pat
 
 FILE_KEYS = ("version", "specs")
 CONFIG_KEYS = ("seed", "dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode", "checks",
-               "reference", "autocast", "timeout")
+               "reference", "autocast", "timeout", "ignore")
 SPEC_KEYS = ("name", "target", "expr", "init", "inputs", "kwargs", "inputs_from", "cases",
              *CONFIG_KEYS, "tolerances", "xfail", "surrogate", "trust_callable")
 CASE_KEYS = ("name", "seed", "inputs")

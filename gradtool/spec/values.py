@@ -252,12 +252,31 @@ def read_setting(name: str, value: Any, key: str, line: int | None, error: Error
         return None
     if name == "checks":
         return _checks(value, key, line, error)
+    if name == "ignore":
+        return _rule_ids(value, key, line, error)
     parsed = number(value)
     if parsed is None or parsed < 0 or (name == "eps" and parsed == 0):
         what = "a positive" if name == "eps" else "a non-negative"
         error(f"expected {what} number such as 1.0e-6, got {show(value)}", key, line)
         return None
     return parsed
+
+
+def _rule_ids(value: Any, key: str, line: int | None, error: ErrorSink
+              ) -> tuple[str, ...] | None:
+    """ignore: [contract.broadcast_gradient]: rule ids to silence, each a registered one."""
+    from ..config.registry import RULE_IDS
+
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        error(f"expected a list of rule ids, got {show(value)}", key, line)
+        return None
+    for i, item in enumerate(items):
+        if item not in RULE_IDS:
+            error(f"unknown rule id {show(item)}; `gradtool list` shows the rule ids",
+                  f"{key}[{i}]", line_of(items, i, line), did_you_mean(str(item), RULE_IDS))
+            return None
+    return tuple(items)
 
 
 def _checks(value: Any, key: str, line: int | None, error: ErrorSink) -> tuple[str, ...] | None:

@@ -13,6 +13,7 @@ import torch
 
 from ..config.settings import CheckConfig
 from ..errors import InputError, TargetError, did_you_mean
+from ..numerics.facts import Facts
 from ..numerics.problem import Problem
 from ..results import InputInfo
 from ..tracebacks import calls_user_code
@@ -32,6 +33,11 @@ class Case:
     infos: list[InputInfo]
     inferred: bool = False
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def facts(self) -> Facts:
+        """What the probe phase learnt about this case (targets/probe.py)."""
+        return self.problem.facts
 
 
 def check_device(device: str) -> None:

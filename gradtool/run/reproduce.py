@@ -1,0 +1,107 @@
+"""The one `reproduce:` builder: the command that re-runs a case from its whole configuration."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from ..config.registry import DEFAULT_CHECKS
+from ..config.settings import CheckConfig
+from ..targets.inputs import InputSpec
+from ..targets.load import Target
+
+class Job(Protocol):
+    """What the builder reads of a run/runner.py Job (a Protocol: no import circle)."""
+
+    target: Target
+    config: CheckConfig
+    reproduce: str | None   # a spec's own command
+
+
+def reproduce_for(job: Job, specs: Sequence[InputSpec] | None, seed: int,
+                  origin: str | None = None) -> str:
+    """A spec's own command (its file holds the configuration), else the flags of the job's
+    whole configuration: the runner's report and a worker's death notice both use it."""
+    if job.reproduce:  # a spec: --trust-callables decides whether it may run at all
+        return job.reproduce + (" --trust-callables" if job.config.trust_callables else "")
+    return reproduce_command(job.target, specs or [], job.config, seed, origin)
+
+
+def pin_flags(specs: Sequence[InputSpec], config: CheckConfig) -> str:
+    """'-i 3x4 -i 2.5': the flags that give these inputs explicitly."""
+    return " ".join(f"-i {_quote(_cli_input(spec, config))}" for spec in specs)
+
+
+def reproduce_command(target: Target, specs: Sequence[InputSpec], config: CheckConfig,
+                      seed: int, origin: str | None = None) -> str:
+    """The one-line command that re-runs this case exactly (given values: from a .pt file)."""
+    parts = ["gradtool", "check", _quote(target.name)]
+    if origin or has_given_values(specs):
+        # Given values cannot be written as --input: they are replayed from a saved file.
+        parts += ["--inputs-from", _quote(origin or "INPUTS.pt")]
+    elif specs:
+        parts.append(pin_flags(specs, config))
+    parts += ["--seed", str(seed)]
+    parts += _init_flags(target)
+    defaults = CheckConfig()
+    for name in ("dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode", "probes",
+                 "max_memory", "autocast", "reference"):
+        value = getattr(config, name)
+        if value is not None and value != getattr(defaults, name):
+            parts += [f"--{name.replace('_', '-')}", _quote(str(value))]
+    if tuple(config.checks) != DEFAULT_CHECKS:  # a subset, or an opt-in check (compiled)
+        parts += [f"--check {name}" for name in config.checks]
+    if config.trust_callables:
+        parts.append("--trust-callables")
+    return " ".join(parts)
+
+
+def _init_flags(target: Target) -> list[str]:
+    """--init NAME=VALUE for a module class built with constructor arguments."""
+    init = target.init
+    if not isinstance(init, dict):
+        return []
+    return [f"--init {_quote(f'{name}={value!r}')}" for name, value in init.items()]
+
+
+def _cli_input(spec: Any, config: CheckConfig) -> str:
+    from ..targets.inputs import LiteralSpec
+    from ..targets.values import Keyword, Nested, ValueSpec
+
+    if isinstance(spec, Keyword):
+        return f"{spec.name}={_cli_input(spec.spec, config)}"
+    if isinstance(spec, Nested):
+        return _cli_input(spec.spec, config)
+    if isinstance(spec, dict):
+        return "{" + ", ".join(f"{k!r}: {_cli_input(v, config)}" for k, v in spec.items()) + "}"
+    if isinstance(spec, (tuple, list)):
+        items = [_cli_input(v, config) for v in spec]
+        if isinstance(spec, list):
+            return "[" + ", ".join(items) + "]"
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    if isinstance(spec, (LiteralSpec, ValueSpec)):
+        text = repr(spec.value)
+        return text if not text.startswith("(") else "=" + text
+    return spec.describe(config.dtype).replace(f":{config.dtype}", "", 1) \
+        if spec.dtype is None else spec.describe(config.dtype)
+
+
+def has_given_values(specs: Sequence[Any]) -> bool:
+    """Whether any input is a value the user gave (no --input string can reproduce it)."""
+    from ..targets.values import ValueSpec, leaves
+
+    return any(isinstance(leaf, ValueSpec) for _, leaf in leaves(
+        [getattr(s, "spec", s) for s in specs]))
+
+
+def _quote(text: str) -> str:
+    """Shell-quote readably: bare when safe, else single quotes, else double quotes."""
+    import shlex
+
+    if shlex.quote(text) == text:
+        return text
+    if "'" not in text:
+        return f"'{text}'"
+    if not any(c in text for c in '"$`\\!'):
+        return f'"{text}"'
+    return shlex.quote(text)

@@ -1,0 +1,151 @@
+"""The probe phase: one pass before any check learns a case's facts (numerics/facts.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..errors import InternalError
+from ..numerics.facts import Facts, output_facts
+from ..numerics.problem import Problem, function_nodes, tensor_outputs
+from ..numerics.rounding import FINEST_FIRST, dtype_name
+from ..results import Finding
+from ..tracebacks import calls_user_code, gradtool_frame, raised_in_gradtool
+from .cases import Case
+
+LEAF_INPLACE = "leaf Variable that requires grad is being used in an in-place operation"
+STOCHASTIC = "forward is stochastic"  # the opening of the note every report shows
+
+
+def probe(case: Case, keep_graph: bool = True) -> Facts:
+    """Learn the case's facts once, before any check (a no-op when already learnt).
+
+    Two forwards: one without a graph, on copies (does forward write its inputs?), one with a
+    graph (which outputs are differentiable, custom Functions inside); outputs that differ
+    between them mean forward is stochastic, and the RNG is frozen from then on (a third
+    forward, under the frozen RNG, gives the graph). keep_graph: keep that graph forward for
+    the first check that needs one (the contract check, else the priming forward of the
+    gradient check): it replaces a forward that check made. The
+    user's code raising is no result here: what was learnt stays, and each check that runs
+    forward reports the exception itself.
+    """
+    problem = case.problem
+    if problem.facts.learnt:
+        return problem.facts
+    try:
+        _learn(case, keep_graph)
+    except (Exception, SystemExit) as exc:
+        if isinstance(exc, Exception) and raised_in_gradtool(exc):
+            raise InternalError(exc, gradtool_frame(exc)) from exc
+    problem.facts = problem.facts.with_(learnt=True)
+    return problem.facts
+
+
+def _learn(case: Case, keep_graph: bool) -> None:
+    """Each fact is recorded as soon as it is known, so a later forward raising keeps it."""
+    problem = case.problem
+    given = problem.facts  # what a creator already knew (a captured Function's seed, say)
+    first, mutates, findings = _purity(problem)
+    problem.facts = given.with_(mutates=given.mutates or mutates, findings=tuple(findings),
+                                precision=_coarsest(problem.args))
+    leaves, result = _graph_forward(problem)
+    if given.seed is None and not _same(tensor_outputs(first), tensor_outputs(result)):
+        problem.facts = problem.facts.with_(seed=case.seed)
+        leaves, result = _graph_forward(problem)  # again, under the frozen RNG
+    outs = tensor_outputs(result)
+    tracked = [o for o in outs if (o.is_floating_point() or o.is_complex()) and o.requires_grad]
+    problem.facts = problem.facts.with_(
+        has_functions=bool(function_nodes(tracked)),
+        precision=_coarsest([*problem.args, *outs]),
+        **output_facts(outs, problem.output_labels, problem.keep_all_outputs, leaves))
+    problem.first_graph = (leaves, result) if keep_graph else None
+
+
+@calls_user_code
+def _purity(problem: Problem) -> tuple[Any, bool, list[Finding]]:
+    """(forward's result, whether it wrote an input, the findings): a forward without a graph
+    on copies of the arguments. An input changed by forward must be marked dirty (and so
+    returned as an output)."""
+    originals = [a.detach().clone() if isinstance(a, torch.Tensor) else None for a in problem.args]
+    args = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in problem.args]
+    with torch.no_grad(), problem.rng():
+        problem.calls["forward"] += 1
+        result = problem.fn(*args)
+    outputs = tensor_outputs(result)
+    mutates, findings = False, []
+    for name, arg, original in zip(problem.names, args, originals):
+        if original is None or equal(arg, original) or both_nan(arg, original):
+            continue
+        mutates = True
+        if any(t is arg for t in outputs):
+            continue  # returned itself: marked dirty (Function.apply) or a plain in-place op
+        # Function.apply hands back an unmarked input as a new alias of the same memory.
+        if any(t.data_ptr() == arg.data_ptr() and t.shape == arg.shape for t in outputs):
+            message = (f"forward modifies input '{name}' in place and returns it without "
+                       f"ctx.mark_dirty({name})")
+        else:
+            message = (f"forward modifies input '{name}' in place without "
+                       f"ctx.mark_dirty({name}) (and without returning it)")
+        findings.append(Finding("contract.unmarked_inplace", message))
+    return [t.detach().clone() for t in outputs], mutates, findings
+
+
+@calls_user_code
+def _graph_forward(problem: Problem) -> tuple[list[torch.Tensor], Any]:
+    """A forward recording the graph, returning the raw result; a forward that raises on leaf
+    inputs (mark_dirty Functions) teaches that it writes its inputs, and is given copies."""
+    leaves = [v.detach().clone().requires_grad_(True) for v in problem.inputs]
+    for attempt in range(2):
+        passed = [leaf.clone() for leaf in leaves] if problem.mutates else leaves
+        try:
+            with torch.enable_grad(), problem.rng():
+                problem.calls["forward"] += 1
+                start = time.perf_counter()
+                result = problem.fn(*problem.with_inputs(passed))
+                problem.forward_seconds = time.perf_counter() - start  # for mode predictions
+                return leaves, result
+        except RuntimeError as exc:
+            if LEAF_INPLACE not in str(exc) or attempt:
+                raise
+            problem.facts = problem.facts.with_(mutates=True)
+    raise AssertionError("unreachable")
+
+
+def _same(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> bool:
+    """Two forwards on the same inputs agree (NaN != NaN: equal NaN positions are no
+    randomness)."""
+    return len(first) == len(second) and all(
+        a.shape == b.shape and (equal(a, b) or both_nan(a, b)) for a, b in zip(first, second))
+
+
+def _coarsest(values: Sequence[Any]) -> str | None:
+    names = {dtype_name(v.dtype) for v in values
+             if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    known = [n for n in names if n in FINEST_FIRST]
+    return max(known, key=FINEST_FIRST.index) if known else None
+
+
+def comparable(t: torch.Tensor) -> torch.Tensor:
+    """complex32 has no comparison kernels on the CPU: compare it exactly, as complex64."""
+    return t.to(torch.complex64) if t.dtype == torch.complex32 else t
+
+
+def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(comparable(a), comparable(b))
+
+
+def both_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = comparable(a), comparable(b)
+    return bool(torch.equal(torch.isnan(a), torch.isnan(b))) and \
+        bool(torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))
+
+
+def stochastic_note(facts: Facts) -> str | None:
+    """What the contract check and the report say when forward is stochastic."""
+    if facts.seed is None:
+        return None
+    return (f"{STOCHASTIC} (two calls on the same inputs differ): torch's RNG is re-seeded "
+            f"with {facts.seed} before every evaluation")

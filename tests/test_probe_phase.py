@@ -1,0 +1,134 @@
+"""The probe phase: a case's facts are learnt once, before any check, and every check reads them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gradtool
+from conftest import load_fixture, outcomes
+from gradtool.config.settings import CheckConfig
+from gradtool.targets.cases import build_case
+from gradtool.targets.inputs import parse_input
+from gradtool.targets.load import make_target
+from gradtool.targets.probe import probe
+
+
+@pytest.fixture
+def probe_cases():
+    return load_fixture("probe_cases")
+
+
+def probed(obj, inputs, seed=0):
+    config = CheckConfig(seed=seed)
+    target = make_target(obj, f"test:{getattr(obj, '__qualname__', 'fn')}")
+    case = build_case(target, [parse_input(i) for i in inputs], config, seed)
+    facts = probe(case)
+    return case, facts
+
+
+@pytest.mark.parametrize("name, expected", [("InvertedDropout", "passed"),
+                                            ("InvertedDropoutNoScale", "failed")])
+def test_a_check_run_alone_sees_the_facts_a_full_run_sees(probe_cases, name, expected):
+    # The bug: alone, the gradient check never learnt forward is stochastic (the contract
+    # check did), so the broken twin was inconclusive and exited 0.
+    cls = getattr(probe_cases, name)
+    for seed in range(20):
+        alone = outcomes(gradtool.check(cls, ["3x4"], checks=("gradient",), seed=seed))
+        full = outcomes(gradtool.check(cls, ["3x4"], seed=seed))
+        assert alone["gradient"] == full["gradient"] == expected, (seed, alone, full)
+
+
+def test_stochastic_forward_is_learnt_and_the_rng_frozen(probe_cases):
+    case, facts = probed(probe_cases.InvertedDropout, ["3x4"], seed=7)
+    assert facts.learnt and facts.stochastic and facts.seed == 7
+    first = case.problem.outputs(case.problem.inputs)[0]
+    again = case.problem.outputs(case.problem.inputs)[0]
+    assert torch.equal(first, again)
+    # purity forward, graph forward (they differ), graph forward again under the frozen RNG
+    assert case.problem.calls["forward"] == 5
+
+
+def test_a_deterministic_forward_costs_the_probe_two_forwards(contract_cases):
+    case, facts = probed(contract_cases.Square, ["3x4"])
+    assert facts.learnt and not facts.stochastic and not facts.mutates
+    assert dict(case.problem.calls) == {"forward": 2}
+    assert facts.output_names == ("output",) and facts.output_mask == (True,)
+    assert facts.precision == "float64" and facts.complex is False
+    assert facts.has_functions  # a Function target: its own node is a custom one
+
+
+def test_forward_writing_its_input_is_learnt_with_the_rule_it_breaks(contract_cases):
+    _, marked = probed(contract_cases.ExpInplace, ["3x4"])
+    assert marked.mutates and marked.findings == ()
+    _, unmarked = probed(contract_cases.ExpInplaceUndeclared, ["3x4"])
+    assert unmarked.mutates
+    assert [f.rule for f in unmarked.findings] == ["contract.unmarked_inplace"]
+
+
+def test_outputs_left_out_and_custom_functions_inside_are_facts(contract_cases, probe_cases):
+    _, stat = probed(contract_cases.SquareWithStat, ["3x4"])
+    assert stat.output_mask == (True, False) and stat.left_out == ("output 1",)
+    _, model = probed(probe_cases.BatchedWeightsModel, ["5x4"])
+    assert model.has_functions
+    _, plain = probed(lambda x: x.sin(), ["3x4"])
+    assert not plain.has_functions
+
+
+def test_precision_and_complex_are_facts():
+    _, low = probed(lambda x: x.float().sin(), ["3x4"])
+    assert low.precision == "float32"
+    _, cplx = probed(lambda x: torch.polar(x.abs() + 1, x), ["3x4"])
+    assert cplx.complex is True
+
+
+def test_the_facts_are_frozen(contract_cases):
+    import dataclasses
+
+    _, facts = probed(contract_cases.Square, ["3x4"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        facts.mutates = True  # type: ignore[misc]
+
+
+def test_a_forward_that_raises_is_reported_by_the_checks_not_the_probe(contract_cases):
+    report = gradtool.check(contract_cases.SquareRaises, ["3x4"])
+    assert outcomes(report)["contract"] == "error"
+
+
+def test_the_contract_check_reuses_the_probe_forwards(contract_cases):
+    # contract alone made 4 forwards (purity, two to detect randomness, one with a graph); the
+    # probe makes 2 and hands its graph forward to the contract check
+    report = gradtool.check(contract_cases.Square, ["3x4"], checks=("contract",))
+    check = next(c for _, _, c in report.checks())
+    assert check.outcome.value == "passed" and "forward" not in check.calls
+
+
+@pytest.mark.parametrize("checks", [("gradient",), ("contract", "gradient")])
+def test_the_probe_costs_two_forwards_and_its_graph_forward_is_reused(checks):
+    # Counted at the Function itself: every forward of the run is the checks' own (as each
+    # reports) plus the probe's two, one of which a check reuses instead of running its own.
+    from collections import Counter
+
+    bugs = load_fixture("bugs")
+    counter: Counter = Counter()
+
+    class Counted(bugs.Cube):
+        @staticmethod
+        def forward(ctx, x):
+            counter["forward"] += 1
+            return bugs.Cube.forward(ctx, x)
+
+    report = gradtool.check(Counted, ["(10,)"], checks=checks, mode="probe")
+    assert all(c.outcome.value == "passed" for _, _, c in report.checks())
+    per_check = sum(c.calls.get("forward", 0) for _, _, c in report.checks())
+    assert counter["forward"] == per_check + 2
+    first = next(c for _, _, c in report.checks())
+    assert first.calls.get("forward", 0) == (0 if first.name == "contract" else 3)
+
+
+def test_a_forward_writing_its_input_passes_every_check_alone(contract_cases):
+    # Before the probe phase, only the contract check learnt that a mark_dirty Function needs
+    # copies of its inputs: the gradient check alone raised in forward (an error outcome).
+    for check in ("gradient", "double_backward"):
+        report = gradtool.check(contract_cases.ExpInplace, ["3x4"], checks=(check,))
+        assert outcomes(report) == {check: "passed"}
