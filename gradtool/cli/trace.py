@@ -193,9 +193,8 @@ def _ending_text(recording: Recording, spec: dict[str, Any]) -> str | None:
 def _list(recording: Recording, spec: dict[str, Any]) -> int:
     """`gradtool trace --list`: what was recorded, without checking."""
     for entry in recording.entries:
-        times = 1 + int(recording.summary.get("repeats", {}).get(entry["index"], 0))
         click.echo(entry["name"])
-        click.echo(f"  called {times} time(s); "
+        click.echo(f"  called {_times(entry, recording)}; "
                    + (f"replay: {entry['reproduce']}" if entry["target"] else entry["problem"]))
         if entry["index"] in recording.grads:
             click.echo(f"  grad_outputs in backward: {'; '.join(recording.grads[entry['index']])}")
@@ -253,7 +252,11 @@ def _check(recording: Recording, spec: dict[str, Any], config: Any, settings: di
 
 
 def _jobs(entries: list[dict[str, Any]], config: Any, folders: list[str]) -> Any:
+    """Collection in a checking worker; loading the script's modules may print: to stderr."""
     from ..run.trace import trace_jobs
+
+    sys.stdout.flush()
+    os.dup2(2, 1)
 
     return trace_jobs(entries, config, folders)
 
@@ -276,11 +279,17 @@ def _annotated(report: Report, recording: Recording, unusable: list[Rejected],
 
 
 def _notes(entry: dict[str, Any], recording: Recording) -> list[str]:
-    times = 1 + int(recording.summary.get("repeats", {}).get(entry["index"], 0))
-    notes = [f"recorded from the script: called {times} time(s) with this signature"]
+    notes = [f"recorded from the script: called {_times(entry, recording)} with this signature"]
     grads = recording.grads.get(entry["index"])
     notes.append(f"grad_outputs its backward received: {'; '.join(grads)}" if grads else
                  "its backward did not run in the script (only its forward was used)")
     if any(d != "cpu" for d in entry.get("devices", [])):
         notes.append(f"recorded on {', '.join(entry['devices'])}; replayed on cpu")
     return notes
+
+
+def _times(entry: dict[str, Any], recording: Recording) -> str:
+    """'3 time(s)'; the repeats are counted in the worker and sent when the script ends."""
+    if recording.ending is None or recording.ending[0] not in ("ok", "raised", "exit"):
+        return "at least once (the script was stopped before its counts were sent)"
+    return f"{1 + int(recording.summary.get('repeats', {}).get(entry['index'], 0))} time(s)"
