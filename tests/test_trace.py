@@ -53,9 +53,9 @@ def test_the_function_wrong_at_the_scripts_width_is_named_with_call_site_and_sha
     assert "recorded from the script: called 3 time(s) with this signature" in case["notes"]
     assert "grad_outputs its backward received: 8 float32" in case["notes"]
     assert f"FAIL  {BUGGY}" in out.stdout and "step 2 loss" in out.stderr  # the script's prints
-    failures = [c.get("name") for c in ET.parse(tmp_path / "r.xml").getroot().iter("testcase")
-                if c.find("failure") is not None]
-    assert failures  # JUnit carries the failure too
+    failures = [(c.get("classname"), c.get("name")) for c in
+                ET.parse(tmp_path / "r.xml").getroot().iter("testcase") if c.find("failure") is not None]
+    assert failures == [(BUGGY, "recorded call::gradient")]  # JUnit names it the same way
     replay = subprocess.run(case["reproduce"].replace("gradtool", f"{sys.executable} -m gradtool",
                                                       1).split() + ["--check", "gradient"],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
