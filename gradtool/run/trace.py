@@ -39,13 +39,20 @@ class Recorder:
 
     def __init__(self, out_dir: str, max_calls: int, script: str, sink: Sink) -> None:
         self.out_dir, self.max_calls, self.script, self.sink = out_dir, max_calls, script, sink
-        self.seen: dict[tuple[Any, ...], int] = {}
+        self.seen: dict[tuple[Any, ...], int] = {}  # signature -> index (-1: no grad)
+        self.recorded = 0
         self.repeats: dict[int, int] = {}
         self.dropped = 0        # distinct calls past --max-calls
         self.no_grad = 0        # calls whose backward cannot run (grad mode off, nothing requires grad)
         self.pid = os.getpid()  # a forked child (a DataLoader worker) records nothing
+        self.forks = False      # set once the script forks, so the hot path skips getpid
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forked)
         self.lock = threading.Lock()
         self.inside = threading.local()
+
+    def _forked(self) -> None:
+        self.forks = True
 
     def summary(self) -> dict[str, Any]:
         return {"repeats": dict(self.repeats), "dropped": self.dropped, "no_grad": self.no_grad}
@@ -53,7 +60,7 @@ class Recorder:
     def around(self, kind: str, key: Any, label: str, owner: Any, args: tuple[Any, ...],
                kwargs: dict[str, Any], call: Callable[[], Any]) -> Any:
         """Run `call` (the real apply or op), recording it first when it is new."""
-        if getattr(self.inside, "busy", False) or os.getpid() != self.pid:
+        if getattr(self.inside, "busy", False) or (self.forks and os.getpid() != self.pid):
             return call()  # a call made by a recorded call (a custom op's autograd Function)
         self.inside.busy = True
         try:
@@ -67,20 +74,28 @@ class Recorder:
 
     def _note(self, kind: str, key: Any, label: str, owner: Any, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> int | None:
-        tensors = [v for v in _leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
-        if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
+        # The hot path (a repeat): one signature tuple and one dict lookup.
+        signature = (key, _signature(args), _signature(tuple(kwargs.items())) if kwargs else ())
+        if not torch.is_grad_enabled():
             self.no_grad += 1
             return None
-        signature = (key, _signature(args), _signature(tuple(sorted(kwargs.items()))))
         with self.lock:
             index = self.seen.get(signature)
             if index is not None:
-                self.repeats[index] = self.repeats.get(index, 0) + 1
+                if index < 0:  # nothing requires grad: its backward never runs
+                    self.no_grad += 1
+                else:
+                    self.repeats[index] = self.repeats.get(index, 0) + 1
                 return None
-            if len(self.seen) >= self.max_calls:
+            if not _any_grad(signature[1:]):
+                self.seen[signature] = -1
+                self.no_grad += 1
+                return None
+            if self.recorded >= self.max_calls:
                 self.dropped += 1
                 return None
-            index = self.seen[signature] = len(self.seen)
+            index = self.seen[signature] = self.recorded
+            self.recorded += 1
         self.sink(("call", self._save(index, kind, label, owner, args, kwargs)))
         return index
 
@@ -131,14 +146,22 @@ def _leaves(value: Any) -> Iterator[Any]:
         yield value
 
 
+def _any_grad(signature: Any) -> bool:
+    """Whether a signature holds a tensor that requires grad (its last field)."""
+    if isinstance(signature, tuple):
+        if signature[:1] == ("T",):
+            return bool(signature[-1])
+        return any(_any_grad(part) for part in signature)
+    return False
+
+
 def _signature(value: Any) -> Any:
     """What makes two calls the same for a check: shapes, dtypes, strides, devices, grad flags;
     small literals by value (a scale changes the Function), other objects by type."""
-    if isinstance(value, torch.Tensor):
-        return ("T", tuple(value.shape), value.dtype, value.stride(), value.device.type,
-                value.requires_grad)
+    if isinstance(value, torch.Tensor):  # torch.Size and torch.device hash as they are
+        return ("T", value.shape, value.dtype, value.stride(), value.device, value.requires_grad)
     if isinstance(value, (tuple, list)):
-        return (type(value).__name__, tuple(_signature(v) for v in value))
+        return (type(value).__name__, tuple([_signature(v) for v in value]))
     if isinstance(value, (int, float, bool, str, type(None))):
         return ("V", value)
     return ("O", type(value).__qualname__)
