@@ -161,17 +161,14 @@ def _handle(message: tuple[Any, ...], recording: Recording) -> None:
 
 def _name_entries(entries: list[dict[str, Any]]) -> None:
     """'RowSumSq at train.py:23, input 8x40 float32' and the command that replays the call."""
-    from ..run.runner import _quote
+    from ..run.replay import _reproduce, call_name
 
     taken: set[str] = set()
     for entry in entries:
-        inputs = entry["inputs"]
-        name = f"{entry['label']} at {entry['site'] or 'an unknown line'}, " \
-               f"input{'s' if len(inputs) > 1 else ''} {'; '.join(inputs)}"
+        name = call_name(entry)
         entry["name"] = name if name not in taken else f"{name} #{entry['index']}"
         taken.add(entry["name"])
-        entry["reproduce"] = (f"gradtool check {_quote(entry['target'])} --inputs-from "
-                              f"{_quote(entry['file'])}") if entry["target"] else ""
+        entry["reproduce"] = _reproduce(entry) if entry["target"] else ""
 
 
 def _ending_text(recording: Recording, spec: dict[str, Any]) -> str | None:
@@ -253,7 +250,7 @@ def _check(recording: Recording, spec: dict[str, Any], config: Any, settings: di
 
 def _jobs(entries: list[dict[str, Any]], config: Any, folders: list[str]) -> Any:
     """Collection in a checking worker; loading the script's modules may print: to stderr."""
-    from ..run.trace import trace_jobs
+    from ..run.replay import trace_jobs
 
     sys.stdout.flush()
     os.dup2(2, 1)

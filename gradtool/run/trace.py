@@ -41,6 +41,7 @@ class Recorder:
         self.out_dir, self.max_calls, self.script, self.sink = out_dir, max_calls, script, sink
         self.seen: dict[tuple[Any, ...], int] = {}  # signature -> index (-1: no grad)
         self.recorded = 0
+        self.owners: dict[int, Any] = {}  # index -> the Function class or op name (in-process use)
         self.repeats: dict[int, int] = {}
         self.dropped = 0        # distinct calls past --max-calls
         self.no_grad = 0        # calls whose backward cannot run (grad mode off, nothing requires grad)
@@ -96,6 +97,7 @@ class Recorder:
                 return None
             index = self.seen[signature] = self.recorded
             self.recorded += 1
+            self.owners[index] = owner
         self.sink(("call", self._save(index, kind, label, owner, args, kwargs)))
         return index
 
@@ -309,32 +311,6 @@ def serve(conn: Any, spec: dict[str, Any]) -> None:
         conn.send(("end", status, recorder.summary()))
     except BaseException:  # noqa: BLE001 - a bug here is gradtool's; say so, do not hang
         conn.send(("internal", traceback.format_exc()))
-
-
-def trace_jobs(entries: list[dict[str, Any]], config: Any, folders: list[str]
-               ) -> tuple[list[Any], list[Any]]:
-    """In a check worker: one job per recorded call (its class or op, its saved inputs)."""
-    from ..errors import GradtoolError
-    from ..results import Rejected
-    from ..targets.factory import load_inputs
-    from ..targets.load import resolve
-    from .runner import CaseSpec, Job
-
-    for folder in reversed(folders):  # where the script found its own modules
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
-    jobs, rejected = [], []
-    for entry in entries:
-        try:
-            [target] = resolve(entry["target"])
-            cases = [CaseSpec("recorded call", specs, config.seed, entry["file"]) for _, specs
-                     in load_inputs(entry["file"], config.seed, config.dtype, config.device)]
-        except GradtoolError as exc:
-            rejected.append(Rejected(entry["name"], str(exc)))
-            continue
-        target.name = entry["name"]
-        jobs.append(Job(target, cases, config, reproduce=entry["reproduce"]))
-    return jobs, rejected
 
 
 def _find(module: str) -> Any:
