@@ -115,3 +115,25 @@ def test_a_module_run_records_custom_ops_through_both_entry_points(tmp_path):
     assert f"reproduce: gradtool check trace_ops.py:triple --inputs-from {tmp_path}/000_" \
            in out.stdout
     assert "1 target(s)" in out.stdout  # both entry points, one signature: one check
+
+
+def test_ctrl_c_stops_the_script_lists_the_recorded_calls_and_exits_130(tmp_path):
+    import signal
+    import time
+
+    json_path = tmp_path / "r.json"
+    process = subprocess.Popen([sys.executable, "-m", "gradtool", "trace", "--json",
+                                str(json_path), SCRIPT, "--", "--then", "hang"], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = ""
+    deadline = time.monotonic() + 120
+    while "step 2" not in seen and time.monotonic() < deadline:
+        seen += process.stderr.readline()  # the script's prints come on stderr
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, out + err
+    report = json.loads(json_path.read_text())
+    jsonschema.validate(report, SCHEMA)
+    assert report["interrupted"] == "SIGINT" and report["targets"] == []
+    assert report["not_run"] == [ACTIVATION, BUGGY]

@@ -225,7 +225,7 @@ def _check(recording: Recording, spec: dict[str, Any], config: Any, settings: di
     usable = [e for e in recording.entries if e["target"]]
     unusable = [Rejected(e["name"], e["problem"]) for e in recording.entries if not e["target"]]
     if recording.interrupted:
-        report = Report((), config.effective, {}, tuple(unusable),
+        report = Report((), config.effective, _versions(), tuple(unusable),
                         not_run=tuple(e["name"] for e in usable), interrupted=recording.interrupted)
     elif not recording.entries and not recording.failed:
         raise NothingToCheck(f"{spec.get('path') or spec.get('module')} made no custom "
@@ -235,7 +235,7 @@ def _check(recording: Recording, spec: dict[str, Any], config: Any, settings: di
         folders = [str(Path(spec["path"]).resolve().parent)] if spec.get("path") else []
         collect = partial(_jobs, usable, config, [*folders, os.getcwd()])
         report = _supervise(collect, config, [e["name"] for e in usable], kw) if usable else \
-            Report((), config.effective, {}, (), 0.0)
+            Report((), config.effective, _versions(), (), 0.0)
     report = _annotated(report, recording, unusable, ending, spec)
     _emit(report, settings, kw)
     if ending and not recording.interrupted:
@@ -290,3 +290,20 @@ def _times(entry: dict[str, Any], recording: Recording) -> str:
     if recording.ending is None or recording.ending[0] not in ("ok", "raised", "exit"):
         return "at least once (the script was stopped before its counts were sent)"
     return f"{1 + int(recording.summary.get('repeats', {}).get(entry['index'], 0))} time(s)"
+
+
+def _versions() -> dict[str, str]:
+    """The report's versions when no worker checked anything (read without importing torch)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .._version import __version__
+
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return {"gradtool": __version__, "torch": of("torch"), "numpy": of("numpy"),
+            "python": platform.python_version()}
