@@ -52,9 +52,9 @@ def run_trace(kw: dict[str, Any]) -> int:
     config = config_from(settings)
     folder, temporary = _folder(kw.get("save"))
     spec.update(out_dir=folder, max_calls=kw.get("max_calls") or 1000)
-    recording = record(spec, config.timeout)
     keep = not temporary
     try:
+        recording = record(spec, config.timeout)
         _name_entries(recording.entries)
         if kw.get("list"):
             return _list(recording, spec)

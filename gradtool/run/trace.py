@@ -65,10 +65,16 @@ class Recorder:
             return call()  # a call made by a recorded call (a custom op's autograd Function)
         self.inside.busy = True
         try:
-            index = self._note(kind, key, label, owner, args, kwargs)
+            try:
+                index = self._note(kind, key, label, owner, args, kwargs)
+            except Exception:  # noqa: BLE001 - recording must never break the user's run
+                index = None
             out = call()
             if index is not None:
-                self._watch_backward(index, out)
+                try:
+                    self._watch_backward(index, out)
+                except Exception:  # noqa: BLE001 - same: the layouts are a nicety
+                    pass
             return out
         finally:
             self.inside.busy = False
@@ -309,6 +315,9 @@ def serve(conn: Any, spec: dict[str, Any]) -> None:
                             spec.get("module") or "", conn.send)
         status = run_script(spec, recorder)
         conn.send(("end", status, recorder.summary()))
+        import atexit
+
+        atexit._run_exitfuncs()  # the script's own (a worker process exits without them)
     except BaseException:  # noqa: BLE001 - a bug here is gradtool's; say so, do not hang
         conn.send(("internal", traceback.format_exc()))
 
