@@ -40,9 +40,12 @@ def worst(target: dict) -> str:
 
 
 def test_the_function_wrong_at_the_scripts_width_is_named_with_call_site_and_shape(tmp_path):
-    out, report, verdicts = traced(tmp_path)
+    out, report, verdicts = traced(tmp_path, "-n", "2", "--annotations", "github")
     assert out.returncode == 1, out.stderr
     assert verdicts == {ACTIVATION: "passed", BUGGY: "failed"}
+    assert list(verdicts) == [ACTIVATION, BUGGY]  # the order of the run, with two workers
+    assert "::error file=tests/fixtures/trace/kernels.py,line=18,title=gradtool gradient " \
+           "failed%3A RowSumSqTailBug at " in out.stdout  # at the wrong backward
     bad = next(t for t in report["targets"] if t["target"] == BUGGY)
     case = bad["cases"][0]
     gradient = next(k for k in case["checks"] if k["name"] == "gradient")
@@ -89,9 +92,12 @@ def test_a_script_that_fails_is_an_error_and_its_calls_are_still_checked(tmp_pat
 
 
 def test_list_shows_the_calls_without_checking_and_max_calls_bounds_them(tmp_path):
-    out = trace("--list", "--max-calls", "1", SCRIPT)
+    out = trace("--list", "--max-calls", "1", "--save", str(tmp_path), SCRIPT)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines()[0] == ACTIVATION
+    assert out.stdout.splitlines()[:2] == [
+        ACTIVATION, "  called 3 time(s); replay: gradtool check tests/fixtures/trace/kernels.py:"
+                    f"ScaledTanh --inputs-from {tmp_path}/000_ScaledTanh.pt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["000_ScaledTanh.pt"]
     assert "RowSumSqTailBug" not in out.stdout and "PASS" not in out.stdout
     assert "1 distinct custom call(s) recorded (3 call(s) in all); 3 call(s) of new signatures " \
            "past --max-calls not recorded; 2 call(s) without gradient" in out.stdout

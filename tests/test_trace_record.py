@@ -123,3 +123,22 @@ def test_a_function_defined_in_a_function_is_recorded_but_not_replayable(recorde
         Local.apply(torch.randn(2, requires_grad=True))
     [call] = calls(recorder)
     assert call["target"] is None and "define it at module level" in call["problem"]
+
+
+def test_a_call_with_an_object_argument_is_recorded_but_not_replayable(recorder):
+    class Config:
+        scale = 2.0
+
+    class WithConfig(Function):
+        @staticmethod
+        def forward(ctx, x, config):
+            return x * config.scale
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 2.0, None
+
+    with hooked(recorder):
+        WithConfig.apply(torch.randn(2, requires_grad=True), Config())
+    [call] = calls(recorder)
+    assert call["target"] is None and "takes a" in call["problem"] and "Config" in call["problem"]

@@ -57,7 +57,7 @@ def run_trace(kw: dict[str, Any]) -> int:
         recording = record(spec, config.timeout)
         _name_entries(recording.entries)
         if kw.get("list"):
-            return _list(recording, spec)
+            return _list(recording, spec, saved=not temporary)
         code, failed = _check(recording, spec, config, settings, kw)
         if failed and temporary and any(e["target"] for e in recording.entries):
             keep = True  # the reproduce lines read these files
@@ -187,12 +187,17 @@ def _ending_text(recording: Recording, spec: dict[str, Any]) -> str | None:
             + ("are checked" if what != "interrupted" else "are listed, not checked"))
 
 
-def _list(recording: Recording, spec: dict[str, Any]) -> int:
+def _list(recording: Recording, spec: dict[str, Any], saved: bool) -> int:
     """`gradtool trace --list`: what was recorded, without checking."""
     for entry in recording.entries:
         click.echo(entry["name"])
-        click.echo(f"  called {_times(entry, recording)}; "
-                   + (f"replay: {entry['reproduce']}" if entry["target"] else entry["problem"]))
+        if not entry["target"]:
+            how = entry["problem"]
+        elif saved:
+            how = f"replay: {entry['reproduce']}"
+        else:
+            how = f"target {entry['target']} (--save DIR keeps its inputs for replay)"
+        click.echo(f"  called {_times(entry, recording)}; {how}")
         if entry["index"] in recording.grads:
             click.echo(f"  grad_outputs in backward: {'; '.join(recording.grads[entry['index']])}")
     click.echo(_tally(recording))

@@ -37,6 +37,10 @@ def trace_jobs(entries: list[dict[str, Any]], config: CheckConfig, folders: list
             jobs.append(_job(target, entry, config))
         except GradtoolError as exc:
             rejected.append(Rejected(entry["name"], str(exc)))
+        except SystemExit as exc:  # a script without a __main__ guard, loaded by name
+            rejected.append(Rejected(entry["name"], (
+                f"loading {entry['target']} ran the script, which called sys.exit({exc.code!r}): "
+                "put its run under `if __name__ == \"__main__\":` or its Functions in a module")))
     return jobs, rejected
 
 

@@ -26,6 +26,7 @@ from ..tracebacks import trim
 from .culprit import _user_site
 
 Sink = Callable[[tuple[Any, ...]], None]
+_PLAIN = (torch.Tensor, int, float, complex, bool, str, type(None), torch.dtype)
 # Namespaces of torch's own operators: never the user's custom ops.
 TORCH_NAMESPACES = frozenset({"aten", "prim", "prims", "quantized", "_quantized", "profiler",
                               "higher_order", "inductor", "c10d", "_c10d_functional",
@@ -122,6 +123,12 @@ class Recorder:
                                     if isinstance(v, torch.Tensor)}),
                  "target": None, "problem": None}
         facts["target"], facts["problem"] = target_of(kind, owner, label, self.script)
+        odd = next((v for v in _leaves((args, kwargs)) if not isinstance(v, _PLAIN)), None)
+        if odd is not None:  # --inputs-from loads with weights_only: plain data only
+            facts["target"], facts["problem"] = None, (
+                f"{label} takes a {type(odd).__qualname__} argument: only tensors, numbers, "
+                "strings and tuples/lists/dicts of them can be saved and replayed")
+            return facts
         try:
             torch.save((tuple(_copy(a) for a in args), {k: _copy(v) for k, v in kwargs.items()}),
                        path)
