@@ -77,10 +77,10 @@ def test_a_run_whose_calls_are_all_right_exits_0(tmp_path, script_args):
 @pytest.mark.parametrize("then, says", [
     ("raise", "the script raised:"),
     ("exit", "the script exited with code 3 (sys.exit)"),
-    ("hang", "the script timed out after 20 s (--timeout) and was stopped"),
+    ("hang", "the script timed out after 30 s (--timeout) and was stopped"),
 ])
 def test_a_script_that_fails_is_an_error_and_its_calls_are_still_checked(tmp_path, then, says):
-    out, report, verdicts = traced(tmp_path, "--timeout", "20", script_args=("--then", then))
+    out, report, verdicts = traced(tmp_path, "--timeout", "30", script_args=("--then", then))
     assert out.returncode == 1
     assert verdicts == {ACTIVATION: "passed", BUGGY: "failed"}  # nothing recorded was lost
     [rejected] = report["rejected"]
