@@ -281,6 +281,8 @@ def config() -> int:
               help="Also write the JSON report to this file.")
 @click.option("--junit-xml", type=click.Path(dir_okay=False), default=None,
               help="Write a JUnit XML report to this file.")
+@click.option("--html", type=click.Path(dir_okay=False), default=None,
+              help="Also write a self-contained HTML report to this file.")
 @click.option("--annotations", type=click.Choice(["auto", "github", "none"]), default=None,
               help="GitHub Actions ::error annotations [auto: when GITHUB_ACTIONS=true].")
 @click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
