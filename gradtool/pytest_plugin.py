@@ -63,6 +63,8 @@ def enabled(config: pytest.Config) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gradtool_trace(**settings): check every custom "
+                            "autograd.Function / custom op call the test makes")
     # Validate [tool.gradtool] up front, so a typo is one usage error rather than N failures.
     if enabled(config):
         project_settings(config)
@@ -236,3 +238,88 @@ def gradtool_check(request: pytest.FixtureRequest) -> Callable[..., Report]:
         return report
 
     return check
+
+
+class Tracer:
+    """What the gradtool_trace fixture gives a test: the custom calls recorded so far, and
+    check(), which the plugin also runs right after the test body (a failure fails the test)."""
+
+    def __init__(self, folder: str, settings: dict[str, Any], max_calls: int = 1000) -> None:
+        from gradtool.run.trace import Recorder, hooked
+
+        self.messages: list[tuple[Any, ...]] = []
+        self.settings, self.checked, self.report = settings, False, None
+        self.recorder = Recorder(folder, max_calls, "", self.messages.append)
+        self._hook: Any = hooked(self.recorder)
+        self._hook.__enter__()
+
+    @property
+    def calls(self) -> list[str]:
+        """'RowSumSq at test_model.py:12, input 8x40 float32' for each distinct call so far."""
+        from gradtool.run.recorded import call_name
+
+        return [call_name(m[1]) for m in self.messages if m[0] == "call"]
+
+    def stop(self) -> None:
+        """Stop recording (idempotent); the hooks are put back."""
+        if self._hook is not None:
+            hook, self._hook = self._hook, None
+            hook.__exit__(None, None, None)
+
+    def check(self) -> Report:
+        """Check every distinct call recorded; fail the test with the report if one is wrong."""
+        __tracebackhide__ = True
+        from gradtool.config.settings import CheckConfig
+        from gradtool.render.terminal import render_plain
+        from gradtool.run.recorded import check_live
+
+        self.stop()
+        self.checked = True
+        config = CheckConfig(**self.settings)
+        entries = [m[1] for m in self.messages if m[0] == "call"]
+        self.report = check_live(entries, self.recorder.owners, config)
+        if not self.report.ok(config.strict):
+            pytest.fail("gradtool found gradient problems in the custom calls this test made:\n"
+                        + render_plain(self.report, quiet=True), pytrace=False)
+        return self.report
+
+
+@pytest.fixture
+def gradtool_trace(request: pytest.FixtureRequest,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tracer]:
+    """Record every custom autograd.Function / custom op call the test makes (distinct
+    signatures) and check each on the inputs it received, right after the test body.
+
+    Settings come from [tool.gradtool]; a `gradtool_trace` marker's keywords override them."""
+    tracer = _tracer(request.node, str(tmp_path_factory.mktemp("gradtool_trace")))
+    try:
+        yield tracer
+    finally:
+        tracer.stop()
+
+
+def _tracer(item: Any, folder: str) -> Tracer:
+    marker = item.get_closest_marker("gradtool_trace")
+    overrides = dict(marker.kwargs) if marker else {}
+    max_calls = int(overrides.pop("max_calls", 1000))
+    return Tracer(folder, {**project_settings(item.config), **overrides}, max_calls)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """A test using the fixture (or marked gradtool_trace) has its recorded calls checked once
+    its body passed: a wrong gradient fails the test itself, not its teardown."""
+    tracer = getattr(item, "funcargs", {}).get("gradtool_trace")
+    if tracer is None and item.get_closest_marker("gradtool_trace") is not None:
+        import tempfile
+
+        tracer = _tracer(item, tempfile.mkdtemp(prefix="gradtool-trace-"))
+    try:
+        result = yield
+    except BaseException:
+        if tracer is not None:
+            tracer.stop()
+        raise
+    if isinstance(tracer, Tracer) and not tracer.checked:
+        tracer.check()
+    return result

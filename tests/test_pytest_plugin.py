@@ -35,6 +35,7 @@ for _module in pkgutil.walk_packages(gradtool.__path__, "gradtool."):
         importlib.import_module(_module.name)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "specs" / "examples"
+FIXTURES_TRACE = Path(__file__).resolve().parent / "fixtures" / "trace"
 
 MUL = """\
   - target: mul_constant.py:{name}
@@ -292,3 +293,54 @@ def test_spec_file_detection(tmp_path, text, ours):
     path = tmp_path / "file.yaml"
     path.write_text(text)
     assert is_spec_file(path) is ours
+
+
+TRACED_TEST = '''
+import pytest
+import torch
+from kernels import RowSumSq, RowSumSqTailBug, ScaledTanh
+
+
+def step(norm, width):
+    x = torch.randn(8, width, dtype=torch.float64, requires_grad=True)
+    norm.apply(ScaledTanh.apply(x, 0.5)).sum().backward()
+
+
+def test_buggy_at_40(gradtool_trace):
+    step(RowSumSqTailBug, 40)
+    assert len(gradtool_trace.calls) == 2
+
+
+def test_fixed_at_40(gradtool_trace):
+    step(RowSumSq, 40)
+
+
+def test_buggy_at_48_is_right_there(gradtool_trace):
+    step(RowSumSqTailBug, 48)
+
+
+@pytest.mark.gradtool_trace(checks=("gradient",))
+def test_marked(request):
+    step(RowSumSqTailBug, 40)
+
+
+def test_explicit_check(gradtool_trace):
+    step(RowSumSq, 24)
+    report = gradtool_trace.check()
+    assert len(report.targets) == 2 and report.ok()
+    step(RowSumSqTailBug, 40)  # after check(): no longer recorded
+'''
+
+
+def test_gradtool_trace_fixture_and_marker_fail_the_test_that_calls_a_wrong_function(pytester):
+    pytester.makepyfile(kernels=(FIXTURES_TRACE / "kernels.py").read_text(),
+                        test_traced=TRACED_TEST)
+    result = run_pytest(pytester, "-q", "-rA")
+    result.assert_outcomes(passed=3, failed=2)
+    text = result.stdout.str()
+    assert "FAILED test_traced.py::test_buggy_at_40" in text
+    assert "FAILED test_traced.py::test_marked" in text
+    assert "RowSumSqTailBug at test_traced.py:8, input 8x40 float64" in text  # the call site
+    assert "reproduce: gradtool check kernels.py:RowSumSqTailBug --inputs-from" in text
+    for name in ("test_fixed_at_40", "test_buggy_at_48_is_right_there", "test_explicit_check"):
+        assert f"PASSED test_traced.py::{name}" in text

@@ -245,3 +245,61 @@ def config() -> int:
     settings, sources = merge(discover(Path.cwd()), {})
     click.echo(render_effective(settings, sources))
     return ExitCode.OK
+
+
+@main.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+@click.argument("script", required=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("-m", "--module", default=None, metavar="MODULE",
+              help="Run a module as `python -m MODULE` does, instead of a script file.")
+@click.option("--max-calls", type=click.IntRange(min=1), default=1000,
+              help="Record at most N distinct custom calls (class or op, shapes, dtypes, "
+                   "strides) [1000].")
+@click.option("--save", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Keep the recorded inputs in DIR, one .pt file per call (gradtool check "
+                   "--inputs-from replays one).")
+@click.option("--list", "list_", is_flag=True,
+              help="Only show what the script called (recorded calls), without checking.")
+@click.option("--check", "checks", multiple=True, type=click.Choice(CHECK_NAMES),
+              help="Run only these checks on each recorded call (repeat).")
+@click.option("--mode", type=click.Choice(MODES), default=None, help="Jacobian mode [auto].")
+@click.option("--atol", type=float, default=None, help="Absolute tolerance [per dtype].")
+@click.option("--rtol", type=float, default=None, help="Relative tolerance [per dtype].")
+@click.option("--strict/--no-strict", default=None, help="Inconclusive checks fail the run.")
+@click.option("--format", "fmt", type=click.Choice(["terminal", "json"]), default=None,
+              help="Report format on stdout [terminal].")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the JSON report to this file.")
+@click.option("--junit-xml", type=click.Path(dir_okay=False), default=None,
+              help="Write a JUnit XML report to this file.")
+@click.option("--html", type=click.Path(dir_okay=False), default=None,
+              help="Also write a self-contained HTML report to this file.")
+@click.option("--annotations", type=click.Choice(["auto", "github", "none"]), default=None,
+              help="GitHub Actions ::error annotations [auto: when GITHUB_ACTIONS=true].")
+@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
+              help="Colour in the terminal report [auto].")
+@click.option("-q", "--quiet", is_flag=True, help="Print only failures and the summary.")
+@click.option("-v", "--verbose", is_flag=True, help="Show per-check timing and call counts.")
+@click.option("-n", "--workers", default=None, metavar="N|auto",
+              callback=lambda _c, _p, v: _workers(v),
+              help="Worker processes checking the recorded calls in parallel [1].")
+@click.option("--timeout", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Seconds the script may run, and each recorded call's checks (0: no limit) "
+                   "[600].")
+@click.option("--max-rss", type=click.IntRange(min=1), default=None, metavar="BYTES",
+              help="Memory each checking worker may allocate [no limit].")
+@guarded
+def trace(**kw: Any) -> int:
+    """Run SCRIPT once (its ARGS after --), record every call of a custom autograd.Function or
+    custom op with its inputs, and check each distinct call on the inputs it received.
+
+    \b
+    gradtool trace train.py -- --epochs 1
+    gradtool trace -n auto --save traced/ -m mypkg.train -- --steps 5"""
+    from .trace import run_trace
+
+    kw["args"] = tuple(kw.get("args") or ())
+    if kw["args"][:1] == ("--",):
+        kw["args"] = kw["args"][1:]
+    kw["list"] = kw.pop("list_")
+    return run_trace(kw)
