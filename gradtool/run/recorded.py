@@ -72,11 +72,11 @@ def live_jobs(entries: list[dict[str, Any]], owners: dict[int, Any], config: Che
 
 
 def _reproduce(entry: dict[str, Any]) -> str:
-    from .runner import _quote
+    from .reproduce import shell_quote
 
     if not entry["target"]:
         return f"(not replayable by name: {entry['problem']})"
-    return f"gradtool check {_quote(entry['target'])} --inputs-from {_quote(entry['file'])}"
+    return f"gradtool check {shell_quote(entry['target'])} --inputs-from {shell_quote(entry['file'])}"
 
 
 def check_live(entries: list[dict[str, Any]], owners: dict[int, Any], config: CheckConfig

@@ -29,16 +29,16 @@ def reproduce_for(job: Job, specs: Sequence[InputSpec] | None, seed: int,
 
 def pin_flags(specs: Sequence[InputSpec], config: CheckConfig) -> str:
     """'-i 3x4 -i 2.5': the flags that give these inputs explicitly."""
-    return " ".join(f"-i {_quote(_cli_input(spec, config))}" for spec in specs)
+    return " ".join(f"-i {shell_quote(_cli_input(spec, config))}" for spec in specs)
 
 
 def reproduce_command(target: Target, specs: Sequence[InputSpec], config: CheckConfig,
                       seed: int, origin: str | None = None) -> str:
     """The one-line command that re-runs this case exactly (given values: from a .pt file)."""
-    parts = ["gradtool", "check", _quote(target.name)]
+    parts = ["gradtool", "check", shell_quote(target.name)]
     if origin or has_given_values(specs):
         # Given values cannot be written as --input: they are replayed from a saved file.
-        parts += ["--inputs-from", _quote(origin or "INPUTS.pt")]
+        parts += ["--inputs-from", shell_quote(origin or "INPUTS.pt")]
     elif specs:
         parts.append(pin_flags(specs, config))
     parts += ["--seed", str(seed)]
@@ -48,7 +48,7 @@ def reproduce_command(target: Target, specs: Sequence[InputSpec], config: CheckC
                  "max_memory", "autocast", "reference"):
         value = getattr(config, name)
         if value is not None and value != getattr(defaults, name):
-            parts += [f"--{name.replace('_', '-')}", _quote(str(value))]
+            parts += [f"--{name.replace('_', '-')}", shell_quote(str(value))]
     if tuple(config.checks) != DEFAULT_CHECKS:  # a subset, or an opt-in check (compiled)
         parts += [f"--check {name}" for name in config.checks]
     if config.trust_callables:
@@ -61,7 +61,7 @@ def _init_flags(target: Target) -> list[str]:
     init = target.init
     if not isinstance(init, dict):
         return []
-    return [f"--init {_quote(f'{name}={value!r}')}" for name, value in init.items()]
+    return [f"--init {shell_quote(f'{name}={value!r}')}" for name, value in init.items()]
 
 
 def _cli_input(spec: Any, config: CheckConfig) -> str:
@@ -94,7 +94,7 @@ def has_given_values(specs: Sequence[Any]) -> bool:
         [getattr(s, "spec", s) for s in specs]))
 
 
-def _quote(text: str) -> str:
+def shell_quote(text: str) -> str:
     """Shell-quote readably: bare when safe, else single quotes, else double quotes."""
     import shlex
 
