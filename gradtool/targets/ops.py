@@ -1,0 +1,197 @@
+"""Custom ops as targets: CustomOpDef, OpOverload(Packet), 'ns::name'; schema-derived signatures."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+from ..errors import InputError, TargetError
+
+# [location:]ns::name[.overload]; the location (a file or module) is imported first.
+QUALIFIED = re.compile(r"^(?:(?P<location>.+):)?(?P<ns>[A-Za-z_]\w*)::(?P<name>[A-Za-z_]\w*)"
+                       r"(?:\.(?P<overload>[A-Za-z_]\w*))?$")
+BUILTIN_NAMESPACES = ("aten", "prim", "prims")
+_NUMBERS = {"float": float, "int": int, "bool": bool, "SymInt": int}
+
+
+def is_qualified(text: str) -> bool:
+    """'ns::name' (optionally after 'file.py:' or 'module:'): an op by its registered name."""
+    return "::" in text and QUALIFIED.match(text) is not None
+
+
+def is_op(obj: Any) -> bool:
+    """A custom op object: torch.library.custom_op's CustomOpDef or an OpOverload(Packet)."""
+    import torch
+
+    from torch._library.custom_ops import CustomOpDef
+
+    return isinstance(obj, (CustomOpDef, torch._ops.OpOverload, torch._ops.OpOverloadPacket))
+
+
+def resolve_qualified(text: str, imports: Sequence[str] = ()) -> Any:
+    """The Target of 'ns::name' once the module registering it is imported (the location before
+    the name, or --import); TargetError naming the fix when torch does not know it."""
+    from .load import load_module
+
+    match = QUALIFIED.match(text)
+    if match is None:
+        raise TargetError(f"{text!r} is not an op name", "write it as ns::name or ns::name.overload")
+    location = match["location"]
+    for where in ([location] if location else []):
+        load_module(where)
+    overload = _find(match["ns"], match["name"], match["overload"], text, location, imports)
+    name = text if location else _named(text, overload, imports)
+    return op_target(overload, name)
+
+
+def _find(ns: str, name: str, overload: str | None, text: str, location: str | None,
+          imports: Sequence[str]) -> Any:
+    import torch
+
+    qualname = f"{ns}::{name}"
+    try:
+        packet = getattr(getattr(torch.ops, ns), name)
+    except (AttributeError, RuntimeError):
+        where = f"importing {location}" if location else (
+            f"importing {', '.join(imports)}" if imports else "nothing was imported")
+        raise TargetError(f"no op {qualname} is registered ({where} did not define it)",
+                          "import the module that registers it: --import ops.py (repeat), "
+                          f"or name it as ops.py:{qualname}; in a spec, op: with import:"
+                          ) from None
+    return pick_overload(packet, text) if overload is None else _overload(packet, overload, text)
+
+
+def _overload(packet: Any, overload: str, text: str) -> Any:
+    if overload not in packet.overloads():
+        raise TargetError(f"{text}: no overload {overload!r}",
+                          f"available: {', '.join(packet.overloads()) or 'none'}")
+    return getattr(packet, overload)
+
+
+def pick_overload(packet: Any, text: str) -> Any:
+    """An OpOverloadPacket's default overload, or its only one."""
+    names = packet.overloads()
+    if "default" in names:
+        return packet.default
+    if len(names) == 1:
+        return getattr(packet, names[0])
+    raise TargetError(f"{text} has overloads {', '.join(names)}; name one",
+                      f"e.g. {packet._qualified_op_name}.{names[0]}")
+
+
+def _named(text: str, overload: Any, imports: Sequence[str]) -> str:
+    """'ops.py:ns::name' when one of the imports registered it: the name alone reproduces it."""
+    from .load import display_path, source_of
+
+    opdef = custom_op_def(overload)
+    home = source_of(opdef._init_fn) if opdef is not None else None
+    for location in imports:
+        if home and location.endswith(".py") and \
+                display_path(home.rpartition(":")[0]) == display_path(location):
+            return f"{location}:{text}"
+    builtin = overload.namespace in BUILTIN_NAMESPACES
+    return f"{imports[0]}:{text}" if len(imports) == 1 and opdef is None and not builtin else text
+
+
+def op_target(obj: Any, name: str) -> Any:
+    """A Target of kind 'op' for a CustomOpDef, OpOverload or OpOverloadPacket."""
+    import torch
+
+    from .load import Target
+
+    overload = obj
+    if isinstance(obj, torch._ops.OpOverloadPacket):
+        overload = pick_overload(obj, name)
+    elif not isinstance(obj, torch._ops.OpOverload):
+        overload = obj._opoverload  # a CustomOpDef
+    qualname = overload._schema.name
+    suffix = "" if overload._overloadname == "default" else f".{overload._overloadname}"
+    signature = schema_signature(overload._schema)
+    return Target(
+        name=name, kind="op", obj=overload, qualname=qualname + suffix,
+        arg_names=tuple(p.name for p in signature.parameters.values()
+                        if p.kind is p.POSITIONAL_OR_KEYWORD),
+        signature=signature, source=registration_line(overload),
+        forward_source=registration_line(overload), extra={"op": overload})
+
+
+def custom_op_def(overload: Any) -> Any:
+    """The CustomOpDef behind an OpOverload (None for a torch.library.Library or C++ op)."""
+    from torch._library.custom_ops import OPDEFS
+
+    return OPDEFS.get(overload._schema.name)
+
+
+def registration_line(overload: Any) -> str | None:
+    """file:line where the op is registered: custom_op's decorator, or where the Library that
+    defined it was made (torch's dispatcher records it)."""
+    from .load import display_path
+
+    opdef = custom_op_def(overload)
+    if opdef is not None:
+        try:
+            fn = inspect.unwrap(opdef._init_fn)
+            _, line = inspect.getsourcelines(fn)
+            return f"{display_path(inspect.getsourcefile(fn) or '?')}:{line}"
+        except (TypeError, OSError):
+            return None
+    import torch
+
+    found = re.search(r"registered at (\S+):(\d+)", torch._C._dispatch_dump(overload._schema.name))
+    return f"{display_path(found[1])}:{found[2]}" if found and found[1].endswith(".py") else None
+
+
+def schema_signature(schema: Any) -> inspect.Signature:
+    """A Python signature from the op's schema: annotations (Tensor, float, ...) and defaults,
+    so the ordinary input inference applies."""
+    import torch
+
+    params = []
+    for arg in schema.arguments:
+        kind = (inspect.Parameter.KEYWORD_ONLY if arg.kwarg_only
+                else inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        text = str(arg.type)
+        annotation: Any = torch.Tensor if text == "Tensor" else _NUMBERS.get(text, text)
+        default = arg.default_value if arg.has_default_value() else inspect.Parameter.empty
+        params.append(inspect.Parameter(arg.name, kind, annotation=annotation, default=default))
+    return inspect.Signature(params)
+
+
+def require_inferable(target: Any) -> None:
+    """InputError naming the arguments whose type the schema leaves open (no default)."""
+    unknown = [f"{p.name}: {p.annotation}" for p in target.signature.parameters.values()
+               if p.default is inspect.Parameter.empty and not _inferable(p.annotation)]
+    if unknown:
+        raise InputError(f"{target.name}: the schema of {target.qualname} does not say enough "
+                         f"to infer inputs ({'; '.join(unknown)} without a default)",
+                         "give every argument with -i, in order (e.g. -i 3x4 -i '[0, 1]'); "
+                         "in a spec, inputs:")
+
+
+def _inferable(annotation: Any) -> bool:
+    import torch
+
+    return annotation is torch.Tensor or annotation in (float, int, bool) or \
+        annotation == "Tensor?"
+
+
+def discover_ops(module: ModuleType, display: str) -> list[Any]:
+    """Targets for the CustomOpDefs a module defines at top level (not those it imports)."""
+    from torch._library.custom_ops import CustomOpDef
+
+    found = []
+    for attr, obj in vars(module).items():
+        if isinstance(obj, CustomOpDef) and \
+                getattr(inspect.unwrap(obj._init_fn), "__module__", None) == module.__name__:
+            found.append(op_target(obj, f"{display}:{attr}"))
+    return found
+
+
+def import_all(locations: Sequence[str]) -> list[ModuleType]:
+    """--import: each module or file, in order (so the ops they register exist)."""
+    from .load import load_module
+
+    return [load_module(location) for location in locations]
