@@ -39,6 +39,15 @@ REGISTRY: tuple[CheckInfo, ...] = (
                          "differences in PyTorch's convention (conjugate Wirtinger)"),
     CheckInfo("compiled", "first- and second-order gradients under torch.compile equal eager's "
                           "(opt-in)", default=False),
+    CheckInfo("op_schema", "custom ops: the schema says what the kernel does (no undeclared "
+                           "write to an input, no output aliasing an input)"),
+    CheckInfo("op_fake", "custom ops: the fake kernel exists and agrees with the real one on "
+                         "shape, dtype, strides and device, also with symbolic sizes"),
+    CheckInfo("op_autograd", "custom ops: an autograd formula is registered (at an Autograd "
+                             "key) when an input is differentiable"),
+    CheckInfo("op_compiled", "custom ops: outputs and gradients under torch.compile's tracing "
+                             "with dynamic sizes equal eager's (opcheck's aot test; opt-in)",
+              default=False),
 )
 
 BY_NAME = {info.name: info for info in REGISTRY}

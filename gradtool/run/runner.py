@@ -179,6 +179,12 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult | None:
             from ..checks import precision as check  # below float64: against a float64 reference
         context = _context(job, config)
         reason = check.applies(case, context) if hasattr(check, "applies") else None
+        if job.target.kind == "op" and not reason:  # no autograd: one finding, not N errors
+            from ..checks.op_autograd import gate
+
+            blocked = gate(name, case, context)
+            if blocked:
+                return skipped(name, blocked)
         if reason and job.config.checks == DEFAULT_CHECKS:
             return None
         result = skipped(name, reason) if reason else check.run(case, context)
@@ -186,6 +192,10 @@ def _run_check(name: str, case: Any, job: Job) -> CheckResult | None:
             from .inner import with_inner_contracts  # each custom Function inside, alone
 
             result = with_inner_contracts(result, case.problem, config)
+        if name == "contract" and not reason:  # custom ops: their own contract, in op terms
+            from .ops_inside import with_op_contracts
+
+            result = with_op_contracts(result, case.problem, config, job.target)
     except (GradtoolError, InternalError):
         raise
     # User code raising where a check did not expect it is still a result; so is its sys.exit().
