@@ -23,12 +23,17 @@ NEEDS_BACKWARD = ("contract", "gradient", "double_backward", "forward_ad", "vmap
                   "compiled")
 
 
+NO_RETURNS = "the op returns nothing (it writes in place): no output to differentiate"
+
+
 def applies(case: Any, context: Any) -> str | None:
     reason = _is_op(case, context)
     if reason:
         return reason
     if not case.problem.diff:
         return "no differentiable input (no floating tensor argument)"
+    if not overload(context)._schema.returns:
+        return NO_RETURNS
     return None
 
 
@@ -49,6 +54,8 @@ def gate(name: str, case: Any, context: Any) -> str | None:
     if context.target.kind != "op" or name not in NEEDS_BACKWARD or not case.problem.diff:
         return None
     op = overload(context)
+    if not op._schema.returns:
+        return NO_RETURNS
     if registered(op, context.config.device):
         return None
     return f"not run: {op._schema.name} has no autograd formula (see op_autograd)"

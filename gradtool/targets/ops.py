@@ -187,6 +187,30 @@ def discover_ops(module: ModuleType, display: str) -> list[Any]:
         if isinstance(obj, CustomOpDef) and \
                 getattr(inspect.unwrap(obj._init_fn), "__module__", None) == module.__name__:
             found.append(op_target(obj, f"{display}:{attr}"))
+    return found + _library_ops(module, display)
+
+
+def _library_ops(module: ModuleType, display: str) -> list[Any]:
+    """Ops a module defines with torch.library.Library (their registration line is in it)."""
+    import torch
+
+    from torch._library.custom_ops import OPDEFS
+
+    from .load import display_path
+
+    home = getattr(module, "__file__", None)
+    found = []
+    for qualname in sorted(torch.library._defs):
+        ns, _, name = qualname.partition("::")
+        if ns in BUILTIN_NAMESPACES or qualname in OPDEFS or not home:
+            continue
+        try:
+            overload = pick_overload(getattr(getattr(torch.ops, ns), name), qualname)
+        except (AttributeError, RuntimeError, TargetError):
+            continue
+        line = registration_line(overload)
+        if line and line.rpartition(":")[0] == display_path(home):
+            found.append(op_target(overload, f"{display}:{qualname}"))
     return found
 
 
