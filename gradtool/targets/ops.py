@@ -118,6 +118,18 @@ def op_target(obj: Any, name: str) -> Any:
         forward_source=registration_line(overload), extra={"op": overload})
 
 
+def bound(overload: Any) -> Any:
+    """The op as a Problem's fn: gradtool's call site of user code (torch raising after the
+    user's kernel returned, e.g. custom_op refusing an aliasing output, is the user's)."""
+    from ..tracebacks import calls_user_code
+
+    @calls_user_code
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return overload(*args, **kwargs)
+
+    return call
+
+
 def custom_op_def(overload: Any) -> Any:
     """The CustomOpDef behind an OpOverload (None for a torch.library.Library or C++ op)."""
     from torch._library.custom_ops import OPDEFS
