@@ -21,6 +21,23 @@ def applies(case: Any, context: Any) -> str | None:
     return None
 
 
+def interpreted_triton(op: Any) -> str | None:
+    """Why a fake-tensor test cannot run: a triton_op under triton's CPU interpreter."""
+    import os
+
+    from ..targets.ops import is_triton_op
+
+    if os.environ.get("TRITON_INTERPRET") == "1" and is_triton_op(op):
+        return ("a triton_op under TRITON_INTERPRET=1: the interpreter reads tensor data, which "
+                "fake tensors have none of (check it without the interpreter, on a GPU)")
+    return None
+
+
+def registered_at(context: Any) -> str | None:
+    """file:line of the op's registration: what an op check's finding says to look at."""
+    return context.target.extra.get("registered_at")
+
+
 def overload(context: Any) -> Any:
     return context.target.extra["op"]
 
@@ -29,7 +46,9 @@ def python_name(op: Any) -> str:
     """How the user's code names the op: the CustomOpDef's function name, else torch.ops.ns.x."""
     opdef = custom_op_def(op)
     if opdef is not None:
-        return getattr(opdef._init_fn, "__name__", op._schema.name.split("::")[1])
+        from ..targets.ops import user_function
+
+        return getattr(user_function(opdef), "__name__", op._schema.name.split("::")[1])
     ns, name = op._schema.name.split("::")
     return f"torch.ops.{ns}.{name}"
 

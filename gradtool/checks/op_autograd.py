@@ -11,10 +11,9 @@ import torch
 
 from ..numerics.problem import tensor_outputs
 from ..results import CheckResult, Finding
-from ..targets.load import source_of
-from ..targets.ops import custom_op_def
+from ..targets.ops import backward_line, custom_op_def
 from ._ops import applies as _is_op
-from ._ops import clone_args, overload, python_name, result
+from ._ops import clone_args, overload, python_name, registered_at, result
 
 __all__ = ["applies", "gate", "registered", "run"]
 
@@ -64,13 +63,13 @@ def gate(name: str, case: Any, context: Any) -> str | None:
 def run(case: Any, context: Any) -> CheckResult:
     start = time.perf_counter()
     op = overload(context)
-    source = context.target.source
+    source = registered_at(context)
     names = [case.problem.names[i] for i in case.problem.diff]
     if not registered(op, context.config.device):
         wrong = custom_op_def(op) is None and _autograd_below(case)
         finding = _wrong_key(op, source) if wrong else _missing(op, names, source)
         return result("op_autograd", [finding], "", start, case, source)
-    backward = _backward_source(op)
+    backward = backward_line(op)
     return result("op_autograd", [],
                   f"autograd formula registered for {', '.join(names)}"
                   + (f" (backward at {backward})" if backward else ""), start, case, source)
@@ -120,7 +119,3 @@ def _autograd_below(case: Any) -> bool:
     return any(o.requires_grad and id(o) not in inputs for o in outs)
 
 
-def _backward_source(op: Any) -> str | None:
-    opdef = custom_op_def(op)
-    backward = getattr(opdef, "_backward_fn", None) if opdef is not None else None
-    return source_of(backward) if backward is not None else None

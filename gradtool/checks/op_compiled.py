@@ -7,7 +7,8 @@ import time
 from typing import Any
 
 from ..results import CheckResult, Finding
-from ._ops import applies, clone_args, overload, result
+from ._ops import skipped_result
+from ._ops import applies, clone_args, interpreted_triton, overload, registered_at, result
 
 __all__ = ["applies", "run"]
 
@@ -21,7 +22,9 @@ def run(case: Any, context: Any) -> CheckResult:
 
     start = time.perf_counter()
     op, problem = overload(context), case.problem
-    source = context.target.source
+    source = registered_at(context)
+    if interpreted_triton(op):
+        return skipped_result("op_compiled", f"not run: {interpreted_triton(op)}")
     args = clone_args(problem.args)
     grads = registered(op, context.config.device)
     for position in problem.diff if grads else ():

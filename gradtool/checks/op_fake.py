@@ -9,8 +9,8 @@ import torch
 
 from ..numerics.problem import tensor_outputs
 from ..results import CheckResult, Finding
-from ._ops import (applies, clone_args, fake_source, has_fake, overload, python_name,
-                   real_outputs, result, shape_text)
+from ._ops import (applies, clone_args, fake_source, has_fake, interpreted_triton, overload,
+                   python_name, real_outputs, registered_at, result, shape_text, skipped_result)
 
 __all__ = ["applies", "run"]
 
@@ -18,10 +18,12 @@ __all__ = ["applies", "run"]
 def run(case: Any, context: Any) -> CheckResult:
     start = time.perf_counter()
     op, problem = overload(context), case.problem
-    where = fake_source(op) or context.target.source
+    where = fake_source(op) or registered_at(context)
+    if interpreted_triton(op):
+        return skipped_result("op_fake", f"not run: {interpreted_triton(op)}")
     if not has_fake(op):
-        return result("op_fake", [_missing(op, context.target.source)], "", start, case,
-                      context.target.source)
+        return result("op_fake", [_missing(op, registered_at(context))], "", start, case,
+                      registered_at(context))
     real = real_outputs(case)
     findings = _static(op, case, real, where)
     details: list[str] = []

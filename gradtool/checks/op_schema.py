@@ -10,7 +10,7 @@ import torch
 
 from ..numerics.problem import tensor_outputs
 from ..results import CheckResult, Finding, Outcome
-from ._ops import applies, clone_args, overload, python_name, result
+from ._ops import applies, clone_args, overload, python_name, registered_at, result
 
 __all__ = ["applies", "run", "without_function_advice"]
 
@@ -21,7 +21,7 @@ _CUSTOM_OP_ALIAS = "may not alias any inputs to this custom operator"
 def run(case: Any, context: Any) -> CheckResult:
     start = time.perf_counter()
     op, problem = overload(context), case.problem
-    source = context.target.source
+    source = registered_at(context)
     args = clone_args(problem.args)
     before = clone_args(problem.args)
     try:

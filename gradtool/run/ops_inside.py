@@ -14,8 +14,8 @@ from ..config.settings import DEFAULT_TOLERANCES, CheckConfig
 from ..errors import InternalError
 from ..numerics.problem import Problem
 from ..results import CheckResult, Outcome
-from ..targets.load import Target, display_path, source_of
-from ..targets.ops import custom_op_def, op_target
+from ..targets.load import Target, display_path
+from ..targets.ops import op_target
 
 # Namespaces of torch's own operators: not the user's to check.
 TORCH_NAMESPACES = frozenset({"aten", "prim", "prims", "quantized", "_quantized", "profiler",
@@ -130,7 +130,7 @@ def _gradient_of(call: OpCall, config: CheckConfig) -> Any:
     source = None
     try:
         target, case, own = _captured(call, config)
-        source = _backward_line(call.op) or target.source
+        source = target.source
         checked = check_gradient(case, target, own)
     except InternalError:
         raise
@@ -149,12 +149,6 @@ def _gradient_of(call: OpCall, config: CheckConfig) -> Any:
     else:
         text = f"{name} at {where} could not be checked alone: {checked.summary}"
     return FunctionFinding(name, source, call.created_at, checked.outcome, wrong, text)
-
-
-def _backward_line(op: Any) -> str | None:
-    opdef = custom_op_def(op)
-    backward = getattr(opdef, "_backward_fn", None) if opdef is not None else None
-    return source_of(backward) if backward is not None else None
 
 
 def with_op_contracts(result: CheckResult, problem: Problem, config: CheckConfig,

@@ -87,7 +87,7 @@ def _named(text: str, overload: Any, imports: Sequence[str]) -> str:
     from .load import display_path, source_of
 
     opdef = custom_op_def(overload)
-    home = source_of(opdef._init_fn) if opdef is not None else None
+    home = source_of(user_function(opdef)) if opdef is not None else None
     for location in imports:
         if home and location.endswith(".py") and \
                 display_path(home.rpartition(":")[0]) == display_path(location):
@@ -110,12 +110,13 @@ def op_target(obj: Any, name: str) -> Any:
     qualname = overload._schema.name
     suffix = "" if overload._overloadname == "default" else f".{overload._overloadname}"
     signature = schema_signature(overload._schema)
+    registered_at = registration_line(overload)  # op checks' "look at"; backward: gradients'
     return Target(
         name=name, kind="op", obj=overload, qualname=qualname + suffix,
         arg_names=tuple(p.name for p in signature.parameters.values()
                         if p.kind is p.POSITIONAL_OR_KEYWORD),
-        signature=signature, source=registration_line(overload),
-        forward_source=registration_line(overload), extra={"op": overload})
+        signature=signature, source=backward_line(overload) or registered_at,
+        forward_source=registered_at, extra={"op": overload, "registered_at": registered_at})
 
 
 def bound(overload: Any) -> Any:
@@ -128,6 +129,34 @@ def bound(overload: Any) -> Any:
         return overload(*args, **kwargs)
 
     return call
+
+
+def user_function(opdef: Any) -> Any:
+    """The Python function a CustomOpDef was made from (triton_op wraps it in torch's own)."""
+    fn = inspect.unwrap(opdef._init_fn)
+    if not getattr(fn, "__module__", "").startswith("torch."):
+        return fn
+    for cell in getattr(fn, "__closure__", None) or ():
+        inner = cell.cell_contents
+        if inspect.isfunction(inner) and not inner.__module__.startswith("torch."):
+            return inspect.unwrap(inner)
+    return fn
+
+
+def backward_line(overload: Any) -> str | None:
+    """file:line of the backward given to register_autograd (custom_op), else None."""
+    from .load import source_of
+
+    opdef = custom_op_def(overload)
+    backward = getattr(opdef, "_backward_fn", None) if opdef is not None else None
+    return source_of(backward) if backward is not None else None
+
+
+def is_triton_op(overload: Any) -> bool:
+    """Made with torch.library.triton_op."""
+    opdef = custom_op_def(overload)
+    return opdef is not None and \
+        getattr(inspect.unwrap(opdef._init_fn), "__module__", "") == "torch._library.triton"
 
 
 def custom_op_def(overload: Any) -> Any:
@@ -145,7 +174,7 @@ def registration_line(overload: Any) -> str | None:
     opdef = custom_op_def(overload)
     if opdef is not None:
         try:
-            fn = inspect.unwrap(opdef._init_fn)
+            fn = user_function(opdef)
             _, line = inspect.getsourcelines(fn)
             return f"{display_path(inspect.getsourcefile(fn) or '?')}:{line}"
         except (TypeError, OSError):
@@ -197,7 +226,7 @@ def discover_ops(module: ModuleType, display: str) -> list[Any]:
     found = []
     for attr, obj in vars(module).items():
         if isinstance(obj, CustomOpDef) and \
-                getattr(inspect.unwrap(obj._init_fn), "__module__", None) == module.__name__:
+                getattr(user_function(obj), "__module__", None) == module.__name__:
             found.append(op_target(obj, f"{display}:{attr}"))
     return found + _library_ops(module, display)
 
