@@ -10,7 +10,7 @@ from .results import Report
 from .run.collect import collect_one, is_spec_argument
 from .run.runner import CaseSpec, Job, run
 from .targets.inputs import parse_input
-from .targets.load import make_target
+from .targets.ops import make_target
 
 
 def _input_specs(inputs: Any, kwargs: dict[str, Any] | None) -> list[Any] | None:

@@ -10,7 +10,8 @@ from ..config.settings import CheckConfig
 from ..errors import GradtoolError, SpecError
 from ..results import Rejected
 from ..targets.inputs import InputSpec
-from ..targets.load import Target, make_target, resolve
+from ..targets.load import Target, make_target
+from ..targets.ops import resolve
 from .runner import CaseSpec, Job
 
 SPEC_SUFFIXES = (".yaml", ".yml")

@@ -196,7 +196,7 @@ def locate_functions(problem: Problem, config: CheckConfig) -> list[FunctionFind
         findings.append(_not_captured(cls))
     from .ops_inside import locate_ops  # custom ops (torch.library) inside, named ns::name
 
-    return findings + locate_ops(problem, config)
+    return findings + [FunctionFinding(**found) for found in locate_ops(problem, config)]
 
 
 def unique(applications: Sequence[Application]) -> list[Application]:

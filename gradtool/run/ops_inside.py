@@ -99,7 +99,10 @@ def record_ops(problem: Problem) -> list[OpCall]:
 
 
 def _captured(call: OpCall, config: CheckConfig) -> tuple[Target, Any, CheckConfig]:
-    from .culprit import case_from_values
+    """The op as a target, with a case of the values it received (checked: those that required
+    grad, as gradcheck chooses); the dtype of those values sets the tolerances."""
+    from ..targets.cases import build_case
+    from ..targets.values import given_specs
 
     target = op_target(call.op, call.op._schema.name)
     own = config
@@ -108,12 +111,13 @@ def _captured(call: OpCall, config: CheckConfig) -> tuple[Target, Any, CheckConf
             dtype = str(value.dtype).removeprefix("torch.")
             own = config.with_(dtype=dtype) if dtype in DEFAULT_TOLERANCES else config
             break
-    return target, case_from_values(target, call.args, own, kwargs=call.kwargs), own
+    specs = given_specs(list(call.args), call.kwargs or None)
+    return target, build_case(target, specs, own, own.seed, label="captured"), own
 
 
-def locate_ops(problem: Problem, config: CheckConfig) -> list[Any]:
-    """The culprit search's verdict on each custom op inside (FunctionFindings, named ns::name
-    with the call site); never raises."""
+def locate_ops(problem: Problem, config: CheckConfig) -> list[dict[str, Any]]:
+    """The culprit search's verdict on each custom op inside, as culprit.FunctionFinding's
+    fields (named ns::name, with the call site); never raises."""
     if not user_ops_exist():
         return []
     try:
@@ -123,9 +127,8 @@ def locate_ops(problem: Problem, config: CheckConfig) -> list[Any]:
     return [_gradient_of(call, config) for call in calls]
 
 
-def _gradient_of(call: OpCall, config: CheckConfig) -> Any:
+def _gradient_of(call: OpCall, config: CheckConfig) -> dict[str, Any]:
     from ..checks.gradient import check_gradient
-    from .culprit import FunctionFinding
 
     source = None
     try:
@@ -148,7 +151,8 @@ def _gradient_of(call: OpCall, config: CheckConfig) -> Any:
         text = f"{name} at {where} passes"
     else:
         text = f"{name} at {where} could not be checked alone: {checked.summary}"
-    return FunctionFinding(name, source, call.created_at, checked.outcome, wrong, text)
+    return {"qualname": name, "source": source, "created_at": call.created_at,
+            "outcome": checked.outcome, "wrong_inputs": wrong, "summary": text}
 
 
 def with_op_contracts(result: CheckResult, problem: Problem, config: CheckConfig,

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from ..errors import TargetError, did_you_mean
 
-KINDS = ("function", "module", "callable", "op")
+KINDS = ("function", "module", "callable")
 
 
 @dataclass
@@ -35,13 +35,8 @@ class Target:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def resolve(text: str, init: Any = None, imports: tuple[str, ...] = ()) -> list[Target]:
-    """Turn a target string into targets; a module alone yields every Function, Module and
-    custom op in it; 'ns::name' (after 'file.py:' or --import) is an op by its registered name."""
-    from .ops import is_qualified, resolve_qualified
-
-    if is_qualified(text):
-        return [resolve_qualified(text, imports)]
+def resolve(text: str, init: Any = None) -> list[Target]:
+    """Turn a target string into targets; a module alone yields every Function and Module in it."""
     location, name = split_target(text)
     module = load_module(location)
     display = location
@@ -50,9 +45,8 @@ def resolve(text: str, init: Any = None, imports: tuple[str, ...] = ()) -> list[
         if not found:
             from ..errors import NothingToCheck
 
-            raise NothingToCheck(f"{location} defines no torch.autograd.Function, nn.Module "
-                                 f"subclass or custom op (nothing to check); name a callable "
-                                 f"explicitly: "
+            raise NothingToCheck(f"{location} defines no torch.autograd.Function or nn.Module "
+                                 f"subclass (nothing to check); name a callable explicitly: "
                                  f"{location}:NAME")
         return found
     obj = _lookup(module, name, location)
@@ -149,11 +143,8 @@ def _lookup(module: ModuleType, name: str, location: str) -> Any:
 
 
 def discover(module: ModuleType, display: str) -> list[Target]:
-    """Every Function and nn.Module subclass and custom op defined in the module itself (not
-    imported ones)."""
+    """Every Function and nn.Module subclass defined in the module itself (not imported ones)."""
     import torch
-
-    from .ops import discover_ops
 
     found = []
     for attr, obj in vars(module).items():
@@ -161,17 +152,13 @@ def discover(module: ModuleType, display: str) -> list[Target]:
             continue
         if issubclass(obj, torch.autograd.Function) or issubclass(obj, torch.nn.Module):
             found.append(make_target(obj, f"{display}:{attr}"))
-    return found + discover_ops(module, display)
+    return found
 
 
 def make_target(obj: Any, name: str, init: Any = None) -> Target:
-    """Classify an object as a Function, nn.Module, custom op or callable target."""
+    """Classify an object as a Function, nn.Module or callable target."""
     import torch
 
-    from .ops import is_op, op_target
-
-    if is_op(obj):
-        return op_target(obj, name)
     owner = getattr(obj, "__self__", None)  # LinearFunction.apply -> LinearFunction
     if inspect.isclass(owner) and issubclass(owner, torch.autograd.Function):
         obj = owner
@@ -183,7 +170,7 @@ def make_target(obj: Any, name: str, init: Any = None) -> Target:
         return _callable_target(obj, name)
     raise TargetError(f"{name} is a {type(obj).__name__}, not something gradtool can check",
                       "a target is a torch.autograd.Function subclass, an nn.Module "
-                      "(class or instance), a custom op or a callable taking tensors")
+                      "(class or instance) or a callable taking tensors")
 
 
 def _function_target(cls: type, name: str) -> Target:

@@ -31,6 +31,41 @@ def is_op(obj: Any) -> bool:
     return isinstance(obj, (CustomOpDef, torch._ops.OpOverload, torch._ops.OpOverloadPacket))
 
 
+def resolve(text: str, init: Any = None, imports: Sequence[str] = ()) -> list[Any]:
+    """load.resolve, knowing ops: 'ns::name' (after 'file.py:' or --import) is an op by its
+    registered name, a CustomOpDef or OpOverload is an op target, and a module or file alone
+    yields the ops it defines too."""
+    from ..errors import NothingToCheck
+    from . import load
+
+    if is_qualified(text):
+        return [resolve_qualified(text, imports)]
+    location, name = load.split_target(text)
+    if name is not None:
+        return [as_op(t) for t in load.resolve(text, init)]
+    ops = discover_ops(load.load_module(location), location)
+    try:
+        return load.resolve(text, init) + ops
+    except NothingToCheck:
+        if ops:
+            return ops
+        raise NothingToCheck(f"{location} defines no torch.autograd.Function, nn.Module subclass "
+                             f"or custom op (nothing to check); name a callable explicitly: "
+                             f"{location}:NAME") from None
+
+
+def make_target(obj: Any, name: str, init: Any = None) -> Any:
+    """load.make_target, knowing ops."""
+    from . import load
+
+    return op_target(obj, name) if is_op(obj) else load.make_target(obj, name, init)
+
+
+def as_op(target: Any) -> Any:
+    """A target load classified as a plain callable, made an op target when it is one."""
+    return op_target(target.obj, target.name) if is_op(target.obj) else target
+
+
 def resolve_qualified(text: str, imports: Sequence[str] = ()) -> Any:
     """The Target of 'ns::name' once the module registering it is imported (the location before
     the name, or --import); TargetError naming the fix when torch does not know it."""
