@@ -188,7 +188,7 @@ def test_cli_import_list_and_no_vmap_notice():
                   "gt_ops_test::missing")
     assert listed.returncode == 2, listed.stderr
     assert "custom_ops.py:gt_ops_test::scale_mul  [op]" in listed.stdout
-    assert "checks: contract, gradient, double_backward, op_schema, op_fake, op_autograd;" \
+    assert "checks: contract, gradient, double_backward, op_schema, op_fake, op_autograd" \
         in listed.stdout
     assert "REJECTED gt_ops_test::missing: no op gt_ops_test::missing is registered" \
         in listed.stdout
@@ -196,3 +196,49 @@ def test_cli_import_list_and_no_vmap_notice():
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "performance drop" not in ran.stdout + ran.stderr
     assert ROOT.exists()
+
+
+def test_op_compiled_is_opcheck_in_gradtool_words(ops):
+    assert outcomes(gradtool.check(ops.scale_mul, ["3x4", "3x4"], checks=["op_compiled"])) == \
+        {"op_compiled": "passed"}
+    check = result(gradtool.check(ops.row_sum_bad_fake, ["3x4"], checks=["op_compiled"]),
+                   "op_compiled")
+    assert check.outcome.value == "failed"
+    assert rules(check) == ["op_compiled.fails"]
+    assert check.summary.startswith("gt_ops_test::row_sum_bad_fake fails under torch.compile")
+
+
+def test_list_says_which_op_checks_apply(ops):
+    from gradtool.cli.listing import list_lines
+    from gradtool.config.settings import CheckConfig
+    from gradtool.run.collect import target_jobs
+
+    config = CheckConfig()
+    path = str(FIXTURES / "custom_ops.py")
+    lines = list(list_lines(target_jobs(f"{path}:sin_no_autograd", config, None)
+                            + target_jobs(f"{path}:Gate", config, None), [], config))
+    assert "checks: op_schema, op_fake, op_autograd; not applicable: contract, gradient, " \
+        "double_backward: not run: gt_ops_test::sin_no_autograd has no autograd formula" \
+        in lines[2]
+    assert "op_schema, op_fake, op_autograd: not a custom op (torch.library)" in lines[5]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("op: gt_ops_test::scale_mul\n    import: custom_ops.py", None),
+    ("op: scale_mul\n    import: custom_ops.py", "expected an op name ns::name"),
+    ("target: custom_ops.py:Gate\n    import: custom_ops.py", "import: goes with op:"),
+    ("op: gt_ops_test::scale_mul\n    import: ../custom_ops.py", "outside the spec's folder"),
+    ("op: gt_ops_test::scale_mul\n    expr: x", "exactly one of target:"),
+])
+def test_spec_op_and_import_keys(text, message):
+    from gradtool.errors import SpecError
+    from gradtool.spec.schema import load_text
+
+    spec = f"version: 1\nspecs:\n  - {text}\n"
+    if message is None:
+        (loaded,) = load_text(spec, "ops.yaml", FIXTURES)
+        assert loaded.target == f"{FIXTURES / 'custom_ops.py'}:gt_ops_test::scale_mul"
+        assert loaded.name == "scale_mul"
+        return
+    with pytest.raises(SpecError, match=message.replace("(", r"\(")):
+        load_text(spec, "ops.yaml", FIXTURES)

@@ -14,6 +14,10 @@ from ..targets.load import source_of
 from ..targets.ops import custom_op_def
 
 
+# torch.library.custom_op refuses an output that is (a view of) an input with this message.
+CUSTOM_OP_ALIAS = "may not alias any inputs to this custom operator"
+
+
 def applies(case: Any, context: Any) -> str | None:
     """None for a custom op target; the reason otherwise."""
     if context.target.kind != "op":

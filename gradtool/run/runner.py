@@ -218,7 +218,12 @@ def applicable(job: Job, case: Any) -> list[tuple[str, str | None]]:
     for name in job.config.checks:
         check = load(name)
         context = _context(job, job.config.with_(**job.check_config.get(name, {})))
-        out.append((name, check.applies(case, context) if hasattr(check, "applies") else None))
+        reason = check.applies(case, context) if hasattr(check, "applies") else None
+        if reason is None and job.target.kind == "op":  # an op without autograd, as run says
+            from ..checks.op_autograd import gate
+
+            reason = gate(name, case, context)
+        out.append((name, reason))
     return out
 
 

@@ -14,7 +14,7 @@ def op_reference(validator: Any, data: Any, key: str) -> str | None:
     """'LOCATION:ns::name' for load.resolve (LOCATION: the import: file or module), None when
     the spec names no op; errors are recorded on the validator, as every key's are."""
     where = f"{key}." if key else ""
-    if "op" not in data:
+    if "op" not in data or "target" in data:
         if "import" in data:
             validator.error("import: goes with op: (it registers the op named there)",
                             f"{where}import", line_of(data, "import"))

@@ -208,8 +208,8 @@ class _Validator:
         return " ".join(str(expr or data.get("target") or "?").split())
 
     def target(self, data: LineDict, key: str) -> str | None:
-        if "target" not in data:
-            return op_reference(self, data, key)  # op: ns::name (after import:), or None
+        if "target" not in data or "import" in data:  # op: ns::name after import:, or None
+            return op_reference(self, data, key)
         try:
             return resolve_reference(data["target"], self.base_dir)
         except SpecError as exc:
