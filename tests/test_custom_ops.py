@@ -21,7 +21,8 @@ def ops():
 
 def line_of(text: str) -> str:
     lines = (FIXTURES / "custom_ops.py").read_text().splitlines()
-    return f"tests/fixtures/custom_ops.py:{next(i for i, line in enumerate(lines, 1) if text in line)}"
+    number = next(i for i, line in enumerate(lines, 1) if text in line)
+    return f"tests/fixtures/custom_ops.py:{number}"
 
 
 def rules(check) -> list[str]:

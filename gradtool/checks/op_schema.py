@@ -1,4 +1,4 @@
-"""op_schema: a custom op's schema says what its kernel does (writes to inputs, aliasing outputs)."""
+"""op_schema: a custom op's schema says what its kernel does (input writes, aliasing outputs)."""
 
 from __future__ import annotations
 

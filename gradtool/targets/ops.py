@@ -73,7 +73,8 @@ def resolve_qualified(text: str, imports: Sequence[str] = ()) -> Any:
 
     match = QUALIFIED.match(text)
     if match is None:
-        raise TargetError(f"{text!r} is not an op name", "write it as ns::name or ns::name.overload")
+        raise TargetError(f"{text!r} is not an op name",
+                          "write it as ns::name or ns::name.overload")
     location = match["location"]
     for where in ([location] if location else []):
         load_module(where)
