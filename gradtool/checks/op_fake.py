@@ -52,7 +52,8 @@ def _missing(op: Any, source: str | None) -> Finding:
                    "outputs' shapes", source=source)
 
 
-def _fake_run(case: Any, mode: Any, symbolic: bool) -> tuple[list[Any], list[Any]]:
+def _fake_run(case: Any, mode: Any, symbolic: bool, values: list[Any] | None = None
+              ) -> tuple[list[Any], list[Any]]:
     """(fake arguments, fake outputs): the op on fake copies of the case's values (every
     dimension symbolic when asked)."""
     from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
@@ -65,17 +66,18 @@ def _fake_run(case: Any, mode: Any, symbolic: bool) -> tuple[list[Any], list[Any
         context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * value.dim())
         return mode.from_tensor(value, symbolic_context=context)
 
-    values = clone_args(case.problem.args)  # real copies, made outside the fake mode
+    copies = clone_args(case.problem.args if values is None else values)  # outside the mode
     with mode:
-        args = [fake(a) for a in values]
+        args = [fake(a) for a in copies]
         return args, tensor_outputs(case.problem.fn(*args))
 
 
-def _static(op: Any, case: Any, real: list[torch.Tensor], where: str | None) -> list[Finding]:
+def _static(op: Any, case: Any, real: list[torch.Tensor], where: str | None,
+            values: list[Any] | None = None) -> list[Finding]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     try:
-        fakes = _fake_run(case, FakeTensorMode(), symbolic=False)[1]
+        fakes = _fake_run(case, FakeTensorMode(), symbolic=False, values=values)[1]
     except Exception as exc:  # noqa: BLE001 - the user's fake kernel raising is the finding
         return [_raised(op, exc, where, "")]
     if len(fakes) != len(real):
@@ -134,9 +136,10 @@ def _symbolic(op: Any, case: Any, where: str | None) -> tuple[list[Finding], lis
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     how = " with symbolic sizes (torch.compile(dynamic=True), torch.export)"
+    env = ShapeEnv()
     try:
-        fake_args, fakes = _fake_run(case, FakeTensorMode(shape_env=ShapeEnv(),
-                                                          static_shapes=False), symbolic=True)
+        fake_args, fakes = _fake_run(case, FakeTensorMode(shape_env=env, static_shapes=False),
+                                     symbolic=True)
     except Exception as exc:  # noqa: BLE001 - the user's fake kernel raising is the finding
         return [_raised(op, exc, where, how)], []
     sizes, values = _symbols(fake_args), _doubled(case)
@@ -145,6 +148,8 @@ def _symbolic(op: Any, case: Any, where: str | None) -> tuple[list[Finding], lis
     except Exception as exc:  # noqa: BLE001 - the op takes only some sizes: nothing to compare
         return [], [f"symbolic sizes: the fake traced; not compared at doubled sizes (the real "
                     f"kernel rejects them: {type(exc).__name__})"]
+    if env.guards:  # the fake specialised on a size: torch.compile retraces it at new sizes
+        return _static(op, case, real, where, values), []
     found = []
     for k, (fake, r) in enumerate(zip(fakes, real)):
         expected = [_evaluate(s, sizes) for s in fake.shape]
