@@ -15,7 +15,7 @@ from ..errors import InternalError
 from ..numerics.problem import Problem
 from ..results import CheckResult, Outcome
 from ..targets.load import Target, display_path
-from ..targets.ops import op_target
+from ..targets.ops import op_target, registration_line
 
 # Namespaces of torch's own operators: not the user's to check.
 TORCH_NAMESPACES = frozenset({"aten", "prim", "prims", "quantized", "_quantized", "profiler",
@@ -58,9 +58,23 @@ def _user_op(func: Any) -> Any:
         if "default" not in func.overloads():
             return None
         func = func.default
-    if not isinstance(func, torch._ops.OpOverload):
+    if not isinstance(func, torch._ops.OpOverload) or func.namespace in TORCH_NAMESPACES:
         return None
-    return None if func.namespace in TORCH_NAMESPACES else func
+    return func if _users(func._schema.name, func) else None
+
+
+_USERS: dict[str, bool] = {}
+
+
+def _users(name: str, op: Any) -> bool:
+    """Registered in the user's own Python code (not an installed package's, not C++ whose
+    source gradtool cannot point at): the ops a report can blame. Cached per op."""
+    if name not in _USERS:
+        line = registration_line(op)
+        _USERS[name] = line is not None and not any(
+            part in line.replace("\\", "/")
+            for part in ("site-packages/", "dist-packages/", "/torch/"))
+    return _USERS[name]
 
 
 def _snapshot(value: Any) -> Any:
@@ -79,12 +93,30 @@ def _call_site(frame: Any) -> str | None:
     return None
 
 
+_SEEN: dict[str, Any] = {"size": -1, "found": False}
+
+
 def user_ops_exist() -> bool:
-    """Whether any custom op is registered in this process (else no forward is recorded)."""
+    """Whether any op of the user's is registered in this process (else no forward is recorded
+    to look for one); torch registers a hundred of its own. Recomputed when the set grows."""
     from torch._library.custom_ops import OPDEFS
 
-    return bool(OPDEFS) or any(name.split("::")[0] not in TORCH_NAMESPACES
-                               for name in torch.library._defs)
+    names = set(OPDEFS) | set(torch.library._defs)
+    if len(names) != _SEEN["size"]:
+        _SEEN.update(size=len(names), found=any(_user_name(name) for name in names))
+    return bool(_SEEN["found"])
+
+
+def _user_name(qualname: str) -> bool:
+    ns, _, name = qualname.partition("::")
+    if ns in TORCH_NAMESPACES:
+        return False
+    try:
+        packet = getattr(getattr(torch.ops, ns), name)
+        op = packet.default if "default" in packet.overloads() else None
+    except (AttributeError, RuntimeError):
+        return False
+    return op is not None and _users(qualname, op)
 
 
 def record_ops(problem: Problem) -> list[OpCall]:
