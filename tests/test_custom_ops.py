@@ -46,6 +46,8 @@ def test_op_overload_and_packet_are_targets(ops):
     for obj in (torch.ops.gt_ops_test.scale_mul, torch.ops.gt_ops_test.scale_mul.default):
         report = gradtool.check(obj, ["3x4", "3x4", 2.0], checks=["gradient", "op_schema"])
         assert outcomes(report) == {"gradient": "passed", "op_schema": "passed"}
+        # named by its registration file and name: the reproduce command runs as printed
+        assert report.targets[0].target == "tests/fixtures/custom_ops.py:gt_ops_test::scale_mul"
 
 
 def test_wrong_backward_is_found_and_diagnosed(ops):

@@ -55,10 +55,17 @@ def resolve(text: str, init: Any = None, imports: Sequence[str] = ()) -> list[An
 
 
 def make_target(obj: Any, name: str, init: Any = None) -> Any:
-    """load.make_target, knowing ops."""
+    """load.make_target, knowing ops (an op object is named 'file.py:ns::name' when its
+    registration file is known, so the reproduce command runs as printed)."""
     from . import load
 
-    return op_target(obj, name) if is_op(obj) else load.make_target(obj, name, init)
+    if not is_op(obj):
+        return load.make_target(obj, name, init)
+    target = op_target(obj, name)
+    where = target.extra["registered_at"]
+    qualname = target.qualname
+    target.name = f"{where.rpartition(':')[0]}:{qualname}" if where else qualname
+    return target
 
 
 def as_op(target: Any) -> Any:
