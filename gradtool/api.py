@@ -10,7 +10,7 @@ from .results import Report
 from .run.collect import collect_one, is_spec_argument
 from .run.runner import CaseSpec, Job, run
 from .targets.inputs import parse_input
-from .targets.load import make_target
+from .targets.ops import make_target
 
 
 def _input_specs(inputs: Any, kwargs: dict[str, Any] | None) -> list[Any] | None:
@@ -61,11 +61,23 @@ def check(target: Any, inputs: Any = None, kwargs: dict[str, Any] | None = None,
         if is_spec_argument(target) and specs is not None:
             raise GradtoolError(f"{target} is a spec: its inputs come from the file")
         jobs, rejected = collect_one(target, config, specs)  # the CLI's own collection
-        return run(jobs, config, rejected)
+        return _quietly(run, jobs, config, rejected)
     name = (f"{getattr(target, '__module__', '?')}:"
             f"{getattr(target, '__qualname__', type(target).__name__)}")
     jobs = [Job(make_target(target, name), [CaseSpec("case 0", specs, config.seed)], config)]
-    return run(jobs, config)
+    return _quietly(run, jobs, config)
+
+
+def _quietly(fn: Any, *args: Any) -> Report:
+    """torch's vmap-fallback notice is off while gradtool evaluates, then back on (its default;
+    torch offers no way to read the setting)."""
+    from .targets.ops import silence_vmap_fallback
+
+    silence_vmap_fallback()
+    try:
+        return fn(*args)
+    finally:
+        silence_vmap_fallback(True)
 
 
 def assert_gradients(target: Any, inputs: Any = None, kwargs: dict[str, Any] | None = None,

@@ -56,13 +56,15 @@ INVALID = [
     (spec_file("- target: ops.py:Double", "  atoll: 1.0e-5"),
      "a.yaml:4: specs[0].atoll: unknown key 'atoll'; allowed: name, target, expr, init, inputs, "
      "kwargs, inputs_from, cases, seed, dtype, device, eps, atol, rtol, nondet_tol, mode, checks, "
-     "reference, autocast, timeout, ignore, tolerances, xfail, surrogate, trust_callable",
+     "reference, autocast, timeout, ignore, tolerances, xfail, surrogate, trust_callable, op, "
+     "import",
      "did you mean 'atol'?"),
     (spec_file("- name: both", "  target: ops.py:Double", "  expr: x", f"  {X}"),
-     "a.yaml:3: specs[0]: give exactly one of target: (file.py:Name or module:Name) or expr:",
+     "a.yaml:3: specs[0]: give exactly one of target: (file.py:Name or module:Name), op: or "
+     "expr:",
      None),
     (spec_file("- name: neither"), "a.yaml:3: specs[0]: give exactly one of target: "
-     "(file.py:Name or module:Name) or expr:", None),
+     "(file.py:Name or module:Name), op: or expr:", None),
     (spec_file("- 42"), "a.yaml:3: specs[0]: expected a mapping with target: or expr:, got 42",
      None),
     (spec_file("- {target: ops.py:Double}", "- {target: ops.py:Double}"),
@@ -194,13 +196,16 @@ INVALID = [
      "a.yaml:4: specs[0].mode: expected one of auto, full, probe, got 'fast'", None),
     (spec_file("- target: ops.py:Double", "  checks: [gradient, gradiant]"),
      "a.yaml:4: specs[0].checks[1]: unknown check 'gradiant'; checks are contract, gradient, "
-     "double_backward, forward_ad, vmap, complex, compiled", "did you mean 'gradient'?"),
+     "double_backward, forward_ad, vmap, complex, compiled, op_schema, op_fake, op_autograd, "
+     "op_compiled", "did you mean 'gradient'?"),
     (spec_file("- target: ops.py:Double", "  checks: []"),
      "a.yaml:4: specs[0].checks: expected a list of checks among contract, gradient, "
-     "double_backward, forward_ad, vmap, complex, compiled, got []", None),
+     "double_backward, forward_ad, vmap, complex, compiled, op_schema, op_fake, op_autograd, "
+     "op_compiled, got []", None),
     (spec_file("- target: ops.py:Double", "  tolerances:", "    gradiend: {atol: 1.0e-4}"),
      "a.yaml:5: specs[0].tolerances.gradiend: unknown key 'gradiend'; allowed: contract, gradient, "
-     "double_backward, forward_ad, vmap, complex, compiled", "did you mean 'gradient'?"),
+     "double_backward, forward_ad, vmap, complex, compiled, op_schema, op_fake, op_autograd, "
+     "op_compiled", "did you mean 'gradient'?"),
     (spec_file("- target: ops.py:Double", "  tolerances:", "    gradient: {atl: 1.0e-4}"),
      "a.yaml:5: specs[0].tolerances.gradient.atl: unknown key 'atl'; allowed: eps, atol, rtol, "
      "nondet_tol", "did you mean 'atol'?"),

@@ -60,7 +60,8 @@ def _sources(kw: dict[str, Any], config: CheckConfig) -> dict[str, Any]:
 
         cases = [CaseSpec(label, specs, config.seed, kw["inputs_from"]) for label, specs in
                  load_inputs(kw["inputs_from"], config.seed, config.dtype, config.device)]
-    return {"inputs": inputs, "cases": cases, "init": parse_init(kw.get("init") or ())}
+    return {"inputs": inputs, "cases": cases, "init": parse_init(kw.get("init") or ()),
+            "imports": tuple(kw.get("imports") or ())}
 
 
 def run_check(kw: dict[str, Any]) -> int:
@@ -80,7 +81,7 @@ def run_check(kw: dict[str, Any]) -> int:
                              "spec file or folder), or set paths in [tool.gradtool]")
     from functools import partial  # picklable, for workers that are spawned, not forked
 
-    options = {name: kw.get(name) for name in ("inputs", "inputs_from", "init")}
+    options = {name: kw.get(name) for name in ("inputs", "inputs_from", "init", "imports")}
     collect = partial(_jobs_for, targets, config, options)
     if kw.get("isolate", True):
         report = _supervise(collect, config, targets, kw)
@@ -143,14 +144,19 @@ def _save_inputs(path: str, jobs: list[Any]) -> None:
 
 
 def _collect(targets: list[str], config: CheckConfig, inputs: list[Any] | None,
-             cases: list[Any] | None = None, init: dict[str, Any] | None = None):
+             cases: list[Any] | None = None, init: dict[str, Any] | None = None,
+             imports: tuple[str, ...] = ()):
     from ..results import Rejected
     from ..run.collect import collect_one
 
+    if imports:  # before any target: they register the ops named as ns::name
+        from ..targets.ops import import_all
+
+        import_all(imports)
     jobs, rejected, errors = [], [], []
     for arg in targets:
         try:
-            found, bad = collect_one(arg, config, inputs, cases, init)
+            found, bad = collect_one(arg, config, inputs, cases, init, imports)
         except GradtoolError as exc:
             errors.append(exc)
             rejected.append(Rejected(arg, str(exc)))

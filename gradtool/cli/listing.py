@@ -57,5 +57,9 @@ def _checks_line(job: Job, case) -> str:
         return f"checks: cannot tell which apply: {type(exc).__name__}: {exc}"
     runs = [name for name, reason in plan if reason is None]
     text = f"checks: {', '.join(runs) or 'none'}"
-    skipped = [f"{name}: {reason}" for name, reason in plan if reason is not None]
+    by_reason: dict[str, list[str]] = {}  # one reason said once ("op_schema, op_fake: ...")
+    for name, reason in plan:
+        if reason is not None and not (name.startswith("op_") and job.target.kind != "op"):
+            by_reason.setdefault(reason, []).append(name)
+    skipped = [f"{', '.join(names)}: {reason}" for reason, names in by_reason.items()]
     return text + (f"; not applicable: {'; '.join(skipped)}" if skipped else "")

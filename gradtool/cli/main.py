@@ -100,6 +100,9 @@ def check_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                      help="Constructor argument of an nn.Module class target, a Python literal "
                           "(repeat)."),
         click.option("--traceback", is_flag=True, help="Show Python tracebacks of usage errors."),
+        click.option("--import", "imports", multiple=True, metavar="MODULE|FILE",
+                     help="Import this module or .py file first (repeat): it registers the "
+                          "custom ops named as ns::name."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -193,7 +196,8 @@ CHECK_EPILOG = "\b\nInputs:\n" + INPUT_HELP
 @guarded
 def check(**kw: Any) -> int:
     """Check the gradients of TARGETS: module:Name, path/file.py:Name, a module or file
-    alone (every Function and nn.Module in it), a YAML spec file, or a folder of specs.
+    alone (every Function, nn.Module and custom op in it), a custom op as ns::name (after
+    --import or file.py:), a YAML spec file, or a folder of specs.
 
     With no TARGETS, checks the paths configured in [tool.gradtool] of pyproject.toml."""
     from .commands import run_check

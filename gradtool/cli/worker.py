@@ -80,6 +80,9 @@ def quiet_expected_warnings() -> None:
 
     warnings.filterwarnings("ignore", message="None of the inputs have requires_grad=True",
                             category=UserWarning)
+    from ..targets.ops import silence_vmap_fallback  # batched evaluations of custom ops
+
+    silence_vmap_fallback()
 
 
 def _publish(beat: Any, data: bytes) -> None:

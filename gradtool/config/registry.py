@@ -77,7 +77,8 @@ CONTRACT_RULES = _rules(
 REGISTRY: tuple[CheckInfo, ...] = (
     CheckInfo("contract", "forward and backward keep autograd's rules (arity, shapes, dtypes, "
                           "linearity, purity, determinism)", rules=CONTRACT_RULES,
-              hooks=(("composite", "gradtool.run.inner:with_inner_contracts"),),
+              hooks=(("composite", "gradtool.run.inner:with_inner_contracts"),
+                     ("has_ops", "gradtool.run.ops_inside:with_op_contracts")),
               probe_graph=True),
     CheckInfo("gradient", "backward's Jacobian against finite differences, element by element",
               variants=(("low_precision", "precision"),), probe_graph=True),
@@ -91,6 +92,15 @@ REGISTRY: tuple[CheckInfo, ...] = (
                          "differences in PyTorch's convention (conjugate Wirtinger)"),
     CheckInfo("compiled", "first- and second-order gradients under torch.compile equal eager's "
                           "(opt-in)", default=False),
+    CheckInfo("op_schema", "custom ops: the schema says what the kernel does (no undeclared "
+                           "write to an input, no output aliasing an input)"),
+    CheckInfo("op_fake", "custom ops: the fake kernel exists and agrees with the real one on "
+                         "shape, dtype, strides and device, also with symbolic sizes"),
+    CheckInfo("op_autograd", "custom ops: an autograd formula is registered (at an Autograd "
+                             "key) when an input is differentiable"),
+    CheckInfo("op_compiled", "custom ops: outputs and gradients under torch.compile's tracing "
+                             "with dynamic sizes equal eager's (opcheck's aot test; opt-in)",
+              default=False),
 )
 
 BY_NAME = {info.name: info for info in REGISTRY}

@@ -10,7 +10,8 @@ from ..config.settings import CheckConfig
 from ..errors import GradtoolError, SpecError
 from ..results import Rejected
 from ..targets.inputs import InputSpec
-from ..targets.load import Target, make_target, resolve
+from ..targets.load import Target, make_target
+from ..targets.ops import resolve
 from .runner import CaseSpec, Job
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -23,21 +24,21 @@ def is_spec_argument(arg: str) -> bool:
 
 
 def collect_one(arg: str, config: CheckConfig, inputs: list[InputSpec] | None = None,
-                cases: list[CaseSpec] | None = None, init: dict[str, Any] | None = None
-                ) -> tuple[list[Job], list[Rejected]]:
+                cases: list[CaseSpec] | None = None, init: dict[str, Any] | None = None,
+                imports: tuple[str, ...] = ()) -> tuple[list[Job], list[Rejected]]:
     """The jobs one argument names; invalid spec files become Rejected entries.
 
     Raises GradtoolError when a target string cannot be resolved at all."""
     if is_spec_argument(arg):
         return collect_specs(arg, config)
-    return target_jobs(arg, config, inputs, cases, init), []
+    return target_jobs(arg, config, inputs, cases, init, imports), []
 
 
 def target_jobs(arg: str, config: CheckConfig, inputs: list[InputSpec] | None,
-                cases: list[CaseSpec] | None = None, init: dict[str, Any] | None = None
-                ) -> list[Job]:
+                cases: list[CaseSpec] | None = None, init: dict[str, Any] | None = None,
+                imports: tuple[str, ...] = ()) -> list[Job]:
     """Jobs for a target string; raises GradtoolError (exit 2) when it cannot be resolved."""
-    targets = resolve(arg, init=init)
+    targets = resolve(arg, init=init, imports=imports)
     given = "--input" if inputs is not None else "--inputs-from" if cases else "--init"
     if (inputs is not None or cases or init) and len(targets) > 1:
         raise GradtoolError(f"{arg} holds {len(targets)} targets; {given} applies to one",

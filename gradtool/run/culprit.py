@@ -194,7 +194,9 @@ def locate_functions(problem: Problem, config: CheckConfig) -> list[FunctionFind
                 for app in unique(applications)]
     for cls in dict.fromkeys(type(node)._forward_cls for node in missed):
         findings.append(_not_captured(cls))
-    return findings
+    from .ops_inside import locate_ops  # custom ops (torch.library) inside, named ns::name
+
+    return findings + [FunctionFinding(**found) for found in locate_ops(problem, config)]
 
 
 def unique(applications: Sequence[Application]) -> list[Application]:

@@ -10,8 +10,8 @@ from ..results import CheckResult, Finding, Outcome, Severity
 from .culprit import Application, captured_case, record, unique
 
 
-def with_inner_contracts(result: CheckResult, problem: Problem,
-                         config: CheckConfig) -> CheckResult:
+def with_inner_contracts(result: CheckResult, problem: Problem, config: CheckConfig,
+                         target: object = None) -> CheckResult:
     """The composite's contract result, with each inner Function's findings added (a pass
     becomes a failure: a rule broken inside is broken even when the gradients agree; an inner
     warning stays a warning)."""

@@ -193,6 +193,12 @@ def _run_check(name: str, case: Case, job: Job) -> CheckResult | None:
         check = _variant(name, case, job, config)
         context = _context(job, config)
         reason = check.applies(case, context) if hasattr(check, "applies") else None
+        if job.target.kind == "op" and not reason:  # no autograd: one finding, not N errors
+            from ..checks.op_autograd import gate
+
+            blocked = gate(name, case, context)
+            if blocked:
+                return skipped(name, blocked)
         if reason and job.config.checks == DEFAULT_CHECKS:
             return None
         result = skipped(name, reason) if reason else _hooked(name, check.run(case, context),
@@ -230,7 +236,8 @@ def _hooked(name: str, result: CheckResult, case: Case, job: Job,
     for when, path in BY_NAME[name].hooks:
         if WHEN[when](case, job, config):
             module, function = path.split(":")
-            result = getattr(import_module(module), function)(result, case.problem, config)
+            result = getattr(import_module(module), function)(result, case.problem, config,
+                                                               job.target)
     return result
 
 
@@ -247,8 +254,13 @@ def _composite(case: Case, job: Job, config: CheckConfig) -> bool:
 
 
 # The conditions a registry entry may name for its variants and hooks.
+def _has_ops(case: Case, job: Job, config: CheckConfig) -> bool:
+    """An op, or a model that may call custom ops inside."""
+    return job.target.kind in ("op", "module", "callable")
+
+
 WHEN: dict[str, Callable[[Case, Job, CheckConfig], bool]] = {
-    "low_precision": _low_precision, "composite": _composite}
+    "low_precision": _low_precision, "composite": _composite, "has_ops": _has_ops}
 
 
 def applicable(job: Job, case: Case) -> list[tuple[str, str | None]]:
@@ -259,7 +271,12 @@ def applicable(job: Job, case: Case) -> list[tuple[str, str | None]]:
     for name in job.config.checks:
         check = load(name)
         context = _context(job, job.config.with_(**job.check_config.get(name, {})))
-        out.append((name, check.applies(case, context) if hasattr(check, "applies") else None))
+        reason = check.applies(case, context) if hasattr(check, "applies") else None
+        if reason is None and job.target.kind == "op":  # an op without autograd, as run says
+            from ..checks.op_autograd import gate
+
+            reason = gate(name, case, context)
+        out.append((name, reason))
     return out
 
 

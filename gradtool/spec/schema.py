@@ -9,6 +9,7 @@ from typing import Any
 from ..errors import SpecError, did_you_mean
 from ..targets.inputs import LiteralSpec, TensorSpec
 from ..targets.values import Keyword
+from .ops import op_reference
 from .surrogates import Surrogate, make_surrogate
 from .values import InputReader, read_setting, resolve_reference
 from .yaml_lines import MAX_BYTES, LineDict, LineList, line_of, plain, read_yaml, show
@@ -18,6 +19,7 @@ InputSpec = TensorSpec | LiteralSpec
 SPEC_FORMAT = """\
 A spec file is one YAML mapping: `version: 1` and `specs:`, a list of specs. Each spec has:
   target: file.py:Name (relative to the spec's folder) or package.module:Name  | expr: 'x * sin(y)'
+  op:     ns::name, a custom op, with import: file.py or package.module (registering it) | target:
   name:   label in reports (default: the target's Name, or the expr)
   init:   constructor arguments for an nn.Module target (a mapping of kwargs or a list)
   inputs: forward's arguments in order; each {name: x, shape: [3, 4], dtype: float64 (or
@@ -42,7 +44,7 @@ FILE_KEYS = ("version", "specs")
 CONFIG_KEYS = ("seed", "dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode", "checks",
                "reference", "autocast", "timeout", "ignore")
 SPEC_KEYS = ("name", "target", "expr", "init", "inputs", "kwargs", "inputs_from", "cases",
-             *CONFIG_KEYS, "tolerances", "xfail", "surrogate", "trust_callable")
+             *CONFIG_KEYS, "tolerances", "xfail", "surrogate", "trust_callable", "op", "import")
 CASE_KEYS = ("name", "seed", "inputs")
 MAX_ERRORS = 50
 
@@ -177,8 +179,8 @@ class _Validator:
             return None
         before = len(self.errors)
         self.unknown_keys(data, SPEC_KEYS, key)
-        if ("target" in data) == ("expr" in data):
-            self.error("give exactly one of target: (file.py:Name or module:Name) or expr:",
+        if ("target" in data) + ("expr" in data) + ("op" in data) != 1:
+            self.error("give exactly one of target: (file.py:Name or module:Name), op: or expr:",
                        key, line)
         cases = self.with_kwargs(self.cases(data, key), data, key)
         inputs_from = self.inputs_from(data, key, cases)
@@ -206,8 +208,8 @@ class _Validator:
         return " ".join(str(expr or data.get("target") or "?").split())
 
     def target(self, data: LineDict, key: str) -> str | None:
-        if "target" not in data:
-            return None
+        if "target" not in data or "import" in data:  # op: ns::name after import:, or None
+            return op_reference(self, data, key)
         try:
             return resolve_reference(data["target"], self.base_dir)
         except SpecError as exc:

@@ -357,7 +357,17 @@ def _check_module(module: str, text: str) -> None:
                         "files, and a spec must not reach it")
 
 
-def _inside(left: str, base_dir: Path, name: str) -> Path:
+def resolve_location(text: Any, base_dir: Path) -> str:
+    """An import: location, 'file.py' (in the spec's folder) or 'package.module', unimported."""
+    if not isinstance(text, str) or not text.strip():
+        raise SpecError(f"expected 'file.py' or 'package.module', got {show(text)}")
+    if text.strip().endswith(".py"):
+        return str(_inside(text.strip(), base_dir, None))
+    _check_module(text.strip(), text)
+    return text.strip()
+
+
+def _inside(left: str, base_dir: Path, name: str | None) -> Path:
     relative = Path(left)
     if relative.is_absolute():
         raise SpecError(f"{left!r} is an absolute path; write it relative to the spec's folder")
@@ -368,8 +378,8 @@ def _inside(left: str, base_dir: Path, name: str) -> Path:
     if not full.is_file():
         raise SpecError(f"file {left!r} not found in {str(base_dir)!r}")
     defined = _defined_names(str(full), full.stat().st_mtime_ns)
-    first = name.split(".")[0]
-    if defined is not None and first not in defined:
+    first = name.split(".")[0] if name is not None else None
+    if first is not None and defined is not None and first not in defined:
         raise SpecError(f"{left!r} defines no {first!r}",
                         hint=did_you_mean(first, defined) or
                         f"it defines {', '.join(sorted(defined)[:8]) or 'nothing'}")

@@ -159,6 +159,10 @@ def bind(target: Target, n_args: int, config: CheckConfig, seed: int) -> Bound:
         return target.obj.apply, _batchable_forward(target.obj), [], None
     if target.kind == "module":
         return _bind_module(target, n_args, config, seed)
+    if target.kind == "op":
+        from .ops import bound
+
+        return bound(target.obj), bound(target.obj), [], None
     return target.obj, target.obj, [], None
 
 

@@ -26,6 +26,13 @@ NUMBER_GUESS = {int: 2, float: 2.5, bool: True}
 
 def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
     """The first candidate input set that forward accepts; InputError when none does."""
+    if target.kind == "op":  # a schema that leaves a type open: say which argument, not "tried"
+        from .ops import require_inferable
+
+        require_inferable(target)
+        if not target.obj._schema.returns:  # writes in place, returns nothing: the schema's
+            specs = next(_candidates(_slots(target), []))  # first candidate is the case
+            return build_case(target, specs, config, seed, inferred=True)
     slots = _slots(target)
     hinted = _parameter_shapes(target, seed)
     tried = 0

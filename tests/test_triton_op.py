@@ -1,0 +1,41 @@
+"""A Triton kernel wrapped with torch.library.triton_op, checked on CPU under triton's
+interpreter (TRITON_INTERPRET=1); skipped where triton is not installed (pip install
+'gradtool[triton]')."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import FIXTURES
+
+pytest.importorskip("triton")
+
+
+def test_triton_op_gradients_under_the_interpreter():
+    # A subprocess: TRITON_INTERPRET is read when @triton.jit runs, and must not leak into the
+    # other tests of this worker.
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "gradtool", "check", "triton_ops.py",
+                          "--format", "json", "--no-isolate"],
+                         capture_output=True, text=True, cwd=FIXTURES, env=env, timeout=600)
+    report = json.loads(out.stdout)
+    found = {(t["target"].split(":")[-1], c["name"]): c for t in report["targets"]
+             for case in t["cases"] for c in case["checks"]}
+    assert out.returncode == 1, out.stderr
+    for name in ("contract", "gradient", "double_backward", "op_schema", "op_autograd"):
+        assert found[("scaled_silu", name)]["outcome"] == "passed", found[("scaled_silu", name)]
+    assert found[("scaled_silu", "op_fake")]["outcome"] == "skipped"
+    assert "TRITON_INTERPRET=1" in found[("scaled_silu", "op_fake")]["summary"]
+    bad = found[("scaled_silu_bad_grad", "gradient")]
+    assert bad["outcome"] == "failed"
+    assert bad["source"].endswith(f"triton_ops.py:{_line('def _backward_wrong')}")
+    assert "performance drop" not in out.stderr
+
+
+def _line(text: str) -> int:
+    lines = (FIXTURES / "triton_ops.py").read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
