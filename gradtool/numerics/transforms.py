@@ -65,6 +65,15 @@ def _light_pullbacks() -> Iterator[None]:
         eager_transforms._autograd_grad = original
 
 
+def func_vjp(fn: Callable[..., tuple[torch.Tensor, ...]], primals: Sequence[torch.Tensor],
+             cotangents: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """vᵀJ(x) by torch.func.vjp: autograd at functorch's own level, which torch.func.vmap can
+    batch (autograd.grad cannot run inside vmap)."""
+    with _light_pullbacks():
+        _, pullback = torch.func.vjp(fn, *primals)
+        return tuple(pullback(tuple(cotangents)))
+
+
 def vmap_of_vjp(fn: Callable[..., tuple[torch.Tensor, ...]], primals: Sequence[torch.Tensor],
                 cotangents: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """torch.func.vmap of (x, v) -> vᵀJ(x) by torch.func.vjp, batched over dim 0 of both."""
