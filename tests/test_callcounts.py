@@ -200,3 +200,25 @@ def test_a_wide_zero_second_order_is_coloured_and_a_detached_one_still_fails(fam
     assert result.outcome.value == "failed"
     assert "second derivative is zero" in result.blocks[-1].diagnosis
     assert result.calls["forward"] <= cols + 8, result.calls
+
+
+@pytest.mark.parametrize("target,inputs,settings", [
+    ("specs/examples/jvp_vmap_complex.py:Softplus", ["3x4"], {}),          # vmap on
+    ("specs/examples/jvp_vmap_complex.py:ScaledTanh", ["3x4", "3x4"], {}),  # forward_ad on
+    ("specs/examples/jvp_vmap_complex.py:RealToComplex", ["3x4"], {}),      # complex on
+    ("specs/examples/cube.py:MyCube", ["3x4"], {"dtype": "float32"}),        # precision
+])
+def test_no_default_check_imports_dynamo_or_sympy(target, inputs, settings):
+    # torch.func's VJP reaches compiled autograd through torch._dynamo, and a dispatch mode's
+    # __torch_dispatch__ is wrapped in torch._dynamo.disable: ~800 modules, 0.7 s cold
+    root = Path(__file__).parent.parent
+    code = ("import sys, gradtool; r = gradtool.check(%r, %r, **%r); "
+            "assert all(c.outcome.value in ('passed', 'skipped') for _, _, c in r.checks()), "
+            "[(c.name, c.summary) for _, _, c in r.checks()]; "
+            "print(len(list(r.checks())), sorted(m for m in ('torch._dynamo', 'sympy', "
+            "'torch.onnx', 'torch._inductor') if m in sys.modules))" % (target, inputs,
+                                                                           settings))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split(maxsplit=1)[1].strip() == "[]", out.stdout
