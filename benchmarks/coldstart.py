@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -40,23 +41,24 @@ CHECKS = {
 
 CHILD = """
 import sys, time, json
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 import torch
 torch.set_num_threads(1)
-t1 = time.perf_counter()
+t1, c1 = time.perf_counter(), time.process_time()
 import gradtool
 t2 = time.perf_counter()
 target, inputs, settings, check = json.loads(sys.argv[1])
 before = set(sys.modules)
-t3 = time.perf_counter()
+t3, c3 = time.perf_counter(), time.process_time()
 report = gradtool.check(target, inputs, checks=[check], **settings)
-t4 = time.perf_counter()
+t4, c4 = time.perf_counter(), time.process_time()
 new = sorted(set(sys.modules) - before)
 gradtool.check(target, inputs, checks=[check], **settings)
-t5 = time.perf_counter()
+t5, c5 = time.perf_counter(), time.process_time()
 outcomes = [r.outcome.value for t in report.targets for c in t.cases for r in c.checks]
 print(json.dumps({"import_torch": t1 - t0, "import_gradtool": t2 - t1, "first": t4 - t3,
                   "second": t5 - t4, "modules": len(new), "outcomes": outcomes,
+                  "cpu_import_torch": c1 - c0, "cpu_first": c4 - c3, "cpu_second": c5 - c4,
                   "heavy": [h for h in %r if h in new]}))
 """
 
@@ -86,7 +88,8 @@ def per_check(repeats: int, env: dict[str, str]) -> dict[str, dict]:
                 raise SystemExit(f"{name}: {done.stderr.strip()[-2000:]}")
             runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
         med = {k: statistics.median(r[k] for r in runs)
-               for k in ("import_torch", "import_gradtool", "first", "second")}
+               for k in ("import_torch", "import_gradtool", "first", "second",
+                         "cpu_import_torch", "cpu_first", "cpu_second")}
         out[name] = {**med, "modules": runs[-1]["modules"], "heavy": runs[-1]["heavy"],
                      "outcomes": runs[-1]["outcomes"]}
     return out
@@ -97,6 +100,8 @@ def whole_process(repeats: int, env: dict[str, str]) -> dict[str, list[float]]:
     py = sys.executable
     commands = {
         "python -c 'import torch'": [py, "-c", "import torch"],
+        # gradtool's worker leaves by os._exit, skipping torch's tear-down (~0.5 s CPU)
+        "python -c 'import torch; os._exit(0)'": [py, "-c", "import os, torch; os._exit(0)"],
         "gradtool --help": [py, "-m", "gradtool", "--help"],
         "gradtool check cube.py:MyCube (isolated)": [py, "-m", "gradtool", "check",
                                                      f"{EXAMPLES}/cube.py:MyCube"],
@@ -109,15 +114,19 @@ def whole_process(repeats: int, env: dict[str, str]) -> dict[str, list[float]]:
     for command in commands.values():  # untimed: fills the bytecode cache
         subprocess.run(command, capture_output=True, cwd=ROOT, env=env)
     times: dict[str, list[float]] = {k: [] for k in commands}
+    cpu: dict[str, list[float]] = {k: [] for k in commands}
     names = list(commands)
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
             done = subprocess.run(commands[name], capture_output=True, cwd=ROOT, env=env)
             times[name].append(time.perf_counter() - start)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu[name].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
             if done.returncode:
                 raise SystemExit(f"{name}: exit {done.returncode}: {done.stderr[-2000:]!r}")
-    return times
+    return {"wall": times, "cpu": cpu}
 
 
 def table(data: dict) -> str:
@@ -125,19 +134,25 @@ def table(data: dict) -> str:
     load = ", ".join(f"{x:.1f}" for x in data["load_before"])
     lines = [f"Load average at the start: {load}; at the end: "
              f"{', '.join(f'{x:.1f}' for x in data['load_after'])} (2 cores).", "",
-             "| check (fresh process) | `import torch` | first call | second call | first-use "
-             "cost | modules imported by the first call | heavy imports |",
-             "|---|---|---|---|---|---|---|"]
+             "| check (fresh process) | `import torch` wall / CPU | first call wall / CPU | "
+             "second call wall / CPU | first-use cost (CPU) | modules imported by the first call "
+             "| heavy imports |", "|---|---|---|---|---|---|---|"]
     for name, r in data["checks"].items():
-        lines.append(f"| {name} | {r['import_torch'] * 1e3:.0f} ms | {r['first'] * 1e3:.0f} ms "
-                     f"| {r['second'] * 1e3:.0f} ms | {(r['first'] - r['second']) * 1e3:.0f} ms "
-                     f"| {r['modules']} | {', '.join(r['heavy']) or 'none'} |")
-    times = data["processes"]
-    torch_s = statistics.median(times["python -c 'import torch'"])
-    lines += ["", "| whole process | median | min | minus `import torch` |", "|---|---|---|---|"]
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        lines.append(f"| `{name}` | {med:.3f} s | {min(ts):.3f} s | {med - torch_s:+.3f} s |")
+        lines.append(f"| {name} | {r['import_torch']:.2f} / {r['cpu_import_torch']:.2f} s | "
+                     f"{r['first'] * 1e3:.0f} / {r['cpu_first'] * 1e3:.0f} ms | "
+                     f"{r['second'] * 1e3:.0f} / {r['cpu_second'] * 1e3:.0f} ms | "
+                     f"{(r['cpu_first'] - r['cpu_second']) * 1e3:.0f} ms | {r['modules']} | "
+                     f"{', '.join(r['heavy']) or 'none'} |")
+    lines += ["", "| whole process | wall median (min) | CPU median (min) | wall − `import torch` "
+              "| CPU − `import torch` |", "|---|---|---|---|---|"]
+    base = {k: statistics.median(data["processes"][k]["python -c 'import torch'"])
+            for k in ("wall", "cpu")}
+    for name in data["processes"]["wall"]:
+        wall, cpu = data["processes"]["wall"][name], data["processes"]["cpu"][name]
+        lines.append(f"| `{name}` | {statistics.median(wall):.3f} s ({min(wall):.3f}) | "
+                     f"{statistics.median(cpu):.3f} s ({min(cpu):.3f}) | "
+                     f"{statistics.median(wall) - base['wall']:+.3f} s | "
+                     f"{statistics.median(cpu) - base['cpu']:+.3f} s |")
     return "\n".join(lines)
 
 
