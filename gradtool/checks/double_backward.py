@@ -119,8 +119,10 @@ def _derive(problem: Problem, seed: int
                       list(range(n + len(grads))), facts=Facts(seed=problem.freeze_seed),
                       keep_all_outputs=True)  # a detached gradient is wrong
     derived.output_labels = [f"grad of {name}" for name in problem.input_names]
-    derived.batched_fn = _batchable_backward(problem, n) if problem.batched_fn is not None \
-        else None  # no vmap-friendly forward: finite differences loop
+    # No vmap-friendly forward, or one that writes to its inputs (the plain G copies them
+    # first): finite differences loop.
+    derived.batched_fn = _batchable_backward(problem, n) \
+        if problem.batched_fn is not None and not problem.mutates else None
     # The outer backward runs through the inner one: the parameters are bound there too.
     derived.scope = None if problem.scope is None else \
         (lambda args: problem.bind(problem.with_inputs(list(args[:n]))))
