@@ -162,3 +162,63 @@ def test_a_failing_probe_on_a_small_input_goes_to_full_mode_in_auto_only():
     assert "factor 2" in failing.blocks[0].diagnosis
     probe = run(expensive.FIXED_POINT["factor"], "probe")  # asked for: stays probe
     assert probe.outcome.value == "failed" and probe.mode == "probe"
+
+
+def sorted_values(x):
+    """torch.sort's values: a permutation, so its second derivative is zero everywhere."""
+    return torch.sort(x).values
+
+
+def test_double_backward_of_a_permutation_is_coloured_not_swept_column_by_column():
+    # backward's Jacobian w.r.t. x is all zero: one colour (4 evaluations), where a column-by-
+    # column sweep took 2 x 8000 (the derived problem is evaluated call by call)
+    x = torch.randperm(8000, generator=torch.Generator().manual_seed(0)).double()  # no ties
+    report = gradtool.check(sorted_values, [x], mode="full", checks=("double_backward",))
+    result = next(c for _, _, c in report.checks())
+    assert result.outcome.value == "passed", result.summary
+    assert result.calls["forward"] <= 9, result.calls
+
+
+@pytest.mark.parametrize("family", ["fixed point", "simplex projection"])
+def test_a_wide_zero_second_order_is_coloured_and_a_detached_one_still_fails(family):
+    # n = 100 (>= 64 columns): the correct Function's zero blocks cost 4 evaluations each; its
+    # detached twin fails with the diagnosis, for at most 8 evaluations more than the column-
+    # by-column sweep's 2 (100 + 100) + 1 (the failing colours are recomputed whole and their
+    # columns reused by the diagnosis' dense blocks)
+    import expensive
+
+    cols = 2 * (100 + 100) + 1
+    correct = gradtool.check(expensive.FAMILIES[family]["correct"], ["(100,)"], mode="full",
+                             checks=("double_backward",))
+    passed = next(c for _, _, c in correct.checks())
+    assert passed.outcome.value == "passed" and passed.calls["forward"] <= cols
+    if family == "simplex projection":  # piecewise linear: zero second derivative in x
+        assert passed.calls["forward"] <= 64, passed.calls
+    report = gradtool.check(expensive.FAMILIES[family]["detached 2nd order"], ["(100,)"],
+                            mode="full", checks=("double_backward",))
+    result = next(c for _, _, c in report.checks())
+    assert result.outcome.value == "failed"
+    assert "second derivative is zero" in result.blocks[-1].diagnosis
+    assert result.calls["forward"] <= cols + 8, result.calls
+
+
+@pytest.mark.parametrize("target,inputs,settings", [
+    ("specs/examples/jvp_vmap_complex.py:Softplus", ["3x4"], {}),          # vmap on
+    ("specs/examples/jvp_vmap_complex.py:ScaledTanh", ["3x4", "3x4"], {}),  # forward_ad on
+    ("specs/examples/jvp_vmap_complex.py:RealToComplex", ["3x4"], {}),      # complex on
+    ("specs/examples/cube.py:MyCube", ["3x4"], {"dtype": "float32"}),        # precision
+])
+def test_no_default_check_imports_dynamo_or_sympy(target, inputs, settings):
+    # torch.func's VJP reaches compiled autograd through torch._dynamo, and a dispatch mode's
+    # __torch_dispatch__ is wrapped in torch._dynamo.disable: ~800 modules, 0.7 s cold
+    root = Path(__file__).parent.parent
+    code = ("import sys, gradtool; r = gradtool.check(%r, %r, **%r); "
+            "assert all(c.outcome.value in ('passed', 'skipped') for _, _, c in r.checks()), "
+            "[(c.name, c.summary) for _, _, c in r.checks()]; "
+            "print(len(list(r.checks())), sorted(m for m in ('torch._dynamo', 'sympy', "
+            "'torch.onnx', 'torch._inductor') if m in sys.modules))" % (target, inputs,
+                                                                           settings))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split(maxsplit=1)[1].strip() == "[]", out.stdout

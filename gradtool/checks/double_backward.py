@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import torch
 
@@ -118,11 +119,34 @@ def _derive(problem: Problem, seed: int
                       list(range(n + len(grads))), facts=Facts(seed=problem.freeze_seed),
                       keep_all_outputs=True)  # a detached gradient is wrong
     derived.output_labels = [f"grad of {name}" for name in problem.input_names]
-    derived.batched_fn = None  # autograd inside vmap is not reliable: finite differences loop
+    # No vmap-friendly forward, or one that writes to its inputs (the plain G copies them
+    # first): finite differences loop.
+    derived.batched_fn = _batchable_backward(problem, n) \
+        if problem.batched_fn is not None and not problem.mutates else None
     # The outer backward runs through the inner one: the parameters are bound there too.
     derived.scope = None if problem.scope is None else \
         (lambda args: problem.bind(problem.with_inputs(list(args[:n]))))
     return derived, None
+
+
+def _batchable_backward(problem: Problem, n: int) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """G for torch.func.vmap: the VJP by torch.func.vjp (which vmap can batch, where
+    autograd.grad cannot run) through the target's own fn, so its own backward is what is
+    differentiated. Trusted as G's batched twin only once it agrees with a plain call
+    (numerics/steps.py checks the first batch); a Function vmap refuses is evaluated in a loop."""
+    from ..numerics.transforms import func_vjp
+
+    def outputs(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(select_outputs(problem.fn(*problem.with_inputs(list(xs))),
+                                    problem.output_mask))
+
+    @calls_user_code
+    def g(*xv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        xs, vs = xv[:n], xv[n:]
+        with problem.bind(problem.with_inputs(list(xs))):  # inner forward and its backward
+            return func_vjp(outputs, xs, vs)
+
+    return g
 
 
 def _grad_name(output: str) -> str:

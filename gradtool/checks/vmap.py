@@ -10,6 +10,7 @@ import torch
 
 from ..numerics.compare import unravel
 from ..numerics.problem import Problem, select_outputs, vjp
+from ..numerics.transforms import grads_batched, vmap_of_vjp
 from ..results import CheckResult, Outcome
 from ..targets.cases import Case
 from ..targets.load import source_of
@@ -114,12 +115,8 @@ def _backward(problem: Problem, samples: list[list[torch.Tensor]], seed: int,
     grads = [torch.randn((SAMPLES, *o.shape), generator=gen, dtype=torch.float64).to(o)
              for o in outs0]
 
-    def one(xs: Sequence[torch.Tensor], gs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        _, pullback = torch.func.vjp(lambda *x: tuple(_call(problem, x)), *xs)
-        return tuple(pullback(tuple(gs)))
-
     stacked = [torch.stack([s[k] for s in samples]) for k in range(len(samples[0]))]
-    got = torch.func.vmap(one)(stacked, grads)
+    got = vmap_of_vjp(lambda *x: tuple(_call(problem, x)), stacked, grads)
     expected = []
     for n, s in enumerate(samples):
         leaves = [v.clone().requires_grad_(True) for v in s]
@@ -140,8 +137,7 @@ def _grads_batched(problem: Problem, seed: int, config: Any) -> list[str]:
     gen = torch.Generator().manual_seed(seed + 41)
     grads = [torch.randn((SAMPLES, *o.shape), generator=gen, dtype=torch.float64).to(o)
              for o in outs]
-    got = torch.autograd.grad(outs, leaves, grads, retain_graph=True, is_grads_batched=True,
-                              allow_unused=True, materialize_grads=True)
+    got = grads_batched(outs, leaves, grads)
     expected = [vjp(outs, leaves, [g[n] for g in grads]) for n in range(SAMPLES)]
     problem.calls["backward"] += 2 * SAMPLES
     return _compare("backward with batched grad_outputs (is_grads_batched)", got, expected,

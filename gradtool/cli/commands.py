@@ -185,12 +185,19 @@ def _supervise(collect: Any, config: CheckConfig, targets: list[str], kw: dict[s
             progress or progress.append(LateProgress(supervisor.total))
             progress[0].step(name)
 
-    supervisor = Supervisor(collect, config, count, kw.get("max_rss"), step)
+    supervisor = Supervisor(collect, config, count, kw.get("max_rss"), step, _warm_renderers)
     try:
         return supervisor.run(targets)
     finally:
         for bar in progress:
             bar.stop()
+
+
+def _warm_renderers() -> None:
+    """The report's imports (rich ~60-250 ms), made while the workers import torch."""
+    import rich.console  # noqa: F401
+
+    from ..render import annotations, json, terminal  # noqa: F401
 
 
 def _run(jobs: list[Any], rejected: list[Any], config: CheckConfig, quiet: bool) -> Report:

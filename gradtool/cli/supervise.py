@@ -45,8 +45,10 @@ class Supervisor:
     """Hands job indices to workers, replaces the ones that die or overrun, stops on a signal."""
 
     def __init__(self, collect: Callable[[], Any], config: CheckConfig, workers: int,
-                 max_rss: int | None, progress: Callable[[str], None] | None) -> None:
+                 max_rss: int | None, progress: Callable[[str], None] | None,
+                 warm: Callable[[], None] | None = None) -> None:
         self.collect, self.config, self.size = collect, config, max(1, workers)
+        self.warm = warm  # the supervisor's own imports, made while the workers import torch
         self.max_rss, self.progress = max_rss, progress
         # Fork is cheap and safe while this process holds no torch; once it does (the CLI called
         # in-process, as by click's test runner), a forked child can deadlock on its threads' locks.
@@ -63,6 +65,8 @@ class Supervisor:
         try:
             for _ in range(self.size):
                 self._spawn()
+            if self.warm is not None:
+                self.warm()
             while not self.stopped_by and not self._finished():
                 self._step()
         finally:

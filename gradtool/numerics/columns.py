@@ -41,6 +41,9 @@ class Sweep:
     # col -> (f(x + h e_col), f(x - h e_col)) of every exact column, for the failing path to
     # reuse (dense blocks, kink checks) instead of evaluating again; None: not kept
     kept: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = field(default=None)
+    # whether a failure is followed by this block's dense columns (the diagnosis), which reuse
+    # the kept ones: recomputing failing colours whole then costs nothing extra
+    dense_on_failure: bool = False
 
     def rows_of(self, o: int) -> slice:
         return slice(self.out_bounds[o], self.out_bounds[o + 1])
@@ -132,6 +135,8 @@ def _whole_pays(sweep: Sweep, colour: torch.Tensor, flags: Flags) -> bool:
     for s in flags.stray:
         suspect |= set(s[0].long().tolist())
     whole = int(torch.isin(colour, torch.tensor(sorted(suspect))).sum()) if suspect else 0
+    if sweep.dense_on_failure and sweep.kept is not None:
+        return 0 < whole <= WHOLE_COLUMNS
     flagged = min(EXACT_COLUMNS, int((flags.by_column.sum(0) > 0).sum()))
     strays = sum(s.shape[1] for s in flags.stray)
     depth = max(1, int(colour.bincount().max()).bit_length())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,13 @@ class SimulatedRounding(TorchDispatchMode):
         self.u_acc = accumulation_roundoff(dtype)
         self.pool = pool
         self.round_operands = round_operands  # autocast casts a product's operands down
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in torch._dynamo.disable at class creation,
+        # whose first call imports torch._dynamo (~800 modules, sympy among them, 0.7 s). That
+        # only matters when something compiles under the mode, which needs dynamo loaded.
+        return "torch._dynamo" in sys.modules
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
                            ) -> Any:
