@@ -38,6 +38,8 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
     if not problem.diff:
         return CheckResult(name, Outcome.SKIPPED, "no differentiable inputs to check")
     config = precision_config(config, problem)
+    if name != "gradient" and config.measured:  # the measured tolerance is first order's
+        config = config.fixed()
     try:
         leaves, outs = prime(problem)
         if not outs:
@@ -73,7 +75,8 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
     return CheckResult(
         name, verdict.outcome, summary, (*verdict.details, *left_out),
         tuple(blocks), verdict.mode, verdict.mode_reason,
-        tolerance={k: config.tolerance(k) for k in ("eps", "atol", "rtol")},
+        tolerance={"eps": config.tolerance("eps"), **(verdict.tolerance or {
+            k: config.tolerance(k) for k in ("atol", "rtol")})},
         calls=calls_since(problem, before), duration_s=time.perf_counter() - start,
         source=target.source if verdict.outcome is not Outcome.PASSED else None)
 

@@ -18,7 +18,7 @@ import torch
 from ..config.settings import CheckConfig
 from ..results import Outcome
 from .compare import BlockTally
-from .jacobian import Reference, Verdict, _tallies, check_full
+from .jacobian import Reference, Verdict, _tallies, check_full, judged_tallies
 from .localise import Locator, Test, Tests
 from .problem import Problem, flat_cat
 from .steps import FINITE_MACHINE, directional, vjp_rows
@@ -41,8 +41,9 @@ def check_probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Te
                 outs: Sequence[torch.Tensor], reference: Reference | None, reason: str,
                 seed: int) -> Verdict:
     """A fixed number of calls whatever the size; tolerance from the measured FD error."""
-    tallies = _tallies(problem, leaves, outs, config.tolerance("atol"), config.tolerance("rtol"),
-                       config.max_worst)
+    tallies = judged_tallies(problem, config, leaves, outs) if reference is None else \
+        _tallies(problem, leaves, outs, config.tolerance("atol"), config.tolerance("rtol"),
+                 config.max_worst)
     if reference is not None:
         v = _vectors(problem, outs, config, seed)[1]
         return _against_reference(problem, leaves, outs, tallies, v, reference,
@@ -50,8 +51,13 @@ def check_probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Te
                                   _slices([o.numel() for o in outs]), reason)
     probes, failing = screen(problem, config, leaves, outs, seed, tallies)
     if not failing:
-        return Verdict(Outcome.PASSED, [t.to_block(exhaustive=False) for row in tallies
-                                        for t in row], "probe", reason)
+        verdict = Verdict(Outcome.PASSED, [t.to_block(exhaustive=False) for row in tallies
+                                           for t in row], "probe", reason)
+        if config.measured:
+            from .measured import describe_probe
+
+            describe_probe(verdict, tallies[0][0])
+        return verdict
     n_in = sum(v.numel() for v in leaves)
     pairs = min(4, len(leaves) * len(outs))
     if config.mode == "auto" and 2 * n_in <= localising_cost(n_in, pairs):
@@ -82,8 +88,7 @@ def screen(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor]
     probes = Probes(u, v, grads, diffs, f0, _slices([x.numel() for x in values]),
                     _slices([o.numel() for o in outs]))
     if tallies is None:
-        tallies = _tallies(problem, leaves, outs, config.tolerance("atol"),
-                           config.tolerance("rtol"), config.max_worst)
+        tallies = judged_tallies(problem, config, leaves, outs)
     return probes, _screen(probes, tallies, config, values[0].dtype)
 
 
@@ -128,7 +133,7 @@ def _screen(probes: Probes, tallies: list[list[BlockTally]], config: CheckConfig
     """Every (direction, cotangent) pair over all blocks at once; the failing pairs."""
     u = torch.stack([flat_cat(d) for d in probes.u])                  # (P, n_in)
     tests = Tests(probes.v, probes.diffs, probes.f0, probes.grads, u, config.tolerance("eps"),
-                  FINITE_MACHINE.get(dtype, 2.2e-16), config.tolerance("atol"))
+                  FINITE_MACHINE.get(dtype, 2.2e-16), tallies[0][0].atol)
     worst = float(tests.difference.max()) if tests.difference.size else 0.0
     for row in tallies:
         for tally in row:
@@ -142,7 +147,7 @@ def _localise(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tens
               failing: list[tuple[int, int]], reason: str) -> Verdict:
     """Split the first failing test by input and output, then bisect inside failing blocks."""
     p, q = failing[0]
-    pairs = _failing_blocks(problem, config, leaves, outs, probes, p, q)
+    pairs = _failing_blocks(problem, config, leaves, outs, probes, p, q, tallies[0][0].atol)
     blocks, outcomes, details = {}, [], []
     for (i, o), (g, v) in pairs.items():
         tally = tallies[i][o]
@@ -174,8 +179,8 @@ def _localise(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tens
 
 
 def _failing_blocks(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
-                    outs: Sequence[torch.Tensor], probes: Probes, p: int, q: int
-                    ) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+                    outs: Sequence[torch.Tensor], probes: Probes, p: int, q: int,
+                    atol: float) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
     """{(input, output): (vᵀJ on that input, v on that output)} for the pairs whose own test
     fails: one direction per input, one cotangent per output."""
     values = [x.detach() for x in problem.inputs]
@@ -196,8 +201,7 @@ def _failing_blocks(problem: Problem, config: CheckConfig, leaves: Sequence[torc
         for o, osl in enumerate(probes.out_slices):
             g = grads[o, isl]
             test = Test(probes.v[q, osl], diffs[:, i, osl], probes.f0[osl], g,
-                        probes.u[p][i].reshape(-1), config.tolerance("eps"), eps_m,
-                        config.tolerance("atol"))
+                        probes.u[p][i].reshape(-1), config.tolerance("eps"), eps_m, atol)
             if test.fails:
                 found[(i, o)] = (g, probes.v[q, osl])
     return found
