@@ -55,7 +55,7 @@ class Measurement:
     measured: int = 0          # elements judged by their measured error
     columns: int = 0           # columns evaluated at 2h and 3h
     max_tolerance: float = 0.0  # the largest K x error + floor over them
-    max_relative: float = 0.0   # ... relative to |D|, where |D| is not tiny
+    max_relative: float = 0.0   # the typical tolerance relative to |D| (where |D| is large)
     unmeasured: int = 0        # beyond the first bound, not measured (the verdict was settled)
     fixed_settled: bool = False  # some element is beyond the fixed tolerance: today's verdict
     notes: list[str] = field(default_factory=list)
@@ -190,10 +190,12 @@ def _measure_input(problem: Problem, values: Sequence[torch.Tensor], i: int,
     found.measured += int(result.measured.sum())
     if finite.numel():
         found.max_tolerance = max(found.max_tolerance, float(finite.max()))
+        # the typical relative tolerance among the larger derivatives: what cannot be seen
         d = n[result.measured].abs()[torch.isfinite(measured_tol)]
-        big = d > 1e-3 * float(d.max()) if d.numel() else d
-        if bool(big.any()):
-            found.max_relative = max(found.max_relative, float((finite[big] / d[big]).max()))
+        big = d >= 0.1 * float(d.max()) if d.numel() else d
+        if bool(big.any()) and float(d.max()) > 0:
+            typical = float((finite[big] / d[big]).median())
+            found.max_relative = max(found.max_relative, typical)
     return result
 
 
