@@ -58,13 +58,14 @@ class Measurement:
     max_relative: float = 0.0   # the typical tolerance relative to |D| (where |D| is large)
     unmeasured: int = 0        # beyond the first bound, not measured (the verdict was settled)
     fixed_settled: bool = False  # some element is beyond the fixed tolerance: today's verdict
+    fixed: tuple[float, float] = (0.0, 0.0)
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         first = f"|a - n| <= {self.first_atol:.2g} + {self.first_rtol:.2g} |n|"
         if self.fixed_settled and not self.measured:
-            return ("tolerance measured, not needed: elements beyond the first bound "
-                    f"{first} are beyond gradcheck's fixed tolerance too")
+            return ("tolerance: these elements are beyond gradcheck's fixed tolerance too "
+                    f"(atol {self.fixed[0]:g}, rtol {self.fixed[1]:g}), no need to measure")
         if not self.measured:
             return (f"tolerance measured: every element within the first bound {first} "
                     "(finite-difference rounding and truncation), so no second step")
@@ -87,7 +88,7 @@ def remeasure(problem: Problem, values: Sequence[torch.Tensor], tallies: list[li
     rewritten with the elements that stand. None when some flags cannot be measured (no exact
     value, or too many columns) and none stands: the caller falls back on the fixed tolerance."""
     first = tallies[0][0]
-    found = Measurement(first.atol, first.rtol)
+    found = Measurement(first.atol, first.rtol, fixed=fixed)
     standing = False
     complete = True
     for i, row in enumerate(tallies):
