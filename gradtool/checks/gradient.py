@@ -144,7 +144,8 @@ def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: in
         as_numpy(analytical), as_numpy(numerical), input_name=block.input,
         input_shape=block.input_shape, output_shape=block.output_shape,
         input_values=as_numpy(problem.inputs[i].detach().reshape(-1)),
-        atol=config.tolerance("atol"), rtol=config.tolerance("rtol"), other_inputs=others)
+        atol=verdict.tolerance.get("atol", config.tolerance("atol")),
+        rtol=verdict.tolerance.get("rtol", config.tolerance("rtol")), other_inputs=others)
 
 
 def as_numpy(t: torch.Tensor) -> Any:
