@@ -138,14 +138,33 @@ def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: in
     from ..diagnosis.classify import diagnose_block
 
     analytical, numerical = verdict.dense[(i, o)]
-    others = {problem.input_names[j]: as_numpy(verdict.dense[(j, o)][1])
-              for j in range(len(problem.input_names)) if j != i and (j, o) in verdict.dense}
-    return diagnose_block(
+    pairs = [j for j in range(len(problem.input_names)) if j != i and (j, o) in verdict.dense]
+    others = {problem.input_names[j]: as_numpy(verdict.dense[(j, o)][1]) for j in pairs}
+    theirs = {problem.input_names[j]: as_numpy(verdict.dense[(j, o)][0]) for j in pairs}
+    atol = verdict.tolerance.get("atol", config.tolerance("atol"))
+    rtol = verdict.tolerance.get("rtol", config.tolerance("rtol"))
+    found = diagnose_block(
         as_numpy(analytical), as_numpy(numerical), input_name=block.input,
         input_shape=block.input_shape, output_shape=block.output_shape,
         input_values=as_numpy(problem.inputs[i].detach().reshape(-1)),
-        atol=verdict.tolerance.get("atol", config.tolerance("atol")),
-        rtol=verdict.tolerance.get("rtol", config.tolerance("rtol")), other_inputs=others)
+        atol=atol, rtol=rtol, other_inputs=others, other_analytical=theirs)
+    if analytical.shape[0] == 1 and (found is None or found.startswith("no simple pattern")):
+        # A one-row block (a scalar output) cannot show a constant term in its rows: one more
+        # backward, only here; a gradient that is not zero for a zero grad_output is one.
+        from ..diagnosis.classify import constant_term
+
+        return constant_term(_zero_cotangent(problem, i), block.input, atol) or found
+    return found
+
+
+def _zero_cotangent(problem: Problem, i: int) -> Any:
+    """Backward's gradient of input i for an all-zero grad_output (None if it raises)."""
+    try:
+        leaves, outs = problem.graph()
+        grads = problem.vjp(leaves, outs, [torch.zeros_like(t) for t in outs])
+        return as_numpy(grads[i].detach().reshape(-1).double())
+    except Exception:  # noqa: BLE001 - the diagnosis is best effort; the verdict stands
+        return None
 
 
 def as_numpy(t: torch.Tensor) -> Any:

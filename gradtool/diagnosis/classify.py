@@ -46,6 +46,7 @@ class _Block:
     name: str = ""
     x: np.ndarray | None = None
     others: Mapping[str, np.ndarray] = field(default_factory=dict)
+    others_analytical: Mapping[str, np.ndarray] = field(default_factory=dict)
     mis: np.ndarray = field(init=False)
     sig: np.ndarray = field(init=False)
 
@@ -176,7 +177,14 @@ def _missing(b: _Block) -> str | None:
 def _swapped(b: _Block) -> str | None:
     for other, block in b.others.items():
         block = np.asarray(block, dtype=np.float64)
-        if other != b.name and block.shape == b.a.shape and b.matches(block):
+        if other == b.name or block.shape != b.a.shape:
+            continue
+        theirs = b.others_analytical.get(other)
+        # Too few nonzero elements to rest on one block (a scalar's): both ways round must fit.
+        both = theirs is not None and np.shape(theirs) == b.n.shape and bool(
+            np.all(_close(b.a, block, b.atol, b.rtol))) and bool(np.all(_close(
+                np.asarray(theirs, dtype=np.float64), b.n, b.atol, b.rtol)))
+        if b.matches(block) or both:
             return (f"analytical matches the numerical gradient of input '{other}' at all "
                     f"{b.a.size} elements: looks like the gradient of input '{other}': gradients "
                     f"swapped?")
@@ -295,7 +303,7 @@ def _no_pattern(b: _Block) -> str:
 # nonzero element, "few" needs as many of those as wrong ones). Diagonal-only comes last: with a
 # handful of missed off-diagonal elements the list of those elements says more.
 _FIRST_ORDER: tuple[Callable[[_Block], str | None], ...] = (
-    _nonfinite, _missing, _swapped, _factor, transposed, shifted, _ignores_grad_output,
+    _nonfinite, _swapped, _missing, _factor, transposed, shifted, _ignores_grad_output,
     _constant_added, _broadcast_not_reduced, _branch, _few, _diagonal_only,
 )
 
@@ -314,15 +322,31 @@ def _first_found(b: _Block, detectors: Sequence[Callable[[_Block], str | None]])
 def diagnose_block(analytical: np.ndarray, numerical: np.ndarray, *, input_name: str,
                    input_shape: tuple[int, ...], output_shape: tuple[int, ...],
                    input_values: np.ndarray | None = None, atol: float = 1e-5, rtol: float = 1e-3,
-                   other_inputs: Mapping[str, np.ndarray] | None = None) -> str | None:
+                   other_inputs: Mapping[str, np.ndarray] | None = None,
+                   other_analytical: Mapping[str, np.ndarray] | None = None) -> str | None:
     """One-line cause of a first-order mismatch in an (n_out, n_in) block, or None if it agrees.
 
     Rows are flattened output elements (row k = VJP with one-hot e_k), columns flattened input
     elements. Returns a string starting 'no simple pattern' when no pattern fits every element.
     """
     b = _make_block(analytical, numerical, input_shape, output_shape, atol=atol, rtol=rtol,
-                    name=input_name, x=input_values, others=dict(other_inputs or {}))
+                    name=input_name, x=input_values, others=dict(other_inputs or {}),
+                    others_analytical=dict(other_analytical or {}))
     return _first_found(b, _FIRST_ORDER)
+
+
+def constant_term(zero_grad: np.ndarray | None, name: str, atol: float) -> str | None:
+    """What backward returns for an all-zero grad_output: nonzero is a constant term."""
+    if zero_grad is None:
+        return None
+    z = np.asarray(zero_grad, dtype=np.float64).ravel()
+    bad = ~(np.abs(z) <= atol)
+    if not bad.any():
+        return None
+    k = int(np.argmax(np.abs(np.nan_to_num(z, nan=np.inf))))
+    return (f"backward returns a nonzero gradient for '{name}' (up to {_num(float(z[k]))} at "
+            f"{int(bad.sum())} of {z.size} elements) when grad_output is all zero: a constant "
+            "term (a gradient is linear in grad_output)")
 
 
 def diagnose_probe(analytical: Sequence[float] | np.ndarray,
