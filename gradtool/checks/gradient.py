@@ -134,7 +134,13 @@ def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: in
                          config: CheckConfig) -> str | None:
     """Name the kind of mistake from the dense blocks, else from the worst elements found."""
     if (i, o) not in verdict.dense:
-        return _diagnose_sample(block, config)
+        found = _diagnose_sample(block, config)
+        if found is None:  # a sample shows no constant term; one zero-grad_output backward does
+            from ..diagnosis.classify import constant_term
+
+            return constant_term(_zero_cotangent(problem, i), block.input,
+                                 config.tolerance("atol"))
+        return found
     from ..diagnosis.classify import diagnose_block
 
     analytical, numerical = verdict.dense[(i, o)]
