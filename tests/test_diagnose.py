@@ -490,3 +490,9 @@ def test_a_constant_added_to_the_gradient_is_named() -> None:
     n = np.random.default_rng(3).standard_normal((4, 6))
     msg = diagnose_block(n + 0.01, n, input_name="x", input_shape=(6,), output_shape=(4,))
     assert "constant term" in msg, msg
+
+
+def test_a_jacobian_vector_product_for_a_vector_jacobian_one_is_named() -> None:
+    n = np.random.default_rng(4).standard_normal((6, 6))
+    msg = diagnose_block(n.T, n, input_name="x", input_shape=(6,), output_shape=(6,))
+    assert "J v instead of" in msg, msg

@@ -41,6 +41,11 @@ def transposed(b: Any) -> str | None:
             return (f"analytical = numerical with {side} indices transposed, {axes}{batch}, for "
                     f"every element ({b.nonzero()}): backward {what} transposed{kind} (a .t() "
                     f"too many or too few?)")
+    n_out, n_in = b.n.shape
+    if n_out == n_in > 1 and not np.allclose(b.n, b.n.T) and b.matches(b.n.T):
+        return (f"analytical = the numerical Jacobian transposed, as a {n_out} x {n_in} matrix, "
+                f"for every element ({b.nonzero()}): backward computes J v instead of vᵀJ (a "
+                "Jacobian-vector product where the vector-Jacobian product belongs?)")
     return None
 
 
