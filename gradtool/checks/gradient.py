@@ -149,18 +149,19 @@ def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: in
     theirs = {problem.input_names[j]: as_numpy(verdict.dense[(j, o)][0]) for j in pairs}
     atol = verdict.tolerance.get("atol", config.tolerance("atol"))
     rtol = verdict.tolerance.get("rtol", config.tolerance("rtol"))
-    found = diagnose_block(
+    if analytical.shape[0] == 1:
+        # A one-row block (a scalar output) cannot show a constant term in its rows (it reads
+        # as a factor or no pattern): one more backward, only here, settles it.
+        from ..diagnosis.classify import constant_term
+
+        constant = constant_term(_zero_cotangent(problem, i), block.input, atol)
+        if constant:
+            return constant
+    return diagnose_block(
         as_numpy(analytical), as_numpy(numerical), input_name=block.input,
         input_shape=block.input_shape, output_shape=block.output_shape,
         input_values=as_numpy(problem.inputs[i].detach().reshape(-1)),
         atol=atol, rtol=rtol, other_inputs=others, other_analytical=theirs)
-    if analytical.shape[0] == 1 and (found is None or found.startswith("no simple pattern")):
-        # A one-row block (a scalar output) cannot show a constant term in its rows: one more
-        # backward, only here; a gradient that is not zero for a zero grad_output is one.
-        from ..diagnosis.classify import constant_term
-
-        return constant_term(_zero_cotangent(problem, i), block.input, atol) or found
-    return found
 
 
 def _zero_cotangent(problem: Problem, i: int) -> Any:

@@ -62,9 +62,9 @@ class _Block:
     def nonzero(self) -> str:
         return f"{int(self.sig.sum())} nonzero of {self.a.size}"
 
-    def matches(self, candidate: np.ndarray) -> bool:
+    def matches(self, candidate: np.ndarray, minimum: int = _MIN_FIT) -> bool:
         """Analytical equals `candidate` at every element, on enough nonzero ones to mean it."""
-        enough = int((np.abs(candidate) > self.atol).sum()) >= _MIN_FIT
+        enough = int((np.abs(candidate) > self.atol).sum()) >= minimum
         return enough and bool(np.all(_close(self.a, candidate, self.atol, self.rtol)))
 
 

@@ -29,7 +29,9 @@ def transposed(b: Any) -> str | None:
         for i, j in _axis_pairs(shape):
             perm = np.arange(size).reshape(shape).swapaxes(i, j).ravel()
             cand = b.n[:, perm] if side == "input" else b.n[perm, :]
-            if not b.matches(cand):
+            # one nonzero element moved to its transposed place is evidence enough (a one-hot
+            # gradient: max, norm inf); the identity permutation is excluded by mismatching
+            if not b.matches(cand, minimum=1):
                 continue
             what = "returns the gradient" if side == "input" else "uses grad_output"
             square = shape[i] == shape[j]
@@ -112,7 +114,7 @@ def _rolled(b: Any) -> str | None:
                     else b.n.reshape(*shape, n_in))
             axis = d + 1 if side == "input" else d
             for step in _roll_steps(b, view, axis, side):
-                if b.matches(np.roll(view, step, axis=axis).reshape(b.n.shape)):
+                if b.matches(np.roll(view, step, axis=axis).reshape(b.n.shape), minimum=1):
                     shown = step if step <= size // 2 else step - size
                     return (f"analytical = numerical rolled by {shown:+d} along {side} axis {d} "
                             f"(size {size}), wrapping round, for every element ({b.nonzero()}): "
