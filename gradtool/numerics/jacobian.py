@@ -214,7 +214,7 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
     if config.measured:
         from .measured import describe
 
-        describe(verdict, tallies, measurement)
+        describe(verdict, tallies, measurement, problem)
     return verdict
 
 

@@ -20,6 +20,7 @@ from ..results import Outcome
 from .compare import BlockTally
 from .jacobian import Reference, Verdict, _tallies, check_full, judged_tallies
 from .localise import Locator, Test, Tests
+from .measured import data_dependent
 from .problem import Problem, flat_cat
 from .steps import FINITE_MACHINE, directional, vjp_rows
 
@@ -161,17 +162,21 @@ def _localise(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tens
         if bad and all(e.inconclusive for e in bad):
             outcomes.append(Outcome.INCONCLUSIVE)
             details.append(_kink_note(tally, bad))
-        elif not bad and config.measured and not _fails_fixed(problem, config, probes, p, q,
-                                                               i, o, g):
+        elif config.measured and _within_fixed(bad, config) and (
+                data_dependent(problem) if bad else
+                not _fails_fixed(problem, config, probes, p, q, i, o, g)):
             # Beyond the measured error, within gradcheck's, and no element stands out: what
             # a forward computed only to a tolerance (an iterative solver) looks like.
             outcomes.append(Outcome.INCONCLUSIVE)
-            details.append(f"{tally.input} -> {tally.output}: probes disagree by "
+            why = ("forward has data-dependent control flow (it reads tensor values into "
+                   "Python)" if bad
+                   else "no single element stands out")
+            details.append(f"inconclusive: {tally.input} -> {tally.output}: probes disagree by "
                            f"{tally.max_abs:.3g}, beyond the measured finite-difference error "
-                           "but within gradcheck's fixed tolerance, and no single element "
-                           "stands out (a forward computed to a tolerance, such as an "
-                           "iterative solver, looks like this): errors this small cannot be "
-                           "told from it here")
+                           f"but within gradcheck's fixed tolerance, and {why} (a forward "
+                           "computed to a tolerance, such as an iterative solver, looks like "
+                           "this): errors this small cannot be told from it here; set "
+                           "--atol/--rtol to judge it by a fixed tolerance")
         else:
             outcomes.append(Outcome.FAILED)
             if not bad:
@@ -216,6 +221,13 @@ def _failing_blocks(problem: Problem, config: CheckConfig, leaves: Sequence[torc
             if test.fails:
                 found[(i, o)] = (g, probes.v[q, osl])
     return found
+
+
+def _within_fixed(elements: Sequence, config: CheckConfig) -> bool:
+    """Every element within gradcheck's fixed tolerance (none a kink)."""
+    atol, rtol = config.tolerance("atol"), config.tolerance("rtol")
+    return all(not e.inconclusive and e.abs_diff <= atol + rtol * abs(e.numerical)
+               for e in elements)
 
 
 def _fails_fixed(problem: Problem, config: CheckConfig, probes: Probes, p: int, q: int,
