@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import opinfo_ops as oo  # noqa: E402
-from mutants import MUTATIONS, kept, wrap  # noqa: E402
+from mutants import MUTATIONS, NAMES, kept, wrap  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SPEED_GOAL = 20.0
@@ -131,10 +131,12 @@ def speed(names: list[str]) -> dict[str, Any]:
             "rows": rows}
 
 
-def sensitivity(names: list[str]) -> dict[str, Any]:
+def sensitivity(names: list[str], baseline: bool = True,
+                mutations: tuple[str, ...] = MUTATIONS) -> dict[str, Any]:
     found: dict[str, dict[str, int]] = {
-        m: {"kept": 0, "gradtool": 0, "gradcheck": 0, "gradcheck_fast": 0} for m in MUTATIONS}
-    missed, controls_failed, checked = [], [], 0
+        m: {"kept": 0, "gradtool": 0, "gradcheck": 0, "gradcheck_fast": 0, "named": 0}
+        for m in MUTATIONS}
+    missed, controls_failed, checked, unnamed = [], [], 0, []
     for name in names:
         print(f"mutants: {name}", file=sys.stderr, flush=True)
         op = oo.autograd_ops()[name]
@@ -149,7 +151,7 @@ def sensitivity(names: list[str]) -> dict[str, Any]:
         if not outcome_ok(oo.check_at_values(control, values, name, checks=("gradient",))):
             controls_failed.append(name)
             continue
-        for mutation in MUTATIONS:
+        for mutation in mutations:
             second = mutation == "dropped double-backward term"
             if second and expected.double_backward != "run":
                 continue
@@ -163,13 +165,31 @@ def sensitivity(names: list[str]) -> dict[str, Any]:
                 tally = found[mutation]
                 tally["kept"] += 1
                 tally["gradtool"] += caught
-                tally["gradcheck"] += gradcheck_catches(mutant, values, second, fast=False)
-                tally["gradcheck_fast"] += gradcheck_catches(mutant, values, second, fast=True)
+                if baseline:
+                    tally["gradcheck"] += gradcheck_catches(mutant, values, second, fast=False)
+                    tally["gradcheck_fast"] += gradcheck_catches(mutant, values, second,
+                                                                 fast=True)
                 if not caught:
                     missed.append(f"{name}: {mutation} on input {position}")
+                if _named(report, mutation):
+                    tally["named"] += 1
+                elif mutation in NAMES:
+                    unnamed.append(f"{name}: {mutation} on input {position}: "
+                                   f"{_diagnoses(report)[:160]}")
                 break  # one position per op and mutation keeps the run short
     return {"ops": checked, "by_mutation": found, "missed": missed,
-            "controls_failed": controls_failed}
+            "controls_failed": controls_failed, "unnamed": unnamed}
+
+
+def _diagnoses(report: Any) -> str:
+    return " | ".join(b.diagnosis or "" for c in report.targets[0].cases[0].checks
+                      for b in c.blocks if b.mismatched)
+
+
+def _named(report: Any, mutation: str) -> bool:
+    """Whether gradtool's diagnosis of the mutant names its kind of mistake."""
+    words = NAMES.get(mutation)
+    return bool(words) and any(w in _diagnoses(report) for w in words)
 
 
 def gradcheck_catches(mutant: Any, values: list[torch.Tensor], second: bool, fast: bool
@@ -198,6 +218,9 @@ def main() -> int:
     parser.add_argument("--only", default=None, help="comma-separated op names to time")
     parser.add_argument("--out", type=Path, default=RESULTS / "conformance.json")
     parser.add_argument("--no-assert", action="store_true")
+    parser.add_argument("--diagnosis-only", action="store_true",
+                        help="first-order mutants only, without the gradcheck baseline: how "
+                             "often the diagnosis names the mistake")
     args = parser.parse_args()
     reason = oo.unavailable()
     if reason:
@@ -212,10 +235,14 @@ def main() -> int:
         chosen = args.only.split(",") if args.only else every_kth(names, args.ops)
         result["speed"] = speed(chosen)
     if not args.skip_mutants:
-        result["sensitivity"] = sensitivity(every_kth(names, args.mutant_ops))
+        result["sensitivity"] = sensitivity(
+            every_kth(names, args.mutant_ops), baseline=not args.diagnosis_only,
+            mutations=tuple(m for m in MUTATIONS if m in NAMES) if args.diagnosis_only
+            else MUTATIONS)
     result["load_after"] = os.getloadavg()
-    args.out.parent.mkdir(exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    out = RESULTS / "diagnosis.json" if args.diagnosis_only else args.out
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
     return report(result, args.no_assert)
 
 
@@ -254,12 +281,16 @@ def report(result: dict[str, Any], no_assert: bool) -> int:
         return 0 if ok or no_assert else 1
     m = result["sensitivity"]
     print(f"\n## Mutants: {m['ops']} ops wrapped in a custom Function (VJP broken)\n")
-    print("| mutation | kept | gradtool | gradcheck (slow) | gradcheck fast_mode |\n"
-          "|---|---|---|---|---|")
+    print("| mutation | kept | gradtool | gradcheck (slow) | gradcheck fast_mode | "
+          "named by gradtool's diagnosis |\n|---|---|---|---|---|---|")
     for name, t in m["by_mutation"].items():
         cells = [f"{t[k]} ({_rate(t[k], t['kept'])})"
-                 for k in ("gradtool", "gradcheck", "gradcheck_fast")]
+                 for k in ("gradtool", "gradcheck", "gradcheck_fast", "named")]
+        if name not in NAMES:
+            cells[-1] = "—"
         print(f"| {name} | {t['kept']} | " + " | ".join(cells) + " |")
+    for line in m.get("unnamed", []):
+        print(f"not named: {line}")
     print(f"\nunbroken wrappers failing gradtool: {m['controls_failed'] or 'none'}")
     print(f"missed by gradtool: {m['missed'] or 'none'}")
     ok &= not m["missed"] and not m["controls_failed"]

@@ -14,7 +14,13 @@ SCALE = "x1.01 on one input"
 ELEMENT = "one element off by 1 %"
 TRANSPOSE = "transposed block"
 DROP = "dropped double-backward term"
-MUTATIONS = (SCALE, ELEMENT, TRANSPOSE, DROP)
+SHIFT = "rolled by one along a dimension"
+SWAP = "gradients swapped between inputs"
+CONSTANT = "constant added"
+MUTATIONS = (SCALE, ELEMENT, TRANSPOSE, DROP, SHIFT, SWAP, CONSTANT)
+# What gradtool's diagnosis must say for a mutant to count as named (first-order mutations).
+NAMES = {SCALE: ("× numerical",), ELEMENT: ("elements wrong",), TRANSPOSE: ("transposed",),
+         SHIFT: ("shifted", "rolled"), SWAP: ("swapped",), CONSTANT: ("constant term",)}
 ATOL, RTOL = 1e-5, 1e-3  # gradtool's (and gradcheck's) float64 tolerances
 
 Mutation = tuple[str, int] | None  # (kind, input position), None: the unbroken wrapper
@@ -67,14 +73,41 @@ def _vjp(fn: Callable[..., Any], xs: Sequence[torch.Tensor], grads: Sequence[tor
         bump = torch.ones_like(got[position]).reshape(-1)
         bump[bump.numel() // 2] = 1.01  # a fixed element, so the mutant stays linear
         got[position] = got[position] * bump.view_as(got[position])
-    elif kind == TRANSPOSE:
-        got[position] = got[position].transpose(-1, -2)
+    elif kind == TRANSPOSE:  # non-square: laid back into the shape (a .t().reshape slip)
+        got[position] = got[position].transpose(-1, -2).reshape(got[position].shape)
+    elif kind == SHIFT:
+        dim = _roll_dim(got[position].shape)
+        got[position] = got[position].roll(1, dims=dim)
+    elif kind == SWAP:
+        other = _partner(xs, position)
+        got[position], got[other] = got[other], got[position]
+    elif kind == CONSTANT:
+        got[position] = got[position] + 0.01
     return tuple(got)
+
+
+def _roll_dim(shape: torch.Size) -> int:
+    """The last dimension longer than one (a roll along it moves every element)."""
+    return max(d for d, size in enumerate(shape) if size > 1)
+
+
+def _partner(xs: Sequence[torch.Tensor], position: int) -> int | None:
+    """Another input of the same shape, whose gradient a swap would exchange with this one's."""
+    for k, x in enumerate(xs):
+        if k != position and x.shape == xs[position].shape and x.requires_grad:
+            return k
+    return None
 
 
 def applicable(values: Sequence[torch.Tensor], kind: str, position: int) -> bool:
     shape = values[position].shape
-    return kind != TRANSPOSE or (len(shape) >= 2 and shape[-1] == shape[-2] > 1)
+    if kind == TRANSPOSE:
+        return len(shape) >= 2 and shape[-1] > 1 and shape[-2] > 1
+    if kind == SHIFT:
+        return any(size > 1 for size in shape)
+    if kind == SWAP:
+        return _partner([v.detach().requires_grad_(True) for v in values], position) is not None
+    return True
 
 
 def kept(fn: Callable[..., Any], values: Sequence[torch.Tensor], kind: str, position: int

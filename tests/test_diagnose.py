@@ -437,3 +437,62 @@ def test_two_elements_with_an_arbitrary_common_ratio_are_no_factor() -> None:
     simple = diagnose_block(2.0 * n, n, input_name="x", input_shape=(2,), output_shape=(1,),
                             input_values=np.array([-0.2, -0.3]))
     assert simple is not None and "factor 2" in simple, simple
+
+
+# --- permutations along any axis (issue 23) ------------------------------------------------------
+
+def _matmul_block(rng: np.random.Generator, m: int, k: int, n: int) -> np.ndarray:
+    """d(a @ b)/da for a (m, k), b (k, n): rows output (m, n), columns input (m, k)."""
+    b = rng.standard_normal((k, n))
+    jac = np.zeros((m * n, m * k))
+    for i in range(m):
+        for j in range(n):
+            jac[i * n + j, i * k:(i + 1) * k] = b[:, j]
+    return jac
+
+
+def _permuted_columns(n: np.ndarray, in_shape: tuple[int, ...], fn) -> np.ndarray:
+    """Analytical whose gradient (input-indexed) is fn(gradient) laid back into in_shape."""
+    idx = np.arange(n.shape[1]).reshape(in_shape)
+    return n[:, fn(idx).reshape(-1)]
+
+
+@pytest.mark.parametrize("shape, dim, step", [((5, 7), 0, 1), ((5, 7), 1, 3), ((5, 7), 1, -2),
+                                              ((3, 4, 6), 2, 1), ((3, 4, 6), 0, 1)])
+def test_rolls_by_any_step_along_any_axis_are_named(shape, dim, step) -> None:
+    rng = np.random.default_rng(0)
+    n = rng.standard_normal((6, int(np.prod(shape))))
+    a = _permuted_columns(n, shape, lambda i: np.roll(i, -step, axis=dim))
+    msg = diagnose_block(a, n, input_name="x", input_shape=shape, output_shape=(6,))
+    assert "rolled" in msg or "shifted" in msg, msg
+
+
+@pytest.mark.parametrize("shape", [(4, 6), (6, 4), (2, 3, 5), (3, 4, 4)])
+def test_transposes_of_non_square_and_batched_blocks_are_named(shape) -> None:
+    rng = np.random.default_rng(1)
+    m, k = int(np.prod(shape[:-1])), shape[-1]
+    n = _matmul_block(rng, m, k, 3)
+    a = _permuted_columns(n, shape, lambda i: np.swapaxes(i, -1, -2))
+    msg = diagnose_block(a, n, input_name="a", input_shape=shape, output_shape=(m, 3))
+    assert "transposed" in msg, msg
+    if len(shape) > 2:
+        assert "within each of the" in msg
+
+
+def test_a_small_relative_factor_is_named_with_its_size() -> None:
+    n = np.random.default_rng(2).standard_normal((5, 5))
+    msg = diagnose_block(n * (1 + 1e-4), n, input_name="x", input_shape=(5,),
+                         output_shape=(5,), atol=1e-9, rtol=1e-8)
+    assert "too large by 0.0001 relative" in msg, msg
+
+
+def test_a_constant_added_to_the_gradient_is_named() -> None:
+    n = np.random.default_rng(3).standard_normal((4, 6))
+    msg = diagnose_block(n + 0.01, n, input_name="x", input_shape=(6,), output_shape=(4,))
+    assert "constant term" in msg, msg
+
+
+def test_a_jacobian_vector_product_for_a_vector_jacobian_one_is_named() -> None:
+    n = np.random.default_rng(4).standard_normal((6, 6))
+    msg = diagnose_block(n.T, n, input_name="x", input_shape=(6,), output_shape=(6,))
+    assert "J v instead of" in msg, msg

@@ -27,14 +27,14 @@ def case_of(cls: type, inputs: list[str], seed: int = 0, **settings: object):
     return target, build_case(target, [parse_input(s) for s in inputs], config, seed), config
 
 
-def primed(cls: type, inputs: list[str], seed: int = 0):
-    _, case, config = case_of(cls, inputs, seed)
+def primed(cls: type, inputs: list[str], seed: int = 0, **settings: object):
+    _, case, config = case_of(cls, inputs, seed, **settings)
     leaves, outs = prime(case.problem)
     return case.problem, leaves, outs, config
 
 
-def full(cls: type, inputs: list[str], seed: int = 0):
-    problem, leaves, outs, config = primed(cls, inputs, seed)
+def full(cls: type, inputs: list[str], seed: int = 0, **settings: object):
+    problem, leaves, outs, config = primed(cls, inputs, seed, **settings)
     return check_full(problem, config, leaves, outs, None, "test"), problem
 
 
@@ -231,7 +231,15 @@ class NearlyDiagonal(Function):
 
 
 def test_flags_that_no_single_element_bears_out_do_not_fail_the_check():
-    verdict, problem = full(NearlyDiagonal, ["(2000,)"])  # past the dense-diagnosis size
+    # gradcheck's fixed tolerance (atol set): each dropped 1e-6 derivative is within it
+    verdict, problem = full(NearlyDiagonal, ["(2000,)"], atol=1e-5)  # past the dense size
     assert verdict.outcome.value == "passed"
     assert verdict.blocks[0].checked == 2000 * 2000
     assert problem.calls["forward"] > 4000  # the colour was recomputed column by column
+
+
+def test_the_measured_tolerance_sees_the_dropped_tiny_derivatives():
+    # 1e-6 missing where the derivative is 1e-6: 100 % off, far beyond the measured error
+    verdict, _ = full(NearlyDiagonal, ["(300,)"])
+    assert verdict.outcome.value == "failed"
+    assert any("tolerance measured" in d for d in verdict.details)

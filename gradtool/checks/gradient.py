@@ -38,6 +38,8 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
     if not problem.diff:
         return CheckResult(name, Outcome.SKIPPED, "no differentiable inputs to check")
     config = precision_config(config, problem)
+    if name != "gradient" and config.measured:  # the measured tolerance is first order's
+        config = config.fixed()
     try:
         leaves, outs = prime(problem)
         if not outs:
@@ -73,7 +75,8 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
     return CheckResult(
         name, verdict.outcome, summary, (*verdict.details, *left_out),
         tuple(blocks), verdict.mode, verdict.mode_reason,
-        tolerance={k: config.tolerance(k) for k in ("eps", "atol", "rtol")},
+        tolerance={"eps": config.tolerance("eps"), **(verdict.tolerance or {
+            k: config.tolerance(k) for k in ("atol", "rtol")})},
         calls=calls_since(problem, before), duration_s=time.perf_counter() - start,
         source=target.source if verdict.outcome is not Outcome.PASSED else None)
 
@@ -131,17 +134,44 @@ def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: in
                          config: CheckConfig) -> str | None:
     """Name the kind of mistake from the dense blocks, else from the worst elements found."""
     if (i, o) not in verdict.dense:
-        return _diagnose_sample(block, config)
+        found = _diagnose_sample(block, config)
+        if found is None:  # a sample shows no constant term; one zero-grad_output backward does
+            from ..diagnosis.classify import constant_term
+
+            return constant_term(_zero_cotangent(problem, i), block.input,
+                                 config.tolerance("atol"))
+        return found
     from ..diagnosis.classify import diagnose_block
 
     analytical, numerical = verdict.dense[(i, o)]
-    others = {problem.input_names[j]: as_numpy(verdict.dense[(j, o)][1])
-              for j in range(len(problem.input_names)) if j != i and (j, o) in verdict.dense}
+    pairs = [j for j in range(len(problem.input_names)) if j != i and (j, o) in verdict.dense]
+    others = {problem.input_names[j]: as_numpy(verdict.dense[(j, o)][1]) for j in pairs}
+    theirs = {problem.input_names[j]: as_numpy(verdict.dense[(j, o)][0]) for j in pairs}
+    atol = verdict.tolerance.get("atol", config.tolerance("atol"))
+    rtol = verdict.tolerance.get("rtol", config.tolerance("rtol"))
+    if analytical.shape[0] == 1:
+        # A one-row block (a scalar output) cannot show a constant term in its rows (it reads
+        # as a factor or no pattern): one more backward, only here, settles it.
+        from ..diagnosis.classify import constant_term
+
+        constant = constant_term(_zero_cotangent(problem, i), block.input, atol)
+        if constant:
+            return constant
     return diagnose_block(
         as_numpy(analytical), as_numpy(numerical), input_name=block.input,
         input_shape=block.input_shape, output_shape=block.output_shape,
         input_values=as_numpy(problem.inputs[i].detach().reshape(-1)),
-        atol=config.tolerance("atol"), rtol=config.tolerance("rtol"), other_inputs=others)
+        atol=atol, rtol=rtol, other_inputs=others, other_analytical=theirs)
+
+
+def _zero_cotangent(problem: Problem, i: int) -> Any:
+    """Backward's gradient of input i for an all-zero grad_output (None if it raises)."""
+    try:
+        leaves, outs = problem.graph()
+        grads = problem.vjp(leaves, outs, [torch.zeros_like(t) for t in outs])
+        return as_numpy(grads[i].detach().reshape(-1).double())
+    except Exception:  # noqa: BLE001 - the diagnosis is best effort; the verdict stands
+        return None
 
 
 def as_numpy(t: torch.Tensor) -> Any:

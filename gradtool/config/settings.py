@@ -10,7 +10,9 @@ from .registry import CHECK_NAMES, DEFAULT_CHECKS, RULE_IDS
 
 MODES = ("auto", "full", "probe")
 
-# torch.autograd.gradcheck's defaults for float64; looser rows for the low-precision dtypes,
+# torch.autograd.gradcheck's defaults for float64 (used as given when the user sets atol or rtol,
+# and for checks other than `gradient`; a float64 gradient check with neither set uses the
+# measured tolerance of numerics/measured.py instead); looser rows for the low-precision dtypes,
 # whose finite differences cannot resolve anything finer. (Complex inputs need Wirtinger
 # derivatives, which the finite differences here do not compute: not offered.)
 DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
@@ -76,6 +78,17 @@ class CheckConfig:
                                   did_you_mean(rule, RULE_IDS))
         if self.probes < 1:
             raise ConfigError(f"probes must be at least 1, got {self.probes}")
+
+    @property
+    def measured(self) -> bool:
+        """Whether gradient verdicts use the measured finite-difference tolerance: float64, and
+        no atol/rtol set by the user (a flag, a spec, [tool.gradtool]); either one set keeps
+        gradcheck's exact meaning |a - n| <= atol + rtol |n|."""
+        return self.dtype == "float64" and self.atol is None and self.rtol is None
+
+    def fixed(self) -> CheckConfig:
+        """A copy judged by the dtype's fixed tolerances (gradcheck's), never measured."""
+        return replace(self, atol=self.tolerance("atol"), rtol=self.tolerance("rtol"))
 
     def tolerance(self, name: str) -> float:
         """The effective eps/atol/rtol: the user's value, else the dtype's default."""

@@ -8,6 +8,8 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from .structure import shifted, transposed
+
 # Deliberately numpy only: the renderer and the CLI import this without paying for torch.
 
 _MAX_LISTED = 5  # elements named in a "few elements wrong" message
@@ -44,6 +46,7 @@ class _Block:
     name: str = ""
     x: np.ndarray | None = None
     others: Mapping[str, np.ndarray] = field(default_factory=dict)
+    others_analytical: Mapping[str, np.ndarray] = field(default_factory=dict)
     mis: np.ndarray = field(init=False)
     sig: np.ndarray = field(init=False)
 
@@ -59,9 +62,9 @@ class _Block:
     def nonzero(self) -> str:
         return f"{int(self.sig.sum())} nonzero of {self.a.size}"
 
-    def matches(self, candidate: np.ndarray) -> bool:
+    def matches(self, candidate: np.ndarray, minimum: int = _MIN_FIT) -> bool:
         """Analytical equals `candidate` at every element, on enough nonzero ones to mean it."""
-        enough = int((np.abs(candidate) > self.atol).sum()) >= _MIN_FIT
+        enough = int((np.abs(candidate) > self.atol).sum()) >= minimum
         return enough and bool(np.all(_close(self.a, candidate, self.atol, self.rtol)))
 
 
@@ -100,6 +103,10 @@ def _simple_values(k: float) -> Iterator[float]:
         yield round(k * q) / q
 
 
+def _factor_text(k: float) -> str:
+    return f"{k:.8g}" if abs(abs(k) - 1) < 1e-3 else _num(k)
+
+
 def _fit_factor(a: np.ndarray, n: np.ndarray, atol: float, rtol: float) -> float | None:
     """k with a = k * n within tolerance at EVERY element (a simple k if one fits), else None."""
     sig = np.abs(n) > atol
@@ -120,6 +127,9 @@ def _factor_phrase(k: float) -> str:
     mag = abs(k)
     if abs(mag - 1) <= 1e-12:
         return "sign flipped"
+    if abs(mag - 1) < 1e-3:  # a small relative error everywhere: "1" would hide it
+        part = f"{'too large' if mag > 1 else 'too small'} by {abs(mag - 1):.2g} relative"
+        return f"every element {part}" if k > 0 else f"sign flipped and {part}"
     part = f"backward misses a factor {_num(1 / mag)}" if mag < 1 else f"extra factor {_num(mag)}"
     return part if k > 0 else f"sign flipped and {part}"
 
@@ -167,7 +177,14 @@ def _missing(b: _Block) -> str | None:
 def _swapped(b: _Block) -> str | None:
     for other, block in b.others.items():
         block = np.asarray(block, dtype=np.float64)
-        if other != b.name and block.shape == b.a.shape and b.matches(block):
+        if other == b.name or block.shape != b.a.shape:
+            continue
+        theirs = b.others_analytical.get(other)
+        # Too few nonzero elements to rest on one block (a scalar's): both ways round must fit.
+        both = theirs is not None and np.shape(theirs) == b.n.shape and bool(
+            np.all(_close(b.a, block, b.atol, b.rtol))) and bool(np.all(_close(
+                np.asarray(theirs, dtype=np.float64), b.n, b.atol, b.rtol)))
+        if b.matches(block) or both:
             return (f"analytical matches the numerical gradient of input '{other}' at all "
                     f"{b.a.size} elements: looks like the gradient of input '{other}': gradients "
                     f"swapped?")
@@ -179,56 +196,8 @@ def _factor(b: _Block, subject: str = "analytical", second_order: bool = False) 
     if k is None:
         return None
     tail = " in the derivative of backward" if second_order else _size_hint(k, *b.a.shape)
-    return (f"{subject} = {_num(k)} × numerical for every element ({b.nonzero()}): "
+    return (f"{subject} = {_factor_text(k)} × numerical for every element ({b.nonzero()}): "
             f"{_factor_phrase(k)}{tail}")
-
-
-def _transposed(b: _Block) -> str | None:
-    for side, shape in (("input", b.in_shape), ("output", b.out_shape)):
-        if len(shape) != 2 or shape[0] != shape[1] or shape[0] < 2:
-            continue
-        perm = np.arange(shape[0] * shape[1]).reshape(shape).T.ravel()
-        cand = b.n[:, perm] if side == "input" else b.n[perm, :]
-        if b.matches(cand):
-            what = "returns the gradient" if side == "input" else "uses grad_output"
-            return (f"analytical = numerical with {side} indices transposed, (i,j) <-> (j,i), "
-                    f"for every element ({b.nonzero()}): backward {what} transposed (a .t() "
-                    f"too many or too few?)")
-    return None
-
-
-def _shift(arr: np.ndarray, step: int, axis: int, wrap: bool) -> np.ndarray:
-    """arr moved by `step` along `axis`: rolled round, or with zeros coming in at the edge."""
-    out = np.roll(arr, step, axis=axis)
-    if not wrap:
-        edge = [slice(None)] * arr.ndim
-        edge[axis] = slice(0, step) if step > 0 else slice(step, None)
-        out[tuple(edge)] = 0.0
-    return out
-
-
-def _shift_views(b: _Block) -> Iterator[tuple[str, str, np.ndarray, int]]:
-    """(side, where, view of numerical, axis) for each axis an off-by-one index could run along."""
-    n_out, n_in = b.n.shape
-    multi_in, multi_out = len(b.in_shape) >= 2, len(b.out_shape) >= 2
-    yield "input", "the flattened input" if multi_in else "the input", b.n, 1
-    if multi_in:
-        yield "input", "the last input axis", b.n.reshape(n_out, *b.in_shape), -1
-    yield "output", "the flattened output" if multi_out else "the output", b.n, 0
-    if multi_out:
-        yield "output", "the last output axis", b.n.reshape(*b.out_shape, n_in), -2
-
-
-def _shifted(b: _Block) -> str | None:
-    for side, where, view, axis in _shift_views(b):
-        for step in (1, -1):
-            for wrap in (False, True):
-                if b.matches(_shift(view, step, axis, wrap).reshape(b.n.shape)):
-                    rolled, sign = (", wrapping round" if wrap else ""), ("-" if step > 0 else "+")
-                    return (f"analytical at {side} index i equals numerical at i{sign}1 along "
-                            f"{where}{rolled}, for every element ({b.nonzero()}): shifted by one "
-                            f"element, an off-by-one index in backward")
-    return None
 
 
 def _ignores_grad_output(b: _Block) -> str | None:
@@ -334,7 +303,7 @@ def _no_pattern(b: _Block) -> str:
 # nonzero element, "few" needs as many of those as wrong ones). Diagonal-only comes last: with a
 # handful of missed off-diagonal elements the list of those elements says more.
 _FIRST_ORDER: tuple[Callable[[_Block], str | None], ...] = (
-    _nonfinite, _missing, _swapped, _factor, _transposed, _shifted, _ignores_grad_output,
+    _nonfinite, _swapped, _missing, _factor, transposed, shifted, _ignores_grad_output,
     _constant_added, _broadcast_not_reduced, _branch, _few, _diagonal_only,
 )
 
@@ -353,15 +322,31 @@ def _first_found(b: _Block, detectors: Sequence[Callable[[_Block], str | None]])
 def diagnose_block(analytical: np.ndarray, numerical: np.ndarray, *, input_name: str,
                    input_shape: tuple[int, ...], output_shape: tuple[int, ...],
                    input_values: np.ndarray | None = None, atol: float = 1e-5, rtol: float = 1e-3,
-                   other_inputs: Mapping[str, np.ndarray] | None = None) -> str | None:
+                   other_inputs: Mapping[str, np.ndarray] | None = None,
+                   other_analytical: Mapping[str, np.ndarray] | None = None) -> str | None:
     """One-line cause of a first-order mismatch in an (n_out, n_in) block, or None if it agrees.
 
     Rows are flattened output elements (row k = VJP with one-hot e_k), columns flattened input
     elements. Returns a string starting 'no simple pattern' when no pattern fits every element.
     """
     b = _make_block(analytical, numerical, input_shape, output_shape, atol=atol, rtol=rtol,
-                    name=input_name, x=input_values, others=dict(other_inputs or {}))
+                    name=input_name, x=input_values, others=dict(other_inputs or {}),
+                    others_analytical=dict(other_analytical or {}))
     return _first_found(b, _FIRST_ORDER)
+
+
+def constant_term(zero_grad: np.ndarray | None, name: str, atol: float) -> str | None:
+    """What backward returns for an all-zero grad_output: nonzero is a constant term."""
+    if zero_grad is None:
+        return None
+    z = np.asarray(zero_grad, dtype=np.float64).ravel()
+    bad = ~(np.abs(z) <= atol)
+    if not bad.any():
+        return None
+    k = int(np.argmax(np.abs(np.nan_to_num(z, nan=np.inf))))
+    return (f"backward returns a nonzero gradient for '{name}' (up to {_num(float(z[k]))} at "
+            f"{int(bad.sum())} of {z.size} elements) when grad_output is all zero: a constant "
+            "term (a gradient is linear in grad_output)")
 
 
 def diagnose_probe(analytical: Sequence[float] | np.ndarray,

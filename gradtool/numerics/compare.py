@@ -1,4 +1,5 @@
-"""Element-wise comparison of Jacobian blocks: |a - n| <= atol + rtol * |n|, and the worst ones."""
+"""Element-wise comparison of Jacobian blocks: |a - n| <= atol + rtol * |n| (or a per-element
+tolerance), the worst ones, and every failing element for a measured second look."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..results import Block, Element
+
+
+FLAGGED_LIMIT = 200_000  # failing elements recorded per block for a second look
 
 
 @dataclass
@@ -26,6 +30,19 @@ class BlockTally:
     max_rel: float = 0.0
     # (excess over tolerance, output flat index, input flat index, analytical, numerical)
     worst: list[tuple[float, int, int, float, float]] = field(default_factory=list)
+    # Every failing element compared exactly, (rows, cols, analytical, numerical) per chunk,
+    # for the measured tolerance's second step (numerics/measured.py); None: not recorded.
+    flagged: list[tuple[torch.Tensor, ...]] | None = None
+    recorded: int = 0
+    # The tolerance of the kink test (finite differences disagreeing across steps); the fixed
+    # one even when the verdict's tolerance is measured: one-sided differences are O(h).
+    kink_atol: float | None = None
+    kink_rtol: float | None = None
+
+    def kink_tolerance(self, numerical: float) -> float:
+        atol = self.atol if self.kink_atol is None else self.kink_atol
+        rtol = self.rtol if self.kink_rtol is None else self.kink_rtol
+        return atol + rtol * abs(numerical)
 
     def note(self, checked: int, max_abs: float) -> None:
         """Elements compared elsewhere (a compressed sweep) that all passed."""
@@ -33,12 +50,13 @@ class BlockTally:
         self.max_abs = max(self.max_abs, max_abs)
 
     def add(self, analytical: torch.Tensor, numerical: torch.Tensor, col_offset: int = 0,
-            cols: torch.Tensor | None = None) -> None:
+            cols: torch.Tensor | None = None, tol: torch.Tensor | None = None) -> None:
         """Compare a (n_out, n_cols) chunk: its columns are input elements `cols`, or
-        col_offset, col_offset + 1, ... when cols is None."""
+        col_offset, col_offset + 1, ... when cols is None; `tol`: per-element tolerances."""
         diff = (analytical - numerical).abs()
         diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
-        tol = self.atol + self.rtol * numerical.abs()
+        if tol is None:
+            tol = self.atol + self.rtol * numerical.abs()
         bad = diff > tol
         self.checked += diff.numel()
         if diff.numel():
@@ -46,6 +64,11 @@ class BlockTally:
         n_bad = int(bad.sum())
         if not n_bad:
             return
+        if self.flagged is not None and self.recorded + n_bad <= FLAGGED_LIMIT:
+            r, c = torch.nonzero(bad, as_tuple=True)
+            col = cols[c] if cols is not None else c + col_offset
+            self.flagged.append((r, col, analytical[r, c].double(), numerical[r, c].double()))
+            self.recorded += n_bad
         rel = diff / numerical.abs().clamp_min(1e-300)
         self.max_rel = max(self.max_rel, torch.where(bad, rel, 0 * rel).max().item())
         self.mismatched += n_bad

@@ -42,6 +42,8 @@ class Verdict:
     mode_reason: str
     details: list[str] = field(default_factory=list)
     dense: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    tolerance: dict[str, float] = field(default_factory=dict)  # measured: how it judged
+    limit: str | None = None   # measured: what noise keeps from being seen
 
 
 @dataclass
@@ -160,10 +162,11 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
                outs: Sequence[torch.Tensor], reference: Reference | None, reason: str) -> Verdict:
     """Every element: the analytical Jacobian (grouped rows where possible), then each input's
     numerical columns (coloured where the pattern allows) compared chunk by chunk."""
-    tallies = _tallies(problem, leaves, outs, config.tolerance("atol"),
-                       config.tolerance("rtol"), config.max_worst)
     if reference is not None:
+        tallies = _tallies(problem, leaves, outs, config.tolerance("atol"),
+                           config.tolerance("rtol"), config.max_worst)
         return _check_reference(problem, config, leaves, outs, reference, tallies, reason)
+    tallies = judged_tallies(problem, config, leaves, outs)
     plan = problem.plan
     jac = (analytical_jacobian(problem, leaves, outs, plan.strides, plan.trials)
            if plan is not None else analytical_jacobian(problem, leaves, outs))
@@ -186,19 +189,64 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
         else:
             sweep_dense(sweep, jac)
         offset += size
+    measurement = None
+    if config.measured and any(t.mismatched for row in tallies for t in row):
+        from .measured import remeasure
+
+        measurement = remeasure(problem, problem.inputs, tallies, flat_cat(outs).detach(),
+                                config.tolerance("eps"), _fixed(config), kept, bounds)
+        if measurement is None:  # flags it cannot measure, none standing: the fixed tolerance
+            return _fallback(problem, config, leaves, outs, reason)
     dense = {}
     if any(t.mismatched for row in tallies for t in row) and _affordable(problem, jac):
         # Whole blocks: for the diagnosis, and exact counts where the sweep only had bounds.
         failing = [any(t.mismatched for t in row) for row in tallies]
         dense = _dense_blocks(problem, config, jac, leaves, bounds, kept, failing)
-        fresh = _tallies(problem, leaves, outs, config.tolerance("atol"),
-                         config.tolerance("rtol"), config.max_worst)
+        fresh = _tallies(problem, leaves, outs, *_fixed(config), config.max_worst)
         for (i, o), (analytical, numerical) in dense.items():
+            if measurement is not None and not measurement.fixed_settled:
+                continue  # the counts are the measured verdict's
             fresh[i][o].add(analytical, numerical)
             tallies[i][o] = fresh[i][o]
     verdict = _finish(problem, config, tallies, False, "full", reason,
                       Evaluations(flat_cat(outs).detach(), kept))
     verdict.dense = dense
+    if config.measured:
+        from .measured import describe
+
+        describe(verdict, tallies, measurement, problem)
+    return verdict
+
+
+def judged_tallies(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+                   outs: Sequence[torch.Tensor]) -> list[list[BlockTally]]:
+    """Tallies at the fixed tolerance, or (measured) at the tight first bound, recording every
+    failing element for the second step and keeping the fixed tolerance for the kink test."""
+    if not config.measured:
+        return _tallies(problem, leaves, outs, config.tolerance("atol"),
+                        config.tolerance("rtol"), config.max_worst)
+    from .measured import first_bound
+
+    atol, rtol = first_bound(problem.inputs, flat_cat(outs).detach(), config.tolerance("eps"))
+    tallies = _tallies(problem, leaves, outs, atol, rtol, config.max_worst)
+    for row in tallies:
+        for t in row:
+            t.flagged, (t.kink_atol, t.kink_rtol) = [], _fixed(config)
+    return tallies
+
+
+def _fixed(config: CheckConfig) -> tuple[float, float]:
+    return config.tolerance("atol"), config.tolerance("rtol")
+
+
+def _fallback(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+              outs: Sequence[torch.Tensor], reason: str) -> Verdict:
+    """The fixed tolerance's verdict, where elements beyond the first bound cannot be measured
+    (more columns than MAX_COLUMNS, or failures without exact values), none standing."""
+    verdict = check_full(problem, config.fixed(), leaves, outs, None, reason)
+    verdict.details.append(
+        f"tolerance fixed (atol {config.tolerance('atol'):g}, rtol {config.tolerance('rtol'):g}): "
+        "too many elements beyond the measured tolerance's first bound to measure each")
     return verdict
 
 
@@ -335,7 +383,7 @@ def _confirm(problem: Problem, config: CheckConfig, tally: BlockTally, i: int, o
             cache[c] = _estimates(problem, i, c, h, done, near)
         estimates = [e[out_offset + r].item() for e in cache[c].values()]
         spread = max(estimates) - min(estimates)
-        shaky = not math.isfinite(spread) or spread > tally.atol + tally.rtol * abs(n)
+        shaky = not math.isfinite(spread) or spread > tally.kink_tolerance(n)
         elements.append(tally.element(r, c, a, n, inconclusive=shaky))
         if not shaky:  # a standing element settles the verdict: failed
             return elements + exact[k + 1:], False

@@ -11,6 +11,7 @@ from ..config.settings import CheckConfig
 from ..results import Element
 from .compare import BlockTally
 from .problem import Problem, flat_cat
+from .measured import K, first_bound
 from .steps import FINITE_MACHINE, directional, one_sided, vjp_rows
 
 
@@ -36,7 +37,8 @@ class Tests:
         rounding = (20 * eps_m / h) * norm(f0)
         floor = 200 * eps_m * (norm(g, 1, dim=-1)[None, :] + norm(d_h, 1, dim=-1)[:, None])
         # atol at one typical element (|u v| ~ 2.25): what full mode accepts passes here too.
-        tolerance = 8 * spread + 3 * dv.abs() + rounding + floor + 2.25 * atol
+        # K: the same multiple of the measured error that full mode's measured tolerance uses
+        tolerance = K * spread + 3 * dv.abs() + rounding + floor + 2.25 * atol
         a, n, t = np.array(torch.stack([analytical, numerical, tolerance]).tolist())
         self.analytical, self.numerical, self.tolerance = a, n, t
         self.difference = np.abs(a - n)
@@ -65,6 +67,9 @@ class Locator:
         self.u, self.v, self.g = u, v, g
         self.in_slice, self.out_slice = in_slice, out_slice
         self.h = config.tolerance("eps")
+        # a test's floor: the measured tolerance's first bound, else the fixed atol
+        self.atol = (first_bound(self.values, flat_cat(outs).detach(), self.h)[0]
+                     if config.measured else config.tolerance("atol"))
         self.eps_m = FINITE_MACHINE.get(self.values[0].dtype, 2.2e-16)
         self.f_all = flat_cat(outs).detach()
         self.f0 = self.f_all[out_slice]
@@ -102,7 +107,7 @@ class Locator:
         d = directional(self.problem, self.values, dirs, self.h, self.f_all)
         d = d[:, 0, self.out_slice]
         return Test(self.v, d, self.f0, self.g[subset], self.u[subset], self.h, self.eps_m,
-                    self.config.tolerance("atol")).fails
+                    self.atol).fails
 
     def _element(self, col: int) -> Element:
         estimates = one_sided(self.problem, self.values, self.i, col, self.h)
@@ -127,8 +132,7 @@ class Locator:
         signs = self.signs[subset]
         grad = float(self._vjp_at(subset, signs)[col])
         numerical = float(signs @ column[subset])
-        atol = self.config.tolerance("atol")
-        tol = atol + 3 * float(noise[subset].norm()) + 100 * self.eps_m * float(
+        tol = self.atol + 3 * float(noise[subset].norm()) + 100 * self.eps_m * float(
             column[subset].abs().sum())
         return not abs(grad - numerical) <= tol
 

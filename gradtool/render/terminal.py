@@ -163,7 +163,8 @@ def block_lines(block: Block, tolerance: dict[str, float], label: str = "numeric
              else f"located {_plural(block.mismatched, 'mismatched element')} by bisection")
     lines = [f"input '{block.input}' {_shape(block.input_shape)} -> {block.output} "
              f"{_shape(block.output_shape)}   {count}"]
-    tol = f"(atol {tolerance.get('atol', 0):g}, rtol {tolerance.get('rtol', 0):g})"
+    tol = ("(tolerance measured)" if "measured_k" in tolerance else
+           f"(atol {tolerance.get('atol', 0):g}, rtol {tolerance.get('rtol', 0):g})")
     if block.worst:
         first = block.worst[0]
         # In probe mode max_abs_diff is a probe-level number: show the element's own values.

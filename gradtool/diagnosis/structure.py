@@ -1,0 +1,123 @@
+"""Index permutations of a Jacobian block: transposes (any axis pair, non-square, batched) and
+shifts or rolls along any axis; the block is diagnosis/classify.py's _Block."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+
+def _close(a: np.ndarray, n: np.ndarray, atol: float, rtol: float) -> np.ndarray:
+    return np.abs(a - n) <= atol + rtol * np.abs(n)
+
+
+def _axis_pairs(shape: tuple[int, ...]) -> Iterator[tuple[int, int]]:
+    """Pairs of axes a transpose could swap: the last two first (matrices, batched blocks)."""
+    pairs = [(i, j) for j in range(len(shape)) for i in range(j)]
+    pairs.sort(key=lambda p: (-(p[1] == len(shape) - 1 and p[0] == len(shape) - 2), -p[1], -p[0]))
+    for i, j in pairs:
+        if shape[i] > 1 and shape[j] > 1:
+            yield i, j
+
+
+def transposed(b: Any) -> str | None:
+    """A transpose of the returned gradient (or of grad_output), also of a non-square block
+    laid back into the original shape (.t().reshape) and within a batch of blocks."""
+    for side, shape in (("input", b.in_shape), ("output", b.out_shape)):
+        size = int(np.prod(shape)) if shape else 1
+        for i, j in _axis_pairs(shape):
+            perm = np.arange(size).reshape(shape).swapaxes(i, j).ravel()
+            cand = b.n[:, perm] if side == "input" else b.n[perm, :]
+            # one nonzero element moved to its transposed place is evidence enough (a one-hot
+            # gradient: max, norm inf); the identity permutation is excluded by mismatching
+            if not b.matches(cand, minimum=1):
+                continue
+            what = "returns the gradient" if side == "input" else "uses grad_output"
+            square = shape[i] == shape[j]
+            kind = ("" if square else
+                    f" and laid back into shape {tuple(shape)} (a .t().reshape?)")
+            batch = (f" within each of the {size // (shape[i] * shape[j])} blocks"
+                     if len(shape) > 2 else "")
+            axes = f"axes {i} and {j}" if len(shape) > 2 else "(i,j) <-> (j,i)"
+            return (f"analytical = numerical with {side} indices transposed, {axes}{batch}, for "
+                    f"every element ({b.nonzero()}): backward {what} transposed{kind} (a .t() "
+                    f"too many or too few?)")
+    n_out, n_in = b.n.shape
+    if n_out == n_in > 1 and not np.allclose(b.n, b.n.T) and b.matches(b.n.T):
+        return (f"analytical = the numerical Jacobian transposed, as a {n_out} x {n_in} matrix, "
+                f"for every element ({b.nonzero()}): backward computes J v instead of vᵀJ (a "
+                "Jacobian-vector product where the vector-Jacobian product belongs?)")
+    return None
+
+
+def _shift(arr: np.ndarray, step: int, axis: int, wrap: bool) -> np.ndarray:
+    """arr moved by `step` along `axis`: rolled round, or with zeros coming in at the edge."""
+    out = np.roll(arr, step, axis=axis)
+    if not wrap:
+        edge = [slice(None)] * arr.ndim
+        edge[axis] = slice(0, step) if step > 0 else slice(step, None)
+        out[tuple(edge)] = 0.0
+    return out
+
+
+def _shift_views(b: Any) -> Iterator[tuple[str, str, np.ndarray, int]]:
+    """(side, where, view of numerical, axis) for each axis an off-by-one index could run along."""
+    n_out, n_in = b.n.shape
+    multi_in, multi_out = len(b.in_shape) >= 2, len(b.out_shape) >= 2
+    yield "input", "the flattened input" if multi_in else "the input", b.n, 1
+    if multi_in:
+        yield "input", "the last input axis", b.n.reshape(n_out, *b.in_shape), -1
+    yield "output", "the flattened output" if multi_out else "the output", b.n, 0
+    if multi_out:
+        yield "output", "the last output axis", b.n.reshape(*b.out_shape, n_in), -2
+
+
+def shifted(b: Any) -> str | None:
+    for side, where, view, axis in _shift_views(b):
+        for step in (1, -1):
+            for wrap in (False, True):
+                if b.matches(_shift(view, step, axis, wrap).reshape(b.n.shape)):
+                    rolled, sign = (", wrapping round" if wrap else ""), ("-" if step > 0 else "+")
+                    return (f"analytical at {side} index i equals numerical at i{sign}1 along "
+                            f"{where}{rolled}, for every element ({b.nonzero()}): shifted by one "
+                            f"element, an off-by-one index in backward")
+    return _rolled(b)
+
+
+def _roll_steps(b: Any, view: np.ndarray, axis: int, side: str) -> list[int]:
+    """Candidate roll steps along `axis`: where the largest analytical element's value sits in
+    numerical along that axis (a handful, not every step)."""
+    r, c = np.unravel_index(int(np.argmax(np.abs(b.a))), b.a.shape)
+    target = b.a[r, c]
+    if not abs(target) > b.atol:
+        return []
+    full = b.a.reshape(view.shape)
+    index = np.unravel_index(int(r * b.a.shape[1] + c), full.shape)
+    line = list(index)
+    line[axis] = slice(None)
+    values = view[tuple(line)]
+    near = np.nonzero(_close(np.full_like(values, target), values, b.atol, b.rtol))[0]
+    size = view.shape[axis]
+    steps = [int((index[axis] - k) % size) for k in near]
+    return [s for s in dict.fromkeys(steps) if s not in (0,)][:8]
+
+
+def _rolled(b: Any) -> str | None:
+    """Rolled (wrapping) by any step along any axis of the input or the output."""
+    n_out, n_in = b.n.shape
+    for side, shape in (("input", b.in_shape), ("output", b.out_shape)):
+        for d, size in enumerate(shape):
+            if size < 2:
+                continue
+            view = (b.n.reshape(n_out, *shape) if side == "input"
+                    else b.n.reshape(*shape, n_in))
+            axis = d + 1 if side == "input" else d
+            for step in _roll_steps(b, view, axis, side):
+                if b.matches(np.roll(view, step, axis=axis).reshape(b.n.shape), minimum=1):
+                    shown = step if step <= size // 2 else step - size
+                    return (f"analytical = numerical rolled by {shown:+d} along {side} axis {d} "
+                            f"(size {size}), wrapping round, for every element ({b.nonzero()}): "
+                            f"backward's gradient is shifted along that dimension (a roll or "
+                            f"an index offset in backward)")
+    return None

@@ -1,0 +1,354 @@
+"""The measured tolerance: a tight first bound, then each element beyond it judged by its own
+finite-difference error, measured at steps h, 2h and 3h."""
+
+# Central differences at h = 1e-6 on a smooth float64 function are good to ~1e-9 relative, so
+# gradcheck's rtol 1e-3 hides real mistakes. The sweep compares every element with a tight
+# first bound (rounding of f at the largest |f|, of the step at the largest |x|, and 1e-7
+# relative for truncation); a passing run stops there, at today's cost. Only the columns with
+# an element beyond it are evaluated again, at x ± 2h and x ± 3h (4 forwards a column):
+#   truncation  |D_h - D_2h| / 3 (Richardson), scaled by m² at step m h;
+#   noise       sigma of f from three fourth differences over the 7 points (pure rounding or
+#               solver noise: h⁴ f'''' is ~1e-24), pooled over the row's measured columns, /(√2 m h);
+#   rounding    u |f| / (m h) and u |x| |D| / (m h) (the step itself is rounded).
+# An element stands only when it is beyond K x that estimate + a floor at all three steps: the
+# three estimates carry independent noise, so a chance coincidence must happen three times. An
+# element beyond gradcheck's tolerance always stands for the kink test, as before, so the
+# measured tolerance is never more lenient than the fixed one, and kinks stay inconclusive.
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .compare import BlockTally
+from .problem import Problem
+from .steps import FINITE_MACHINE, outputs_of
+
+K = 8.0                # verdict: beyond K x the estimated finite-difference error
+FIRST_RTOL = 1e-7      # first bound's truncation allowance (smooth float64: ~1e-12)
+ROUND_C = 32.0         # first bound's rounding allowance: ROUND_C u max|f| / h
+FLOOR_REL = 1e-9       # the verdict's floor, relative to |D|
+BATCH = 64             # columns measured per round, worst first
+MAX_COLUMNS = 4096     # beyond this, unsettled flags fall back on the fixed tolerance
+NOISY = 1e-6           # a measured relative tolerance above this is reported as a limit
+STEPS = (-3, -2, -1, 1, 2, 3)
+
+
+def first_bound(values: Sequence[torch.Tensor], f0: torch.Tensor, h: float) -> tuple[float, float]:
+    """(atol, rtol) of the sweep's tight first comparison, from the largest |f| and |x|."""
+    u = FINITE_MACHINE.get(f0.dtype, 2.2e-16)
+    fmax = float(f0.abs().nan_to_num(0.0, 0.0, 0.0).max()) if f0.numel() else 0.0
+    xmax = max((float(v.detach().abs().max()) for v in values if v.numel()), default=0.0)
+    return ROUND_C * u * fmax / h, FIRST_RTOL + 8 * u * xmax / h
+
+
+@dataclass
+class Measurement:
+    """What the second step found, for the report."""
+
+    first_atol: float
+    first_rtol: float
+    measured: int = 0          # elements judged by their measured error
+    columns: int = 0           # columns evaluated at 2h and 3h
+    max_tolerance: float = 0.0  # the largest K x error + floor over them
+    max_relative: float = 0.0   # the typical tolerance relative to |D| (where |D| is large)
+    unmeasured: int = 0        # beyond the first bound, not measured (the verdict was settled)
+    fixed_settled: bool = False  # some element is beyond the fixed tolerance: today's verdict
+    fixed: tuple[float, float] = (0.0, 0.0)
+    measured_only: int = 0     # standing elements within gradcheck's fixed tolerance
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        first = f"|a - n| <= {self.first_atol:.2g} + {self.first_rtol:.2g} |n|"
+        if self.fixed_settled and not self.measured:
+            return ("tolerance: these elements are beyond gradcheck's fixed tolerance too "
+                    f"(atol {self.fixed[0]:g}, rtol {self.fixed[1]:g}), no need to measure")
+        if not self.measured:
+            return (f"tolerance measured: every element within the first bound {first} "
+                    "(finite-difference rounding and truncation), so no second step")
+        return (f"tolerance measured: finite-difference error <= {self.max_tolerance:.2g} here "
+                f"({K:g} x the error measured at steps h, 2h, 3h, at {self.measured} element(s) "
+                f"beyond the first bound {first})")
+
+    def limit(self) -> str | None:
+        if self.max_relative <= NOISY:
+            return None
+        return (f"finite differences are noisy here (an iterative solver's tolerance?): errors "
+                f"below {self.max_relative:.2g} relative cannot be seen here")
+
+
+def remeasure(problem: Problem, values: Sequence[torch.Tensor], tallies: list[list[BlockTally]],
+              f0: torch.Tensor, h: float, fixed: tuple[float, float],
+              kept: Sequence[dict[int, tuple[torch.Tensor, torch.Tensor]]],
+              bounds: Sequence[int]) -> Measurement | None:
+    """Judge every element beyond the first bound by its measured error; the tallies are
+    rewritten with the elements that stand. None when some flags cannot be measured (no exact
+    value, or too many columns) and none stands: the caller falls back on the fixed tolerance."""
+    first = tallies[0][0]
+    found = Measurement(first.atol, first.rtol, fixed=fixed)
+    standing = False
+    complete = True
+    for i, row in enumerate(tallies):
+        flags = _flags(row, bounds)
+        if flags is None:
+            complete = False
+            continue
+        # mismatches the sweep counted without an exact value (coloured flags past its budget)
+        unvalued = [t.mismatched - int(((flags[0] >= bounds[o]) & (flags[0] < bounds[o + 1]))
+                                       .sum()) for o, t in enumerate(row)]
+        if not len(flags[0]):
+            complete &= not any(unvalued)
+            continue
+        result = _measure_input(problem, values, i, flags, f0, h, fixed, kept[i], found,
+                                bounds)
+        standing |= result.any_standing
+        complete &= result.complete and not any(unvalued)
+        _rewrite(row, flags, result, bounds, found, unvalued)
+    if not complete and not standing:
+        return None
+    return found
+
+
+def _flags(row: list[BlockTally], bounds: Sequence[int]) -> tuple[torch.Tensor, ...] | None:
+    """(flat rows, cols, analytical, numerical) of one input's flagged elements over its outputs,
+    deduplicated; None when some mismatch has no recorded value."""
+    parts = []
+    for o, tally in enumerate(row):
+        if tally.flagged is None:
+            return None
+        for r, c, a, n in tally.flagged:
+            parts.append((r + bounds[o], c, a, n))
+    if not parts:
+        return (torch.zeros(0, dtype=torch.long),) * 2 + (torch.zeros(0),) * 2
+    r, c, a, n = (torch.cat(p) for p in zip(*parts))
+    key = r * (int(c.max()) + 1) + c
+    _, first = _unique_first(key)
+    return r[first], c[first], a[first], n[first]
+
+
+def _unique_first(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique keys and the position of the LAST occurrence of each (the latest comparison)."""
+    uniq, inverse = torch.unique(key, return_inverse=True)
+    last = torch.zeros(len(uniq), dtype=torch.long)
+    last.scatter_reduce_(0, inverse, torch.arange(len(key)), reduce="amax", include_self=False)
+    return uniq, last
+
+
+@dataclass
+class _Result:
+    stands: torch.Tensor      # per flagged element: beyond its measured tolerance (or fixed)
+    measured: torch.Tensor    # per flagged element: measured (its column was evaluated)
+    tolerance: torch.Tensor   # per flagged element: the tolerance it was judged by (inf: none)
+    any_standing: bool = False
+    complete: bool = True
+
+
+def _measure_input(problem: Problem, values: Sequence[torch.Tensor], i: int,
+                   flags: tuple[torch.Tensor, ...], f0: torch.Tensor, h: float,
+                   fixed: tuple[float, float], kept: dict, found: Measurement,
+                   bounds: Sequence[int]) -> _Result:
+    """Columns worst first, BATCH at a time, until one element stands or all are measured."""
+    rows, cols, a, n = flags
+    diff = (a - n).abs().nan_to_num(nan=math.inf)
+    fixed_tol = fixed[0] + fixed[1] * n.abs()
+    if bool((diff > fixed_tol).any()):
+        # Beyond the fixed tolerance already: today's verdict, at today's cost, no measuring.
+        found.fixed_settled = True
+        return _Result(diff > fixed_tol, torch.ones(len(rows), dtype=torch.bool), fixed_tol,
+                       any_standing=True)
+    excess = diff - (found.first_atol + found.first_rtol * n.abs())
+    order = torch.argsort(excess, descending=True)
+    columns = list(dict.fromkeys(cols[order].tolist()))
+    result = _Result(torch.zeros(len(rows), dtype=torch.bool),
+                     torch.zeros(len(rows), dtype=torch.bool),
+                     torch.full((len(rows),), math.inf, dtype=torch.float64))
+    pooled_sum = torch.zeros_like(f0, dtype=torch.float64)
+    pooled_n = 0
+    for start in range(0, min(len(columns), MAX_COLUMNS), BATCH):
+        batch = columns[start:start + BATCH]
+        points = _evaluate(problem, values, i, batch, h, kept, f0)       # (7, len(batch), n_out)
+        sigma2 = _fourth_differences(points)                         # (len(batch), n_out)
+        pooled_sum += sigma2.sum(0)
+        pooled_n += len(batch)
+        where = {c: k for k, c in enumerate(batch)}
+        mine = torch.tensor([where.get(c, -1) for c in cols.tolist()])
+        pick = mine >= 0
+        k, r = mine[pick], rows[pick]
+        sigma = torch.maximum(sigma2[k, r], pooled_sum[r] / pooled_n).sqrt()
+        x = values[i].detach().reshape(-1)[cols[pick]].abs().double()
+        stands, tol = _judge(points[:, k, r], f0[r].abs().double(), sigma, x, a[pick], h,
+                             fixed)
+        result.stands[pick], result.tolerance[pick] = stands, tol
+        result.measured[pick] = True
+        found.columns += len(batch)
+        found.measured_only += int(stands.sum())
+        if bool(stands.any()):
+            result.any_standing = True
+            break
+    result.complete = bool(result.measured.all()) or result.any_standing
+    measured_tol = result.tolerance[result.measured]
+    finite = measured_tol[torch.isfinite(measured_tol)]
+    found.measured += int(result.measured.sum())
+    if finite.numel():
+        found.max_tolerance = max(found.max_tolerance, float(finite.max()))
+        # per output: the typical relative tolerance among its larger derivatives
+        ok = result.measured & torch.isfinite(result.tolerance)
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            mine = ok & (rows >= lo) & (rows < hi)
+            d = n[mine].abs()
+            if not d.numel() or not float(d.max()) > 0:
+                continue
+            big = d >= 0.1 * float(d.max())
+            typical = float((result.tolerance[mine][big] / d[big]).median())
+            found.max_relative = max(found.max_relative, typical)
+    return result
+
+
+def _evaluate(problem: Problem, values: Sequence[torch.Tensor], i: int, cols: list[int],
+              h: float, kept: dict, f0: torch.Tensor) -> torch.Tensor:
+    """f at x + m h e_c for m in -3..3 (f(x) and kept ±h reused): (7, len(cols), n_out)."""
+    base = values[i].detach().reshape(-1)
+    need = [m for m in STEPS if abs(m) > 1 or any(c not in kept for c in cols)]
+    d = torch.zeros(len(need) * len(cols), base.numel(), dtype=base.dtype)
+    for j, m in enumerate(need):
+        d[torch.arange(len(cols)) + j * len(cols), torch.tensor(cols)] = m * h
+    out = outputs_of(problem, values, i, (base + d).view(-1, *values[i].shape))
+    out = out.view(len(need), len(cols), -1).double()
+    at = {m: out[j] for j, m in enumerate(need)}
+    if 1 not in at:
+        at[1] = torch.stack([kept[c][0] for c in cols]).double()
+        at[-1] = torch.stack([kept[c][1] for c in cols]).double()
+    for k, c in enumerate(cols):  # the failing path (dense blocks, kink test) reuses ±h
+        kept.setdefault(c, (at[1][k].to(base.dtype), at[-1][k].to(base.dtype)))
+    centre = f0.double().expand_as(at[1])
+    return torch.stack([at[-3], at[-2], at[-1], centre, at[1], at[2], at[3]])
+
+
+def _fourth_differences(p: torch.Tensor) -> torch.Tensor:
+    """Per (column, output): mean square of the three fourth differences over 7 points / 70,
+    an estimate of f's noise variance (sigma^2)."""
+    w = torch.tensor([1.0, -4.0, 6.0, -4.0, 1.0], dtype=p.dtype)
+    d4 = torch.stack([torch.tensordot(w, p[s:s + 5], dims=1) for s in range(3)])
+    return (d4.nan_to_num(nan=math.inf) ** 2).mean(0) / 70.0
+
+
+def _judge(p: torch.Tensor, f_abs: torch.Tensor, sigma: torch.Tensor, x_abs: torch.Tensor,
+           a: torch.Tensor, h: float, fixed: tuple[float, float]
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per element (p: (7, E) values at -3h..3h): whether it stands, and its tolerance at h.
+    Where the measurement is not finite (a step left the domain), the fixed tolerance judges."""
+    u = FINITE_MACHINE[torch.float64]
+    d = {m: (p[3 + m] - p[3 - m]) / (2 * m * h) for m in (1, 2, 3)}
+    trunc = (d[1] - d[2]).abs() / 3
+    stands = torch.ones_like(a, dtype=torch.bool)
+    tol_h = None
+    for m, dm in d.items():
+        error = (m * m * trunc + sigma / (math.sqrt(2) * m * h)
+                 + u * (2 * f_abs + 2 * x_abs * dm.abs()) / (m * h))
+        tol = K * error + FLOOR_REL * dm.abs()
+        tol_h = tol if tol_h is None else tol_h
+        stands &= ~((a - dm).abs() <= tol)
+    unmeasurable = ~torch.isfinite(tol_h)
+    diff = (a - d[1]).abs()
+    beyond_fixed = ~(diff <= fixed[0] + fixed[1] * d[1].abs())
+    stands = torch.where(unmeasurable, beyond_fixed, stands | beyond_fixed)
+    return stands, torch.where(unmeasurable, torch.full_like(tol_h, math.inf), tol_h)
+
+
+def _rewrite(row: list[BlockTally], flags: tuple[torch.Tensor, ...], result: _Result,
+             bounds: Sequence[int], found: Measurement, unvalued: Sequence[int]) -> None:
+    """Each output's tally keeps the standing elements (worst by excess over their measured
+    tolerance) and, after an early settle, the unmeasured flags counted as mismatches."""
+    rows, cols, a, n = flags
+    unmeasured = ~result.measured
+    found.unmeasured += int(unmeasured.sum()) + sum(unvalued)
+    keep = result.stands | unmeasured
+    for o, tally in enumerate(row):
+        mine = keep & (rows >= bounds[o]) & (rows < bounds[o + 1])
+        tally.mismatched = int(mine.sum()) + unvalued[o]
+        diff = (a - n).abs()
+        tol = torch.where(torch.isfinite(result.tolerance), result.tolerance,
+                          torch.zeros_like(result.tolerance))
+        excess = torch.where(mine, diff - tol, torch.full_like(diff, -math.inf))
+        top = torch.argsort(excess, descending=True)[:min(tally.keep, int(mine.sum()))]
+        tally.worst = [(float(excess[t]), int(rows[t]) - bounds[o], int(cols[t]),
+                        float(a[t]), float(n[t])) for t in top.tolist()]
+        if tally.mismatched:
+            stood = (result.stands & mine)
+            rel = diff[stood] / n[stood].abs().clamp_min(1e-300)
+            tally.max_rel = float(rel.max()) if rel.numel() else 0.0
+        else:
+            tally.max_rel = 0.0
+
+
+def data_dependent(problem: Problem) -> bool:
+    """Whether forward reads a tensor's value into Python (.item(), float(), a tensor in an
+    if or while: aten._local_scalar_dense), the mark of data-dependent control flow such as
+    a solver's stopping test. One more forward, on the failing path only."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Watch(TorchDispatchMode):
+        seen = False
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            if func is torch.ops.aten._local_scalar_dense.default:
+                Watch.seen = True
+            return func(*args, **(kwargs or {}))
+
+    try:
+        with Watch():
+            problem.outputs([v.detach() for v in problem.inputs])
+    except Exception:  # noqa: BLE001 - the verdict stands; this only softens a small gap
+        return False
+    return Watch.seen
+
+
+def describe(verdict: Any, tallies: list[list[BlockTally]],
+             measurement: Measurement | None, problem: Problem | None = None) -> None:
+    """The report says which tolerance judged, and where noise limits what can be seen."""
+    if (measurement is not None and problem is not None and measurement.measured_only
+            and not measurement.fixed_settled and verdict.outcome.value == "failed"
+            and data_dependent(problem)):
+        # A forward with data-dependent control flow (a solver's stopping test) is often only
+        # as accurate as its tolerance, and its gradient that far from its own finite
+        # differences: a gap within gradcheck's tolerance cannot be told from a mistake.
+        from ..results import Outcome
+
+        verdict.outcome = Outcome.INCONCLUSIVE
+        verdict.details.append(
+            "inconclusive: backward is beyond the measured finite-difference error but within "
+            "gradcheck's fixed tolerance, and forward has data-dependent control flow (it reads "
+            "tensor values into Python: a solver's stopping test?), whose result is only as "
+            "accurate as its "
+            "tolerance: errors this small cannot be told from that here; set --atol/--rtol to "
+            "judge it by a fixed tolerance")
+    if measurement is None:
+        first = tallies[0][0] if tallies and tallies[0] else None
+        measurement = Measurement(first.atol if first else 0.0, first.rtol if first else 0.0)
+    found = measurement
+    verdict.details.append(found.describe())
+    if found.unmeasured:
+        verdict.details.append(f"{found.unmeasured} more element(s) beyond the first bound "
+                               "were not measured: the verdict was already settled")
+    limit = found.limit()
+    if limit:
+        verdict.details.append(limit)
+        verdict.limit = limit
+    if found.fixed_settled and not found.measured:  # judged by gradcheck's, as it says
+        verdict.tolerance = {"atol": found.fixed[0], "rtol": found.fixed[1]}
+        return
+    verdict.tolerance = {"atol": found.first_atol, "rtol": found.first_rtol,
+                         "measured_k": K, "measured_error": found.max_tolerance}
+
+
+def describe_probe(verdict: Any, tally: BlockTally) -> None:
+    """Probe mode's tolerance is measured too (between steps h and 2h): the same words."""
+    verdict.details.append(
+        f"tolerance measured: each probe within {K:g} x the finite-difference error measured "
+        f"between steps h and 2h, plus rounding (floor {tally.atol:.2g})")
+    verdict.tolerance = {"atol": tally.atol, "rtol": tally.rtol, "measured_k": K}
