@@ -30,7 +30,7 @@ A spec file is one YAML mapping: `version: 1` and `specs:`, a list of specs. Eac
   inputs_from: file.py:make_inputs (a factory taking generator/dtype/device) or inputs.pt
   cases:  several input sets: [{name: big, seed: 1, inputs: {x: [8, 8]}}] (overrides by name)
   seed, dtype, device, mode (auto|full|probe), checks [contract, gradient, double_backward,
-  forward_ad, vmap, complex, compiled],
+  forward_ad, vmap, complex, compiled, layout],
   reference ('file.py:fn', a low-precision kernel's float64 reference), autocast (float16|bfloat16),
   eps, atol, rtol, nondet_tol, timeout (seconds per target); tolerances: {double_backward: {atol: 1.0e-4}} per check
   xfail:  {gradient: 'why this check is expected to fail'};  ignore: [contract.broadcast_gradient]
