@@ -134,3 +134,45 @@ def _line_of(module, text: str) -> int:
 
     lines = inspect.getsource(module).splitlines()
     return next(k + 1 for k, line in enumerate(lines) if text in line)
+
+
+def test_the_culprit_search_names_a_function_given_a_transposed_grad_output(fx):
+    report = gradtool.check(fx.scaled_transposed, ["3x4", "(4,)"], checks=("gradient",))
+    check = result(report, "gradient")
+    assert check.outcome is Outcome.FAILED
+    text = "\n".join(check.details)
+    assert "RowScaleFlat (" in text and "is wrong w.r.t. x" in text
+    assert "is wrong in the layouts it received" in text
+    assert "wrong for the transposed grad_output it received" in text
+    assert "code between them" not in text
+    assert check.source == source_of(fx.RowScaleFlat.backward)
+
+
+def test_the_model_case_names_the_function(fx):
+    check = result(gradtool.check(fx.TransposedModel(), ["3x4"], checks=("gradient",)),
+                   "gradient")
+    assert check.outcome is Outcome.FAILED
+    assert any("RowScaleFlat at" in line and "transposed grad_output it received" in line
+               for line in check.details)
+
+
+def test_the_stride_aware_twin_inside_the_callable_passes(fx):
+    report = gradtool.check(fx.scaled_transposed_ok, ["3x4", "(4,)"])
+    assert report.ok(), [(k.name, k.summary) for _, _, k in report.checks()]
+
+
+def test_restride_keeps_values_in_the_captured_strides():
+    from gradtool.run.received import describe, restride
+
+    t = torch.randn(3, 4)
+    out = restride(t, ((3, 4), (1, 3), 0))
+    assert out.stride() == (1, 3) and torch.equal(out, t)
+    out = restride(t, ((3, 4), (8, 2), 1))
+    assert out.stride() == (8, 2) and out.storage_offset() == 1 and torch.equal(out, t)
+    out = restride(t, ((3, 4), (0, 1), 0))
+    assert out.stride() == (0, 1) and torch.equal(out, t[:1].expand(3, 4))
+    assert restride(t, ((3, 4), (4, 1), 0)) is None        # already so: nothing to try
+    assert restride(t, ((4, 3), (1, 4), 0)) is None        # another shape
+    assert describe(((3, 4), (1, 3), 0)) == "transposed"
+    assert describe(((3, 4), (0, 0), 0)) == "expanded (stride-0)"
+    assert describe(((2, 3, 4, 5), (60, 1, 15, 3), 0)) == "channels_last"

@@ -196,7 +196,10 @@ def locate_functions(problem: Problem, config: CheckConfig) -> list[FunctionFind
         findings.append(_not_captured(cls))
     from .ops_inside import locate_ops  # custom ops (torch.library) inside, named ns::name
 
-    return findings + [FunctionFinding(**found) for found in locate_ops(problem, config)]
+    findings = findings + [FunctionFinding(**found) for found in locate_ops(problem, config)]
+    from .received import with_received_layouts  # those that pass, again in received strides
+
+    return with_received_layouts(problem, config, findings)
 
 
 def unique(applications: Sequence[Application]) -> list[Application]:
