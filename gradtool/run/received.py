@@ -14,9 +14,10 @@ import torch
 from ..config.settings import CheckConfig
 from ..errors import InternalError
 from ..numerics.problem import Problem, function_nodes
-from ..results import Outcome
+from ..results import CheckResult, Outcome
 from .culprit import Application, FunctionFinding, _is_torch, _profiled, _Recorder, \
     captured_case
+from .culprit import annotate as _annotate
 
 Strides = tuple[tuple[int, ...], tuple[int, ...], int]  # shape, stride, storage offset
 
@@ -124,6 +125,11 @@ def describe(strides: Strides) -> str:
         return "transposed"
     where = f", storage offset {offset}" if offset else ""
     return f"strided {stride}{where}"
+
+
+def annotate(result: CheckResult, problem: Problem, config: CheckConfig) -> CheckResult:
+    """culprit.annotate, with the Functions that pass alone re-checked in received strides."""
+    return _annotate(result, problem, config, with_received_layouts)
 
 
 def with_received_layouts(problem: Problem, config: CheckConfig,
