@@ -35,6 +35,7 @@ INPUT_KEYS = ("name", "shape", "dtype", "domain", "requires_grad", "value")
 TENSOR_DTYPES = (*DTYPES, *COMPLEX_DTYPES, *INTEGER_DTYPES)
 NAMED_DOMAINS = tuple(d for d in DOMAINS if d != "range")
 MAX_NUMEL = 1_000_000   # a gradient check of a bigger tensor is not what a spec is for
+_SIZE = re.compile(r"^[A-Z][A-Z0-9_]*$")   # a size symbol, as in --input's NxD
 _DEVICE = re.compile(r"^(cpu|cuda|mps|xpu)(:\d+)?$")
 _SHAPE_HELP = "expected a list of non-negative integers such as [3, 4] ([] for a 0-d tensor)"
 
@@ -186,7 +187,8 @@ class InputReader:
     def shape(self, value: Any, key: str, line: int | None) -> tuple[int, ...] | None:
         # Only a list: the mini-language ('3x4') is the shorthand form's job, not shape:'s.
         if isinstance(value, LineList) and all(
-                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
+                isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                or isinstance(d, str) and _SIZE.match(d) for d in value):  # D: sweep: fills it
             return tuple(value)
         self.error(f"{_SHAPE_HELP}, got {show(value)}", key, line)
         return None
@@ -208,16 +210,20 @@ class InputReader:
         return None
 
     def finish(self, spec: TensorSpec, key: str, line: int | None) -> TensorSpec | None:
-        try:
-            validate_tensor_spec(spec)
+        try:  # a size symbol is checked with its sweep's values, once they are known
+            validate_tensor_spec(replace(spec, shape=_sized(spec.shape)))
         except InputError as exc:
             self.error(exc.message, key, line, exc.hint)
             return None
-        if math.prod(spec.shape) > MAX_NUMEL:
+        if math.prod(_sized(spec.shape)) > MAX_NUMEL:
             self.error(f"shape {list(spec.shape)} has {math.prod(spec.shape)} elements; a spec "
                        f"input may have at most {MAX_NUMEL}", key, line)
             return None
         return spec
+
+
+def _sized(shape: tuple[Any, ...]) -> tuple[int, ...]:
+    return tuple(1 if isinstance(d, str) else d for d in shape)
 
 
 def number(value: Any) -> float | None:
@@ -408,3 +414,50 @@ def _defined_names(path: str, mtime: int) -> frozenset[str] | None:
         elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For)):
             return None  # conditional definitions: too clever to follow, let the import decide
     return frozenset(names)
+
+
+def read_sweep(data: LineDict, key: str, error: ErrorSink) -> tuple[Any, ...]:
+    """sweep: {D: [15, 16, 17]} or {D: awkward} -> targets/sizes.py Sweeps (() when absent)."""
+    from ..targets.sizes import SWEEP_HELP, Sweep, sweep_values
+
+    if "sweep" not in data:
+        return ()
+    value, where = data["sweep"], f"{key}.sweep" if key else "sweep"
+    if not isinstance(value, LineDict) or not value:
+        error(f"expected a mapping of size names to values, e.g. {{D: [15, 16, 17]}} or "
+              f"{{D: awkward}}, got {show(value)}", where, line_of(data, "sweep"))
+        return ()
+    out = []
+    for name, raw in value.items():
+        line = line_of(value, name, line_of(data, "sweep"))
+        if not isinstance(name, str) or not _SIZE.match(name):
+            error(f"{show(name)} is not a size name (upper-case, as in shape: [4, D])",
+                  f"{where}.{name}", line, SWEEP_HELP)
+            continue
+        try:
+            values, awkward = sweep_values(plain(raw), f"sweep {name}")
+        except InputError as exc:
+            error(exc.message, f"{where}.{name}", line, exc.hint)
+            continue
+        out.append(Sweep(name, values, awkward))
+    return tuple(out)
+
+
+def swept(cases: tuple[Any, ...], data: LineDict, key: str, error: ErrorSink) -> tuple[Any, ...]:
+    """Each case once per combination of the sizes in sweep: (labels 'D=17'), checked here so
+    that a size without values, or values for no size, is an error at its file:line."""
+    from ..targets.sizes import sweep_cases
+
+    sweeps = read_sweep(data, key, error)
+    out = []
+    for case in cases:
+        try:
+            found = sweep_cases(case.inputs, sweeps, "")
+        except InputError as exc:
+            line = line_of(data, "sweep", line_of(data, "inputs", line_of(data, "cases")))
+            error(exc.message, f"{key}.sweep" if key else "sweep", line, exc.hint)
+            return cases
+        prefix = "" if case.label == "case 0" else f"{case.label} "
+        out += [replace(case, label=prefix + label, inputs=tuple(specs))
+                for label, specs in found] or [case]
+    return tuple(out)
