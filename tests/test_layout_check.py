@@ -176,3 +176,21 @@ def test_restride_keeps_values_in_the_captured_strides():
     assert describe(((3, 4), (1, 3), 0)) == "transposed"
     assert describe(((3, 4), (0, 0), 0)) == "expanded (stride-0)"
     assert describe(((2, 3, 4, 5), (60, 1, 15, 3), 0)) == "channels_last"
+
+
+def test_a_module_is_checked_in_the_input_and_grad_output_layouts_not_its_parameters(fx):
+    check = layout(fx.ChannelScaleModule(), ["2x3x4x5"])
+    assert check.outcome is Outcome.FAILED
+    assert any("channels_last grad_output" in f.message for f in check.findings)
+    assert "'scale'" not in check.summary.split("inputs")[-1]  # a parameter keeps its layout
+    twin = layout(fx.ChannelScaleModuleOk(), ["2x3x4x5"])
+    assert twin.outcome is Outcome.PASSED, twin.summary
+    assert "inputs 'x'" in twin.summary and "scale" not in twin.summary
+
+
+def test_a_custom_op_s_registered_backward_is_checked_too():
+    ops = load_fixture("layout_ops")
+    check = layout(ops.row_scale, ["3x4", "(4,)"])
+    assert check.outcome is Outcome.FAILED
+    assert "wrong for a transposed grad_output" in check.summary
+    assert layout(ops.row_scale_ok, ["3x4", "(4,)"]).outcome is Outcome.PASSED
