@@ -14,7 +14,7 @@ import torch
 from ..config.settings import CheckConfig
 from ..errors import InternalError
 from ..numerics.problem import Problem, function_nodes
-from ..results import CheckResult, Outcome
+from ..results import CheckResult, Outcome, Severity
 from .culprit import Application, FunctionFinding, _is_torch, _profiled, _Recorder, \
     captured_case
 from .culprit import annotate as _annotate
@@ -177,6 +177,7 @@ def _recheck(finding: FunctionFinding, app: Application, received: Received,
         raise
     except Exception:  # noqa: BLE001 - arguments that no longer bind: keep the first verdict
         return finding
+    layouts = [f for f in layouts if f.severity is Severity.FAILURE]
     if not layouts:
         return finding
     wrong = tuple(n for n in problem.input_names if any(f"'{n}'" in f.message for f in layouts))
