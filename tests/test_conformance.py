@@ -31,6 +31,8 @@ ALLOWED: dict[str, dict[str, tuple[str, str]]] = {
     # op's own contract: the layout check tells a user wrapping them to copy or reshape first.
     "view": {"layout": ("failed", "view refuses a transposed input: reshape is the fix")},
     "view_as": {"layout": ("failed", "view_as refuses a transposed input: reshape is the fix")},
+    "view_as_complex": {"layout": ("failed", "view_as_complex needs a last dimension of stride "
+                                          "1")},
     "native_group_norm": {"layout": ("failed", "the native kernel requires contiguous input")},
     "as_strided.partial_views": {"layout": ("failed", "as_strided addresses the storage: its "
                                             "values depend on the input's layout")},

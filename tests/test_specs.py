@@ -201,7 +201,7 @@ INVALID = [
     (spec_file("- target: ops.py:Double", "  checks: []"),
      "a.yaml:4: specs[0].checks: expected a list of checks among contract, gradient, "
      "double_backward, forward_ad, vmap, complex, compiled, op_schema, op_fake, op_autograd, "
-     "op_compiled, got []", None),
+     "op_compiled, layout, got []", None),
     (spec_file("- target: ops.py:Double", "  tolerances:", "    gradiend: {atol: 1.0e-4}"),
      "a.yaml:5: specs[0].tolerances.gradiend: unknown key 'gradiend'; allowed: contract, gradient, "
      "double_backward, forward_ad, vmap, complex, compiled, op_schema, op_fake, op_autograd, "
