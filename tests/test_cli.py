@@ -29,7 +29,7 @@ def test_help_and_import_do_not_load_torch():
 def test_passing_target_exits_0():
     result = run("check", f"{EXAMPLES}/legendre.py:LegendrePolynomial3")
     assert result.exit_code == 0, result.output
-    assert "3 passed" in result.output
+    assert "4 passed" in result.output  # contract, gradient, double_backward, layout
 
 
 def test_failing_target_exits_1_and_reproduces():
@@ -99,7 +99,8 @@ def test_json_report_alone_on_stdout():
     data = json.loads(result.stdout)
     assert data["schema_version"] == 1
     checks = data["targets"][0]["cases"][0]["checks"]
-    assert [c["name"] for c in checks] == ["contract", "gradient", "double_backward"]
+    assert [c["name"] for c in checks] == ["contract", "gradient", "double_backward",
+                                            "layout"]
     assert data["config"]["seed"] == 0 and data["versions"]["torch"]
 
 

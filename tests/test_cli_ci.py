@@ -29,7 +29,7 @@ SCHEMA = xmlschema.XMLSchema(str(ROOT / "tests" / "data" / "junit.xsd"))
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour and style (SGR) sequences
 FAILING = "specs/mul_constant.py"     # MulConstant passes, MulConstantUnscaled fails its gradient
 PASSING = "specs/mul_constant.py:MulConstant"
-SUMMARY = "2 target(s), 6 check(s): 1 failed, 5 passed"
+SUMMARY = "2 target(s), 8 check(s): 1 failed, 7 passed"
 
 # Variables that change what the CLI prints; every test starts without them (CI sets some).
 ENV_CLEAR = ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "COLUMNS",
@@ -88,7 +88,7 @@ def test_junit_xml_validates_and_carries_the_plain_report(project):
     SCHEMA.validate(xml)
     root = ET.fromstring(xml)
     cases = list(root.iter("testcase"))
-    assert len(cases) == 6 and root.get("tests") == "6" and root.get("failures") == "1"
+    assert len(cases) == 8 and root.get("tests") == "8" and root.get("failures") == "1"
     [failed] = [c for c in cases if c.find("failure") is not None]
     assert failed.get("name").endswith("gradient")
     text = failed.find("failure").text
@@ -154,7 +154,7 @@ def test_check_without_arguments_runs_the_configured_paths(project):
     result = gradtool_cli("check")
     assert result.exit_code == 0, result.output
     assert "MulConstant " in result.stdout and "MulConstantUnscaled" not in result.stdout
-    assert "1 target(s), 3 check(s): 3 passed" in result.stdout
+    assert "1 target(s), 4 check(s): 4 passed" in result.stdout
 
 
 def test_command_line_targets_and_flags_override_the_config(project):
@@ -221,7 +221,7 @@ def test_verbose_adds_per_check_timing(project):
     plain = gradtool_cli("check", FAILING).stdout.splitlines()
     for lines, timed in ((verbose, True), (plain, False)):
         headers = [line for line in lines if line.startswith(("PASS", "FAIL"))]
-        assert len(headers) == 6
+        assert len(headers) == 8
         assert all(bool(timing.search(line)) is timed for line in headers)
 
 
@@ -348,7 +348,7 @@ def test_list_shows_targets_and_inputs_without_running_checks(project):
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [
         "specs/sentinel.py:Marked  [function]", "  case 0 (given, seed 0): x 3x4:float64",
-        "    checks: contract, gradient, double_backward; not applicable: forward_ad: the "
+        "    checks: contract, gradient, double_backward, layout; not applicable: forward_ad: the "
         "Function defines no jvp (forward-mode AD is not supported by it); vmap: no vmap rule "
         "(the Function sets no generate_vmap_rule and defines no vmap); complex: no complex "
         "inputs or outputs"]

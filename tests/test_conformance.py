@@ -26,7 +26,18 @@ OPS = sorted(autograd_ops()) if REASON is None else \
 
 # Differences where gradtool is right and PyTorch's declarations say the test runs and passes.
 # Each entry: op -> {check: (accepted outcome, why)}. Keep it short and explained.
-ALLOWED: dict[str, dict[str, tuple[str, str]]] = {}
+ALLOWED: dict[str, dict[str, tuple[str, str]]] = {
+    # A function calling these refuses (or reads differently) a non-contiguous input by the
+    # op's own contract: the layout check tells a user wrapping them to copy or reshape first.
+    "view": {"layout": ("failed", "view refuses a transposed input: reshape is the fix")},
+    "view_as": {"layout": ("failed", "view_as refuses a transposed input: reshape is the fix")},
+    "view_as_complex": {"layout": ("failed", "view_as_complex needs a last dimension of stride "
+                                          "1")},
+    "linalg.cond": {"layout": ("skipped", "a 0-d output, and no input layout tried")},
+    "native_group_norm": {"layout": ("failed", "the native kernel requires contiguous input")},
+    "as_strided.partial_views": {"layout": ("failed", "as_strided addresses the storage: its "
+                                            "values depend on the input's layout")},
+}
 
 
 @pytest.fixture(autouse=True)
@@ -64,7 +75,8 @@ def _disagreement(name: str, check, expected, empty: bool) -> str | None:
     allowed = ALLOWED.get(name, {}).get(check.name)
     if allowed and outcome == allowed[0]:
         return None
-    declared_as = expected.gradient if check.name in ("contract", "gradient", "complex") \
+    declared_as = expected.gradient if check.name in ("contract", "gradient", "complex",
+                                                      "layout") \
         else expected.double_backward
     if check.name == "gradient" and outcome == "skipped" and "complex check" in check.summary:
         return None  # complex inputs or outputs: the complex check (judged on its own) covers it

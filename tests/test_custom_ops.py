@@ -33,8 +33,8 @@ def test_correct_op_passes_every_check(ops):
     report = gradtool.check(ops.scale_mul)
     assert report.targets[0].kind == "op"
     assert outcomes(report) == dict.fromkeys(
-        ["contract", "gradient", "double_backward", "op_schema", "op_fake", "op_autograd"],
-        "passed")
+        ["contract", "gradient", "double_backward", "op_schema", "op_fake", "op_autograd",
+         "layout"], "passed")
     # inputs came from the schema: two tensors, and alpha's default
     infos = report.targets[0].cases[0].inputs
     assert [(i.name, i.differentiable) for i in infos] == [("x", True), ("y", True),
@@ -226,7 +226,8 @@ def test_list_says_which_op_checks_apply(ops):
     lines = list(list_lines(target_jobs(f"{path}:sin_no_autograd", config, None)
                             + target_jobs(f"{path}:Gate", config, None), [], config))
     assert "checks: op_schema, op_fake, op_autograd; not applicable: contract, gradient, " \
-        "double_backward: not run: gt_ops_test::sin_no_autograd has no autograd formula" \
+        "double_backward, layout: not run: gt_ops_test::sin_no_autograd has no autograd " \
+        "formula" \
         in lines[2]
     assert "op_" not in lines[5]  # not an op: the op checks are not even mentioned
 

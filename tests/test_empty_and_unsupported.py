@@ -50,7 +50,7 @@ def only_empty(e):
 def test_empty_tensors_beside_others_are_checked(mode, target, inputs):
     report = gradtool.check(target, inputs, mode=mode)
     assert outcomes(report) == {"contract": "passed", "gradient": "passed",
-                                "double_backward": "passed"}
+                                "double_backward": "passed", "layout": "passed"}
 
 
 @pytest.mark.parametrize("mode", ["full", "probe"])
@@ -77,7 +77,7 @@ def cdist_by_hand(x, y):
 def test_derivative_torch_does_not_implement_skips_double_backward_in_torchs_words():
     report = gradtool.check(cdist, ["4x3", "5x3"])
     assert outcomes(report) == {"contract": "passed", "gradient": "passed",
-                                "double_backward": "skipped"}
+                                "double_backward": "skipped", "layout": "passed"}
     summary = result(report, "double_backward").summary
     assert "the derivative for '_cdist_backward' is not implemented" in summary
 

@@ -104,7 +104,7 @@ def test_one_item_per_spec_case_and_check(project):
 
 def test_passing_spec_passes(project):
     project.makefile(".yaml", good=PASSING)
-    run_pytest(project, "--gradtool").assert_outcomes(passed=6, skipped=6)  # faces a spec's target lacks: skipped
+    run_pytest(project, "--gradtool").assert_outcomes(passed=8, skipped=6)  # faces a spec's target lacks: skipped
 
 
 @pytest.mark.parametrize("ini", ["[pytest]\ngradtool = true\n",
@@ -115,13 +115,13 @@ def test_ini_option_opts_in(project, ini):
     else:
         project.makepyprojecttoml(ini)
     project.makefile(".yaml", good=PASSING)
-    run_pytest(project).assert_outcomes(passed=6, skipped=6)  # faces a spec's target lacks: skipped
+    run_pytest(project).assert_outcomes(passed=8, skipped=6)  # faces a spec's target lacks: skipped
 
 
 def test_failure_text_is_the_cli_plain_report(project):
     project.makefile(".yaml", bad=FAILING)
     result = run_pytest(project, "--gradtool")
-    result.assert_outcomes(passed=2, failed=1, skipped=3)  # faces a spec's target lacks: skipped
+    result.assert_outcomes(passed=3, failed=1, skipped=3)  # faces a spec's target lacks: skipped
     # What the CLI prints for the same spec, computed in this process (same cwd, same seed).
     jobs, _ = collect_specs("bad.yaml", CheckConfig())
     report = run(jobs, CheckConfig())
@@ -138,7 +138,7 @@ def test_failure_text_is_the_cli_plain_report(project):
 def test_declared_expected_failure_is_xfail_and_a_stale_one_fails(project):
     project.makefile(".yaml", xfail=XFAIL, xpass=XPASS)
     result = run_pytest(project, "--gradtool", "-rxX")
-    result.assert_outcomes(passed=4, xfailed=1, failed=1, skipped=6)  # faces a spec's target lacks: skipped
+    result.assert_outcomes(passed=6, xfailed=1, failed=1, skipped=6)  # faces a spec's target lacks: skipped
     result.stdout.fnmatch_lines(["XPASS MulConstant   gradient",
                                  "*declared expected failure: stale declaration"],
                                 consecutive=False)
@@ -149,7 +149,7 @@ def test_declared_expected_failure_is_xfail_and_a_stale_one_fails(project):
 def test_invalid_spec_is_a_collection_error_with_the_spec_error(project):
     project.makefile(".yaml", invalid=INVALID, good=PASSING)
     result = run_pytest(project, "--gradtool", "--continue-on-collection-errors")
-    result.assert_outcomes(passed=6, errors=1, skipped=6)  # faces a spec's target lacks: skipped
+    result.assert_outcomes(passed=8, errors=1, skipped=6)  # faces a spec's target lacks: skipped
     with pytest.raises(SpecError) as error:  # what `gradtool check invalid.yaml` reports
         load_file("invalid.yaml")
     assert str(error.value).startswith("invalid.yaml:5: specs[0].inputs[0].shpe: unknown key")
@@ -164,7 +164,7 @@ def test_target_failing_on_import_fails_collection_of_that_spec_only(project):
                        "\nraise RuntimeError('boom at import')\n")
     project.makefile(".yaml", targets=BOOM_TARGET)
     result = run_pytest(project, "--gradtool", "--continue-on-collection-errors")
-    result.assert_outcomes(passed=3, errors=1, skipped=3)  # faces a spec's target lacks: skipped
+    result.assert_outcomes(passed=4, errors=1, skipped=3)  # faces a spec's target lacks: skipped
     result.stdout.fnmatch_lines(["targets.yaml:3: target: importing *boom.py raised "
                                  "RuntimeError: boom at import",
                                  "ERROR targets.yaml::MulConstantUnscaled"], consecutive=False)
@@ -201,7 +201,7 @@ from gradtool.testing import assert_gradients
 
 def test_fixture_passes(gradtool_check):
     report = gradtool_check(MulConstant, ["3x3", "5"])
-    assert report.ok() and len(report.checks()) == 3
+    assert report.ok() and len(report.checks()) == 4
 
 def test_fixture_fails(gradtool_check):
     gradtool_check(MulConstantUnscaled, ["3x3", "5"])
@@ -246,7 +246,7 @@ def test_override(gradtool_check):
 def test_xdist_two_workers(project):
     project.makefile(".yaml", good=PASSING, bad=FAILING, xfail=XFAIL)
     result = run_pytest(project, "--gradtool", "-n", "2")
-    result.assert_outcomes(passed=10, failed=1, xfailed=1, skipped=12)  # faces a spec's target lacks: skipped
+    result.assert_outcomes(passed=14, failed=1, xfailed=1, skipped=12)  # faces a spec's target lacks: skipped
     result.stdout.fnmatch_lines(["*2 workers*", "  diagnosis: *"],
                                 consecutive=False)
 

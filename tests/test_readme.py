@@ -31,3 +31,16 @@ def test_readme_failure_example_matches_the_tool(monkeypatch):
         if "mode:" in line or "predicted" in line:
             continue  # timing-dependent wording
         assert line.rstrip() in result.output, line
+
+
+def test_readme_sweep_example_finds_the_tail_block_bug(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    shown = re.search(r"### Sizes and sweeps.*?```\n\$ (gradtool check .*?)\n(.*?)```", README,
+                      re.S)
+    command, output = shown.group(1).split()[2:], shown.group(2)
+    result = CliRunner().invoke(main, ["check", *command, "--no-isolate"])
+    assert result.exit_code == 1
+    for line in output.strip().splitlines():
+        assert line in result.output, line
+    assert "reproduce: gradtool check tests/fixtures/layouts.py:RowSumTail -i 4x17 --seed 0" \
+        in result.output

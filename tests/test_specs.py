@@ -57,7 +57,7 @@ INVALID = [
      "a.yaml:4: specs[0].atoll: unknown key 'atoll'; allowed: name, target, expr, init, inputs, "
      "kwargs, inputs_from, cases, seed, dtype, device, eps, atol, rtol, nondet_tol, mode, checks, "
      "reference, autocast, timeout, ignore, tolerances, xfail, surrogate, trust_callable, op, "
-     "import",
+     "import, sweep",
      "did you mean 'atol'?"),
     (spec_file("- name: both", "  target: ops.py:Double", "  expr: x", f"  {X}"),
      "a.yaml:3: specs[0]: give exactly one of target: (file.py:Name or module:Name), op: or "
@@ -197,15 +197,15 @@ INVALID = [
     (spec_file("- target: ops.py:Double", "  checks: [gradient, gradiant]"),
      "a.yaml:4: specs[0].checks[1]: unknown check 'gradiant'; checks are contract, gradient, "
      "double_backward, forward_ad, vmap, complex, compiled, op_schema, op_fake, op_autograd, "
-     "op_compiled", "did you mean 'gradient'?"),
+     "op_compiled, layout", "did you mean 'gradient'?"),
     (spec_file("- target: ops.py:Double", "  checks: []"),
      "a.yaml:4: specs[0].checks: expected a list of checks among contract, gradient, "
      "double_backward, forward_ad, vmap, complex, compiled, op_schema, op_fake, op_autograd, "
-     "op_compiled, got []", None),
+     "op_compiled, layout, got []", None),
     (spec_file("- target: ops.py:Double", "  tolerances:", "    gradiend: {atol: 1.0e-4}"),
      "a.yaml:5: specs[0].tolerances.gradiend: unknown key 'gradiend'; allowed: contract, gradient, "
      "double_backward, forward_ad, vmap, complex, compiled, op_schema, op_fake, op_autograd, "
-     "op_compiled", "did you mean 'gradient'?"),
+     "op_compiled, layout", "did you mean 'gradient'?"),
     (spec_file("- target: ops.py:Double", "  tolerances:", "    gradient: {atl: 1.0e-4}"),
      "a.yaml:5: specs[0].tolerances.gradient.atl: unknown key 'atl'; allowed: eps, atol, rtol, "
      "nondet_tol", "did you mean 'atol'?"),

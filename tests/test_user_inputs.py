@@ -157,7 +157,8 @@ def test_spec_nested_keyword_and_factory():
     outcome = {t["target"]: {k["name"]: k["outcome"] for c in t["cases"] for k in c["checks"]}
                for t in data["targets"]}
     assert outcome["Cell"] == outcome["Masked"] == outcome["UnitNormalize"] == {
-        "contract": "passed", "gradient": "passed", "double_backward": "passed"}
+        "contract": "passed", "gradient": "passed", "double_backward": "passed",
+        "layout": "passed"}
     assert outcome["CellWrongH"]["gradient"] == "failed"
     assert outcome["MaskedWrongMask"]["gradient"] == "failed"
     assert outcome["UnitNormalize on random inputs"]["gradient"] == "failed"
@@ -184,7 +185,7 @@ def test_inputs_from_factory_passes_where_random_inputs_fail():
                ).exit_code == 0
     assert run("check", f"{F}:UnitNormalize", "-i", "3x4").exit_code == 1
     named = run("check", f"{F}:UnitNormalize", "--inputs-from", f"{F}:unit_cases")
-    assert named.exit_code == 0 and "6 passed" in named.output
+    assert named.exit_code == 0 and "8 passed" in named.output  # 2 cases x 4 checks
 
 
 def test_factory_that_raises_or_returns_junk_is_exit_2_and_named():

@@ -19,7 +19,7 @@ __all__ = ["applies", "gate", "registered", "run"]
 
 # The checks that need the op's backward: skipped, with one reason, when it has none.
 NEEDS_BACKWARD = ("contract", "gradient", "double_backward", "forward_ad", "vmap", "complex",
-                  "compiled")
+                  "compiled", "layout")
 
 
 NO_RETURNS = "the op returns nothing (it writes in place): no output to differentiate"

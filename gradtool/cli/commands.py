@@ -60,8 +60,11 @@ def _sources(kw: dict[str, Any], config: CheckConfig) -> dict[str, Any]:
 
         cases = [CaseSpec(label, specs, config.seed, kw["inputs_from"]) for label, specs in
                  load_inputs(kw["inputs_from"], config.seed, config.dtype, config.device)]
+    from ..targets.sizes import parse_sweep
+
+    sweeps = [parse_sweep(text) for text in kw.get("sweeps") or ()]
     return {"inputs": inputs, "cases": cases, "init": parse_init(kw.get("init") or ()),
-            "imports": tuple(kw.get("imports") or ())}
+            "imports": tuple(kw.get("imports") or ()), "sweeps": sweeps}
 
 
 def run_check(kw: dict[str, Any]) -> int:
@@ -81,7 +84,8 @@ def run_check(kw: dict[str, Any]) -> int:
                              "spec file or folder), or set paths in [tool.gradtool]")
     from functools import partial  # picklable, for workers that are spawned, not forked
 
-    options = {name: kw.get(name) for name in ("inputs", "inputs_from", "init", "imports")}
+    options = {name: kw.get(name) for name in ("inputs", "inputs_from", "init", "imports",
+                                                "sweeps")}
     collect = partial(_jobs_for, targets, config, options)
     if kw.get("isolate", True):
         report = _supervise(collect, config, targets, kw)
@@ -145,7 +149,7 @@ def _save_inputs(path: str, jobs: list[Any]) -> None:
 
 def _collect(targets: list[str], config: CheckConfig, inputs: list[Any] | None,
              cases: list[Any] | None = None, init: dict[str, Any] | None = None,
-             imports: tuple[str, ...] = ()):
+             imports: tuple[str, ...] = (), sweeps: list[Any] | None = None):
     from ..results import Rejected
     from ..run.collect import collect_one
 
@@ -156,7 +160,7 @@ def _collect(targets: list[str], config: CheckConfig, inputs: list[Any] | None,
     jobs, rejected, errors = [], [], []
     for arg in targets:
         try:
-            found, bad = collect_one(arg, config, inputs, cases, init, imports)
+            found, bad = collect_one(arg, config, inputs, cases, init, imports, sweeps)
         except GradtoolError as exc:
             errors.append(exc)
             rejected.append(Rejected(arg, str(exc)))

@@ -103,6 +103,10 @@ def check_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--import", "imports", multiple=True, metavar="MODULE|FILE",
                      help="Import this module or .py file first (repeat): it registers the "
                           "custom ops named as ns::name."),
+        click.option("--sweep", "sweeps", multiple=True, metavar="NAME=V1,V2|NAME=awkward",
+                     help="Values of a size symbol in -i shapes (-i 4xD --sweep D=15,16,17), one "
+                          "case each; repeat for the product; awkward: 1, 2, 3, 15, 16, 17, 31, "
+                          "33 within a budget of 32 cases."),
     ]
     for option in reversed(options):
         fn = option(fn)

@@ -101,6 +101,18 @@ REGISTRY: tuple[CheckInfo, ...] = (
     CheckInfo("op_compiled", "custom ops: outputs and gradients under torch.compile's tracing "
                              "with dynamic sizes equal eager's (opcheck's aot test; opt-in)",
               default=False),
+    CheckInfo("layout", "gradients with transposed, sliced, expanded (stride-0) and "
+                        "channels_last grad_outputs and inputs equal the contiguous ones",
+              rules=(Rule("layout.grad_output_strides", "failure", "backward ignores "
+                          "grad_output's strides: wrong for a non-contiguous grad_output"),
+                     Rule("layout.grad_output_raises", "failure", "backward raises on a "
+                          "non-contiguous grad_output"),
+                     Rule("layout.input_strides", "failure", "backward is wrong for a "
+                          "non-contiguous input"),
+                     Rule("layout.input_raises", "failure", "forward or backward raises on a "
+                          "non-contiguous input (view instead of reshape)"),
+                     Rule("layout.input_values", "warning", "forward's values change with its "
+                          "input's layout (storage-addressing code may mean it)"))),
 )
 
 BY_NAME = {info.name: info for info in REGISTRY}

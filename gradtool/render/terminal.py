@@ -25,6 +25,7 @@ def report_lines(report: Report, verbose: bool = False, quiet: bool = False) -> 
     for target in report.targets:
         for case in target.cases:
             lines += _case_lines(target, case, verbose, quiet)
+        lines += sweep_lines(target)
     for rejected in report.rejected:
         lines.append((f"REJECTED {rejected.source}", "bold red"))
         lines += [(f"  {line}", "") for line in rejected.message.splitlines()]
@@ -43,6 +44,18 @@ def reproducer_line(r: Reproducer) -> Line:
     note = f" ({r.note})" if r.note else ""
     return (f"REPRO    {r.path}: {r.check} ({r.finding}), shrunk {r.shrunk_from} → "
             f"{r.shrunk_to} in {r.checks_run} checks{note}", "cyan")
+
+
+def sweep_lines(target: TargetResult) -> list[Line]:
+    """'SWEEP name: failed at D=17, D=33; passed at D=16' when swept sizes disagree (a case
+    label of --sweep is 'D=17' or 'N=2, D=17')."""
+    swept = [c for c in target.cases if "=" in c.label]
+    bad = [c.label for c in swept if c.outcome.is_bad()]
+    if len(swept) < 2 or not bad:
+        return []
+    good = [c.label for c in swept if not c.outcome.is_bad()]
+    text = f"SWEEP {target.target}: failed at {'; '.join(bad)}"
+    return [(text + (f" — passed at {'; '.join(good)}" if good else ""), "bold red")]
 
 
 def render_plain(report: Report, verbose: bool = False, quiet: bool = False) -> str:

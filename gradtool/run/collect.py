@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.settings import CheckConfig
-from ..errors import GradtoolError, SpecError
+from ..errors import GradtoolError, InputError, SpecError
 from ..results import Rejected
 from ..targets.inputs import InputSpec
 from ..targets.load import Target, make_target
@@ -25,13 +25,29 @@ def is_spec_argument(arg: str) -> bool:
 
 def collect_one(arg: str, config: CheckConfig, inputs: list[InputSpec] | None = None,
                 cases: list[CaseSpec] | None = None, init: dict[str, Any] | None = None,
-                imports: tuple[str, ...] = ()) -> tuple[list[Job], list[Rejected]]:
+                imports: tuple[str, ...] = (), sweeps: list[Any] | None = None
+                ) -> tuple[list[Job], list[Rejected]]:
     """The jobs one argument names; invalid spec files become Rejected entries.
 
     Raises GradtoolError when a target string cannot be resolved at all."""
     if is_spec_argument(arg):
+        if sweeps:
+            raise InputError(f"--sweep applies to -i shapes; {arg} is a spec",
+                             "give the spec its own sweep: {D: [15, 16, 17]}")
         return collect_specs(arg, config)
-    return target_jobs(arg, config, inputs, cases, init, imports), []
+    if inputs is not None or sweeps:
+        cases = swept_cases(inputs or [], sweeps or [], config.seed) or cases
+    return target_jobs(arg, config, inputs if cases is None else None, cases, init,
+                       imports), []
+
+
+def swept_cases(inputs: list[Any], sweeps: list[Any], seed: int, base: str = "",
+                where: str = "--sweep") -> list[CaseSpec] | None:
+    """One case per combination of swept sizes (None: no size symbol and no sweep)."""
+    from ..targets.sizes import sweep_cases
+
+    found = sweep_cases(inputs, sweeps, where)
+    return [CaseSpec(f"{base}{label}", specs, seed) for label, specs in found] or None
 
 
 def target_jobs(arg: str, config: CheckConfig, inputs: list[InputSpec] | None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -180,7 +180,9 @@ def case_from_values(target: Target, values: Sequence[Any], config: CheckConfig,
     return Case(label, config.seed, specs, problem, infos)
 
 
-def locate_functions(problem: Problem, config: CheckConfig) -> list[FunctionFinding]:
+def locate_functions(problem: Problem, config: CheckConfig,
+                     recheck: Callable[..., list[FunctionFinding]] | None = None
+                     ) -> list[FunctionFinding]:
     """Check every custom Function applied in one forward of `problem` on its captured inputs.
 
     One finding per Function class and call site, in forward order. Never raises: a forward
@@ -196,7 +198,9 @@ def locate_functions(problem: Problem, config: CheckConfig) -> list[FunctionFind
         findings.append(_not_captured(cls))
     from .ops_inside import locate_ops  # custom ops (torch.library) inside, named ns::name
 
-    return findings + [FunctionFinding(**found) for found in locate_ops(problem, config)]
+    findings = findings + [FunctionFinding(**found) for found in locate_ops(problem, config)]
+    # run/received.py passes its re-check in received strides (culprit cannot import it).
+    return recheck(problem, config, findings) if recheck is not None else findings
 
 
 def unique(applications: Sequence[Application]) -> list[Application]:
@@ -314,11 +318,12 @@ def forward_line(problem: Problem) -> str | None:
     return next((app.created_at for app in applications if app.created_at), None)
 
 
-def annotate(result: CheckResult, problem: Problem, config: CheckConfig) -> CheckResult:
+def annotate(result: CheckResult, problem: Problem, config: CheckConfig,
+             recheck: Callable[..., list[FunctionFinding]] | None = None) -> CheckResult:
     """A failed module/callable gradient result, with each Function's own verdict added."""
     if result.outcome is not Outcome.FAILED:
         return result
-    findings = locate_functions(problem, config)
+    findings = locate_functions(problem, config, recheck)
     if not findings:
         return result
     bad = next((f for f in findings if f.outcome is Outcome.FAILED and f.source), None)

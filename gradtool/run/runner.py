@@ -286,7 +286,7 @@ def _context(job: Job, config: CheckConfig) -> Context:
     surrogate = job.surrogate
     annotate = None
     if job.target.kind in ("module", "callable") and surrogate is None:
-        from .culprit import annotate  # on a failure only: each custom Function alone
+        from .received import annotate  # on a failure only: each custom Function alone
     return Context(job.target, config,
                    (lambda case: _reference(job, case)) if surrogate is not None else None,
                    surrogate.describe() if surrogate is not None else None, annotate)

@@ -11,7 +11,7 @@ from ..targets.inputs import LiteralSpec, TensorSpec
 from ..targets.values import Keyword
 from .ops import op_reference
 from .surrogates import Surrogate, make_surrogate
-from .values import InputReader, read_setting, resolve_reference
+from .values import InputReader, read_setting, resolve_reference, swept
 from .yaml_lines import MAX_BYTES, LineDict, LineList, line_of, plain, read_yaml, show
 
 InputSpec = TensorSpec | LiteralSpec
@@ -30,7 +30,7 @@ A spec file is one YAML mapping: `version: 1` and `specs:`, a list of specs. Eac
   inputs_from: file.py:make_inputs (a factory taking generator/dtype/device) or inputs.pt
   cases:  several input sets: [{name: big, seed: 1, inputs: {x: [8, 8]}}] (overrides by name)
   seed, dtype, device, mode (auto|full|probe), checks [contract, gradient, double_backward,
-  forward_ad, vmap, complex, compiled],
+  forward_ad, vmap, complex, compiled, layout], sweep ({D: [15, 16]} or {D: awkward}; shape [4, D]),
   reference ('file.py:fn', a low-precision kernel's float64 reference), autocast (float16|bfloat16),
   eps, atol, rtol, nondet_tol, timeout (seconds per target); tolerances: {double_backward: {atol: 1.0e-4}} per check
   xfail:  {gradient: 'why this check is expected to fail'};  ignore: [contract.broadcast_gradient]
@@ -178,11 +178,11 @@ class _Validator:
             self.error(f"expected a mapping with target: or expr:, got {show(data)}", key, line)
             return None
         before = len(self.errors)
-        self.unknown_keys(data, SPEC_KEYS, key)
+        self.unknown_keys(data, (*SPEC_KEYS, "sweep"), key)
         if ("target" in data) + ("expr" in data) + ("op" in data) != 1:
             self.error("give exactly one of target: (file.py:Name or module:Name), op: or expr:",
                        key, line)
-        cases = self.with_kwargs(self.cases(data, key), data, key)
+        cases = swept(self.with_kwargs(self.cases(data, key), data, key), data, key, self.error)
         inputs_from = self.inputs_from(data, key, cases)
         names = tuple(s.name for s in cases[0].inputs) if cases else None
         target = self.target(data, key)

@@ -26,6 +26,7 @@ from ..targets.inputs import (
     validate_tensor_spec,
 )
 from ..targets.values import Keyword, Nested
+from .sweeps import swept  # noqa: F401 - schema reads it from here
 from .yaml_lines import LineDict, LineList, line_of, plain, show
 
 InputSpec = TensorSpec | LiteralSpec
@@ -35,6 +36,7 @@ INPUT_KEYS = ("name", "shape", "dtype", "domain", "requires_grad", "value")
 TENSOR_DTYPES = (*DTYPES, *COMPLEX_DTYPES, *INTEGER_DTYPES)
 NAMED_DOMAINS = tuple(d for d in DOMAINS if d != "range")
 MAX_NUMEL = 1_000_000   # a gradient check of a bigger tensor is not what a spec is for
+_SIZE = re.compile(r"^[A-Z][A-Z0-9_]*$")   # a size symbol, as in --input's NxD
 _DEVICE = re.compile(r"^(cpu|cuda|mps|xpu)(:\d+)?$")
 _SHAPE_HELP = "expected a list of non-negative integers such as [3, 4] ([] for a 0-d tensor)"
 
@@ -186,7 +188,8 @@ class InputReader:
     def shape(self, value: Any, key: str, line: int | None) -> tuple[int, ...] | None:
         # Only a list: the mini-language ('3x4') is the shorthand form's job, not shape:'s.
         if isinstance(value, LineList) and all(
-                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
+                isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                or isinstance(d, str) and _SIZE.match(d) for d in value):  # D: sweep: fills it
             return tuple(value)
         self.error(f"{_SHAPE_HELP}, got {show(value)}", key, line)
         return None
@@ -208,16 +211,20 @@ class InputReader:
         return None
 
     def finish(self, spec: TensorSpec, key: str, line: int | None) -> TensorSpec | None:
-        try:
-            validate_tensor_spec(spec)
+        try:  # a size symbol is checked with its sweep's values, once they are known
+            validate_tensor_spec(replace(spec, shape=_sized(spec.shape)))
         except InputError as exc:
             self.error(exc.message, key, line, exc.hint)
             return None
-        if math.prod(spec.shape) > MAX_NUMEL:
+        if math.prod(_sized(spec.shape)) > MAX_NUMEL:
             self.error(f"shape {list(spec.shape)} has {math.prod(spec.shape)} elements; a spec "
                        f"input may have at most {MAX_NUMEL}", key, line)
             return None
         return spec
+
+
+def _sized(shape: tuple[Any, ...]) -> tuple[int, ...]:
+    return tuple(1 if isinstance(d, str) else d for d in shape)
 
 
 def number(value: Any) -> float | None:
@@ -408,3 +415,4 @@ def _defined_names(path: str, mtime: int) -> frozenset[str] | None:
         elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For)):
             return None  # conditional definitions: too clever to follow, let the import decide
     return frozenset(names)
+

@@ -93,8 +93,10 @@ class Keyword:
     name: str
     spec: Any
 
-_SHAPE_X = re.compile(r"^\d+(x\d+)+$|^\d+x$")
-_SHAPE_PAREN = re.compile(r"^\(\s*(\d+\s*(,\s*\d+\s*)*,?\s*)?\)$")
+_DIM = r"(?:\d+|[A-Z][A-Z0-9_]*)"   # a size, or a size symbol (N, D) that --sweep fills in
+_SHAPE_X = re.compile(rf"^{_DIM}(x{_DIM})+$|^{_DIM}x$")
+_SHAPE_PAREN = re.compile(rf"^\(\s*({_DIM}\s*(,\s*{_DIM}\s*)*,?\s*)?\)$")
+_SYMBOL = re.compile(r"^[A-Z][A-Z0-9_]*$")
 _RANGE = re.compile(r"^(integer)?\[\s*([^,\]]+)\s*,\s*([^,\]]+)\s*\]$")
 
 
@@ -179,8 +181,8 @@ def _parse_leaf(raw: str, text: str) -> InputSpec:
         return LiteralSpec(_literal(raw[1:], text))
     head, *options = _split_options(raw)
     shape = _parse_shape(head)
-    if shape is None and options and head.isdigit():
-        shape = (int(head),)  # '5:positive' — options make a bare number a 1-d shape
+    if shape is None and options and (head.isdigit() or _SYMBOL.match(head)):
+        shape = (_dim(head),)  # '5:positive' — options make a bare number a 1-d shape
     if shape is None:
         if options:
             raise InputError(f"--input {text!r}: {head!r} is not a shape", _shape_hint())
@@ -205,11 +207,17 @@ def _split_options(raw: str) -> list[str]:
 
 def _parse_shape(head: str) -> tuple[int, ...] | None:
     if _SHAPE_X.match(head):
-        return tuple(int(d) for d in head.split("x") if d)
+        return tuple(_dim(d) for d in head.split("x") if d)
     if _SHAPE_PAREN.match(head):
         inner = head.strip()[1:-1]
-        return tuple(int(d) for d in inner.split(",") if d.strip())
+        return tuple(_dim(d) for d in inner.split(",") if d.strip())
     return None
+
+
+def _dim(text: str) -> Any:
+    """An int, or a size symbol kept as its name (targets/sizes.py substitutes it)."""
+    text = text.strip()
+    return int(text) if text.isdigit() else text
 
 
 def _shape_hint() -> str:
@@ -258,6 +266,10 @@ def _literal(raw: str, text: str) -> Any:
 
 def validate_tensor_spec(spec: TensorSpec) -> None:
     """Check that the domain fits the shape (spd needs square matrices, etc.)."""
+    symbol = next((d for d in spec.shape if isinstance(d, str)), None)
+    if symbol is not None:
+        raise InputError(f"size {symbol} in shape {'x'.join(map(str, spec.shape))} has no "
+                         "value", f"add --sweep {symbol}=16 (or {symbol}=awkward)")
     kind = spec.domain.kind
     if kind == "spd" and (len(spec.shape) < 2 or spec.shape[-1] != spec.shape[-2]):
         raise InputError(f"domain spd needs a square matrix shape (..., n, n), got {spec.shape}")

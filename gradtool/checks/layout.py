@@ -1,0 +1,319 @@
+"""layout: gradients with non-contiguous grad_outputs and inputs equal the contiguous ones."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..config.settings import CheckConfig
+from ..errors import InternalError
+from ..numerics.compare import unravel
+from ..numerics.problem import Problem, select_outputs, vjp
+from ..results import CheckResult, Finding, Outcome, Severity
+from ..targets.cases import Case
+from ..tracebacks import calls_user_code, gradtool_frame, innermost_user_frame, raised_in_gradtool
+from ._common import Context, calls_since
+
+NAME = "layout"
+# Same values in another layout may be summed in another order (a different kernel): that is
+# rounding, not a bug. A layout bug reads wrong elements, off by the values' own size.
+ROUNDING_ULPS = 256
+ROUNDING_CAP = 1 / 32
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One layout: its name, how a report says it, and how to build it from a contiguous tensor
+    (k: the tensor's position; None where the layout does not apply or changes nothing)."""
+
+    name: str
+    words: str
+    make: Callable[[torch.Tensor, int], torch.Tensor | None]
+    same_values: bool = True   # False: it carries values of its own (an expanded tensor)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    return t.layout == torch.strided and t.numel() > 0
+
+
+def transposed(t: torch.Tensor, _: int = 0) -> torch.Tensor | None:
+    """The same values, the last two dimensions stored transposed (what .t()/.mT leave)."""
+    if t.dim() < 2 or not _dense(t):
+        return None
+    out = t.mT.contiguous().mT
+    return None if out.is_contiguous() else out  # a 1-element dimension: nothing changes
+
+
+def sliced(t: torch.Tensor, _: int = 0) -> torch.Tensor | None:
+    """The same values every other element of a larger buffer, at storage offset 1 (a slice);
+    the gaps hold NaN, so a backward reading them shows it."""
+    if t.dim() == 0 or not _dense(t) or not (t.is_floating_point() or t.is_complex()):
+        return None
+    pad = torch.full_like(t, float("nan"))
+    return torch.stack([pad, t], dim=-1).flatten(-2)[..., 1::2]
+
+
+def expanded(t: torch.Tensor, _: int = 0) -> torch.Tensor | None:
+    """One value broadcast with stride 0 everywhere: the grad_output `.sum()` gives."""
+    if t.numel() < 2 or not _dense(t):
+        return None
+    # A storage of one element, as autograd's SumBackward gives: reading past it raises.
+    return t.reshape(-1)[:1].clone().reshape((1,) * t.dim()).expand(t.shape)
+
+
+def channels_last(t: torch.Tensor, _: int = 0) -> torch.Tensor | None:
+    """The same values in channels_last (4-d) or channels_last_3d (5-d) memory."""
+    if t.dim() not in (4, 5) or not _dense(t):
+        return None
+    fmt = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+    out = t.contiguous(memory_format=fmt)
+    return None if out.is_contiguous() else out  # C == 1 or H*W == 1: the same memory
+
+
+GRAD_VARIANTS = (
+    Variant("transposed", "a transposed grad_output", transposed),
+    Variant("sliced", "a sliced grad_output (storage offset 1, stride 2)", sliced),
+    Variant("expanded", "an expanded (stride-0) grad_output, as .sum() produces", expanded,
+            same_values=False),
+    Variant("channels_last", "a channels_last grad_output", channels_last),
+)
+INPUT_VARIANTS = (
+    Variant("transposed", "transposed", transposed),
+    Variant("sliced", "sliced (storage offset 1, stride 2)", sliced),
+    Variant("channels_last", "channels_last", channels_last),
+)
+
+
+def applies(case: Case, context: Context) -> str | None:
+    if not case.problem.diff:
+        return "no differentiable inputs"
+    if all(not isinstance(v, torch.Tensor) or v.numel() < 2 for v in case.problem.inputs):
+        return "every differentiable input is 0-d or has one element: one layout only"
+    return None
+
+
+def run(case: Case, context: Context) -> CheckResult:
+    """Every grad_output layout on one graph, then every input layout through forward, each
+    against the contiguous result."""
+    start, problem = time.perf_counter(), case.problem
+    before = dict(problem.calls)
+    source = context.target.source
+    # A stochastic forward's draws (rand_like) follow its input's memory layout: another
+    # layout is another mask, not a bug. Only grad_output layouts are tried then.
+    movable = [] if problem.freeze_seed is not None else \
+        [k for k, info in enumerate(_diff_infos(case)) if not _is_parameter(info)]
+    findings, tried = compare_layouts(problem, context.config, case.seed, GRAD_VARIANTS,
+                                      INPUT_VARIANTS, movable, source)
+    calls = calls_since(problem, before)
+    elapsed = time.perf_counter() - start
+    if not tried:
+        why = ("input layouts are not tried on a stochastic forward" if problem.freeze_seed
+               is not None else "no input has another layout")
+        return CheckResult(NAME, Outcome.SKIPPED, "no layout to try: every output is 0-d or "
+                           f"has one element, and {why}", calls=calls, duration_s=elapsed)
+    failures = [f for f in findings if f.severity is Severity.FAILURE]
+    if not failures:
+        return CheckResult(NAME, Outcome.PASSED, "gradients equal the contiguous ones with "
+                           + "; ".join(tried), tuple(f"warning: {f.message}" for f in findings),
+                           calls=calls, duration_s=elapsed, findings=tuple(findings))
+    return CheckResult(NAME, Outcome.FAILED, failures[0].message,
+                       tuple(f.message for f in findings if f is not failures[0]),
+                       source=failures[0].source, calls=calls, duration_s=elapsed,
+                       findings=tuple(findings))
+
+
+def _diff_infos(case: Case) -> list[object]:
+    by_name = {info.name: info for info in case.infos}
+    return [by_name.get(name) for name in case.problem.input_names]
+
+
+def _is_parameter(info: object) -> bool:
+    """A module's parameter: its layout is the module's, never the caller's."""
+    return str(getattr(info, "description", "")).startswith("parameter ")
+
+
+def compare_layouts(problem: Problem, config: CheckConfig, seed: int,
+                    grad_variants: Sequence[Variant], input_variants: Sequence[Variant],
+                    movable: Sequence[int], source: str | None
+                    ) -> tuple[list[Finding], list[str]]:
+    """(findings, what was tried): each grad_output variant through one recorded graph, each
+    input variant (on the differentiable inputs numbered in `movable`) through a forward."""
+    leaves, outs = _forward(problem, [v.detach().clone() for v in problem.inputs])
+    gen = torch.Generator().manual_seed(seed + 53)
+    grads = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o)
+             if o.requires_grad else torch.zeros_like(o) for o in outs]
+    base = _backward(problem, leaves, outs, grads)
+    check = _Comparer(problem, config, leaves, outs, base, source)
+    tried = []
+    for variant in grad_variants:
+        if check.grad_output(variant, grads):
+            tried.append(variant.words)
+    moved_words = []
+    for variant in input_variants:
+        if check.inputs(variant, grads, movable):
+            moved_words.append(variant.name)
+    if moved_words:
+        names = ", ".join(repr(problem.input_names[k]) for k in movable)
+        tried.append(f"{'/'.join(moved_words)} inputs {names}")
+    return check.findings, tried
+
+
+class _Comparer:
+    """Runs one layout at a time against the contiguous baseline, collecting findings."""
+
+    def __init__(self, problem: Problem, config: CheckConfig, leaves: list[torch.Tensor],
+                 outs: list[torch.Tensor], base: list[torch.Tensor], source: str | None) -> None:
+        self.problem, self.config, self.source = problem, config, source
+        self.leaves, self.outs, self.base = leaves, outs, base
+        self.findings: list[Finding] = []
+
+    def grad_output(self, variant: Variant, grads: list[torch.Tensor]) -> bool:
+        """Backward with grad_outputs in this layout; False when it applies to none."""
+        moved = [variant.make(g, k) if o.requires_grad else None
+                 for k, (g, o) in enumerate(zip(grads, self.outs))]
+        if all(m is None for m in moved):
+            return False
+        given = [g if m is None else m for g, m in zip(grads, moved)]
+        problem = self.problem
+        try:
+            got = _backward(problem, self.leaves, self.outs, given)
+        except Exception as exc:  # noqa: BLE001 - a backward refusing a layout is the finding
+            self._raised("layout.grad_output_raises", f"backward raises on {variant.words}",
+                         exc, "read grad_output through its strides, or call "
+                         "grad.contiguous() first (reshape, not view)")
+            return True
+        want = self.base if variant.same_values else _backward(
+            problem, self.leaves, self.outs, [g.contiguous() for g in given])
+        bad = self._first_difference(got, want, problem.input_names)
+        if bad and not self._nondeterministic(grads):
+            self.findings.append(Finding(
+                "layout.grad_output_strides",
+                f"backward ignores grad_output's strides: wrong for {variant.words} ({bad})",
+                source=self.source))
+        return True
+
+    def inputs(self, variant: Variant, grads: list[torch.Tensor], movable: Sequence[int]) -> bool:
+        """Forward and backward with the movable inputs in this layout."""
+        problem = self.problem
+        leaves = [v.detach().clone() for v in problem.inputs]
+        moved = {k: variant.make for k in movable if variant.make(leaves[k], k) is not None}
+        if not moved:
+            return False
+        names = ", ".join(repr(problem.input_names[k]) for k in moved)
+        what = f"{variant.words} input{'s' if len(moved) > 1 else ''} {names}"
+        try:
+            leaves, outs = _forward(problem, leaves, moved)
+        except Exception as exc:  # noqa: BLE001 - forward refusing a layout is the finding
+            self._raised("layout.input_raises", f"forward raises on a {what}", exc,
+                         "use reshape instead of view, or call .contiguous() on the input "
+                         "first")
+            return True
+        bad = self._first_difference(outs, self.outs, problem.output_names
+                                     or [f"output {k}" for k in range(len(outs))])
+        if bad and self._forward_varies():
+            return True  # the contract's finding (a stochastic forward), not a layout's
+        if bad:  # a warning: code addressing storage (as_strided) may mean it
+            self.findings.append(Finding("layout.input_values", f"forward gives other values "
+                                         f"for a {what} ({bad})", Severity.WARNING,
+                                         source=self.source))
+            return True
+        try:
+            got = _backward(problem, leaves, outs, grads)
+        except Exception as exc:  # noqa: BLE001
+            self._raised("layout.input_raises", f"backward raises after a {what}", exc,
+                         "read saved tensors through their strides, or save x.contiguous()")
+            return True
+        bad = self._first_difference(got, self.base, problem.input_names)
+        if bad and not self._nondeterministic(grads):
+            self.findings.append(Finding("layout.input_strides", f"backward ignores the strides "
+                                         f"of a saved input: wrong for a {what} ({bad})",
+                                         source=self.source))
+        return True
+
+    def _raised(self, rule: str, what: str, exc: Exception, fix: str) -> None:
+        if isinstance(exc, InternalError):
+            raise exc
+        if raised_in_gradtool(exc):
+            raise InternalError(exc, gradtool_frame(exc)) from exc
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        self.findings.append(Finding(rule, f"{what}: {type(exc).__name__}: {first}; fix: {fix}",
+                                     source=innermost_user_frame(exc) or self.source))
+
+    def _first_difference(self, got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],
+                          names: Sequence[str]) -> str | None:
+        # The random-cotangent gradients set the scale: a constant cotangent may cancel to
+        # rounding noise (a normalisation's input gradient), which is no scale at all.
+        scales = [_max_abs(b) for b in self.base] if len(self.base) == len(got) else \
+            [0.0] * len(got)
+        for have, expect, name, scale in zip(got, want, names, scales):
+            text = difference(have, expect, self.config.nondet_tol, name, scale)
+            if text:
+                return text
+        return None
+
+    def _forward_varies(self) -> bool:
+        _, again = _forward(self.problem, [v.detach().clone() for v in self.problem.inputs])
+        return self._first_difference(again, self.outs, ["output"] * len(again)) is not None
+
+    def _nondeterministic(self, grads: list[torch.Tensor]) -> bool:
+        """A backward that differs from itself is the contract's finding, not a layout's."""
+        again = _backward(self.problem, self.leaves, self.outs, grads)
+        return self._first_difference(again, self.base, self.problem.input_names) is not None
+
+
+def _max_abs(t: torch.Tensor) -> float:
+    finite = t.detach().abs()[torch.isfinite(t.detach().abs())]
+    return float(finite.max()) if finite.numel() else 0.0
+
+
+def difference(have: torch.Tensor, want: torch.Tensor, nondet_tol: float, name: str,
+               scale: float = 0.0) -> str | None:
+    """'gradient of x at (1, 0): 0.3, contiguous 1.2; 6 of 12 elements differ', or None when
+    the two agree within the dtype's rounding."""
+    if have.shape != want.shape:
+        return f"{name}: shape {tuple(have.shape)}, contiguous {tuple(want.shape)}"
+    if want.numel() == 0 or not (want.is_floating_point() or want.is_complex()):
+        return None
+    have, want = have.detach().to(want.dtype), want.detach()
+    eps = torch.finfo(want.real.dtype if want.is_complex() else want.dtype).eps
+    scale = max(_max_abs(want), scale)
+    tol = min(ROUNDING_ULPS * eps, ROUNDING_CAP) * max(scale, 1e-30) + nondet_tol
+    diff = (have - want).abs().nan_to_num(float("inf"))
+    same_nan = torch.isnan(have.abs()) == torch.isnan(want.abs())
+    bad = ((diff > tol) & ~(torch.isnan(want.abs()) & same_nan)) | ~same_nan
+    if not bool(bad.any()):
+        return None
+    flat = int(torch.where(bad, diff, torch.zeros_like(diff)).reshape(-1).argmax())
+    index = tuple(unravel(flat, tuple(want.shape)))
+    return (f"'{name}'{list(index)}: {have.reshape(-1)[flat].item():.6g}, contiguous "
+            f"{want.reshape(-1)[flat].item():.6g}; {int(bad.sum())} of {want.numel()} "
+            "elements differ")
+
+
+@calls_user_code
+def _forward(problem: Problem, leaves: list[torch.Tensor],
+             moved: dict[int, Callable[..., torch.Tensor]] | None = None
+             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(leaves, outputs) with a recorded graph; inputs numbered in `moved` are passed rebuilt
+    in another layout by differentiable ops, so gradients reach the contiguous leaves."""
+    leaves = [leaf.detach().requires_grad_(True) for leaf in leaves]
+    with torch.enable_grad(), problem.rng():
+        problem.calls["forward"] += 1
+        passed = [leaf.clone() if problem.mutates else leaf for leaf in leaves]
+        for k, build in (moved or {}).items():
+            passed[k] = build(passed[k], k)  # differentiable: gradients reach the leaf
+        outs = select_outputs(problem.fn(*problem.with_inputs(passed)), problem.output_mask)
+    return leaves, outs
+
+
+@calls_user_code
+def _backward(problem: Problem, leaves: list[torch.Tensor], outs: list[torch.Tensor],
+              grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """vᵀJ with grad_outputs passed as they are (Problem.vjp would give them storage of their
+    own, contiguous: the very layout this check must avoid)."""
+    problem.calls["backward"] += 1
+    with problem.bind(problem.with_inputs(leaves)):
+        return vjp(outs, leaves, grads)
