@@ -56,3 +56,59 @@ def test_values_reaching_user_code_are_fresh_every_call():
     ids = [id(t) for pair in seen for t in pair]
     assert len(ids) == len(set(ids)), "a tensor object was handed to user code twice"
     assert all(t is not x and t is not w for pair in seen for t in pair)
+
+
+# ---------------------------------------------------------------- re-checks keep closures working
+
+def test_closure_over_parameters_passes_and_is_rechecked_by_replay():
+    report = gradtool.check(wolf().ImplicitFlow, ["2x3"])
+    found = outcomes(report)
+    assert found["contract"] == "passed", result(report, "contract").summary
+    assert found["gradient"] == "passed"
+
+
+def test_closure_over_parameters_broken_twin_is_named_alone():
+    report = gradtool.check(wolf().ImplicitFlowWrong, ["2x3"])
+    gradient = result(report, "gradient")
+    assert gradient.outcome.value == "failed"
+    assert result(report, "contract").outcome.value == "passed"
+    # the inner Function, replayed inside its forward, is itself found wrong (not "could not")
+    assert any("BisectionWrong" in d and "is wrong w.r.t." in d and "sign flipped" in d
+               for d in gradient.details), gradient.details
+    assert gradient.source and gradient.source.endswith(str(_line("BisectionWrong")))
+
+
+def _line(cls_name):
+    """The line of `def backward` in the fixture's class cls_name."""
+    from conftest import FIXTURES
+
+    lines = (FIXTURES / "wolf.py").read_text().splitlines()
+    start = next(k for k, text in enumerate(lines) if text.startswith(f"class {cls_name}("))
+    return next(k for k in range(start, len(lines)) if "def backward" in lines[k]) + 1
+
+
+def test_replay_restores_the_function_class():
+    from torch.autograd import Function
+
+    report = gradtool.check(wolf().ImplicitFlowWrong, ["2x3"], checks=("gradient",))
+    assert result(report, "gradient").outcome.value == "failed"
+    assert "apply" not in vars(wolf().BisectionWrong)
+    assert wolf().BisectionWrong.apply.__func__ is Function.apply.__func__
+
+
+def test_a_recheck_that_cannot_reproduce_the_call_says_so_and_blames_nobody():
+    report = gradtool.check(wolf().DerivedFlow, ["2x3"])
+    contract = result(report, "contract")
+    assert contract.outcome.value == "passed", contract.summary
+    assert any("could not re-run Bisection" in d and "not a finding about your code" in d
+               for d in contract.details), contract.details
+    assert result(report, "gradient").outcome.value == "passed"
+
+
+def test_a_recheck_that_cannot_reproduce_the_call_broken_twin():
+    report = gradtool.check(wolf().DerivedFlowWrong, ["2x3"], checks=("gradient",))
+    gradient = result(report, "gradient")
+    assert gradient.outcome.value == "failed"
+    text = "\n".join(gradient.details)
+    assert "could not re-run BisectionWrong" in text and "is wrong" not in text.split(
+        "custom Functions")[-1].split("\n")[0]
