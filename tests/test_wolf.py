@@ -112,3 +112,68 @@ def test_a_recheck_that_cannot_reproduce_the_call_broken_twin():
     text = "\n".join(gradient.details)
     assert "could not re-run BisectionWrong" in text and "is wrong" not in text.split(
         "custom Functions")[-1].split("\n")[0]
+
+
+# ---------------------------------------------------------------- structured domains
+
+@pytest.mark.parametrize("name, inputs", [("SymSolve", ["4x4:spd", "4x2"]),
+                                          ("SymMatVec", ["4x4:sym", "4x2"]),
+                                          ("SymMatVec", ["4x4:spd", "4x2"]),
+                                          ("Whitened", ["4x4:spd", "4x2"])])
+def test_one_triangle_symmetric_function_passes_in_its_tangent_space(name, inputs):
+    report = gradtool.check(getattr(wolf(), name), inputs)
+    bad = {k: v for k, v in outcomes(report).items() if v not in ("passed", "skipped")}
+    assert not bad, bad
+    assert any("symmetric" in note for _, case, _ in report.checks() for note in case.notes)
+
+
+def test_free_matrix_still_fails_a_one_triangle_function():
+    # without :sym the matrix is free: reading one triangle is then a real mismatch
+    report = gradtool.check(wolf().SymMatVec, ["4x4", "4x2"], checks=("gradient",))
+    assert result(report, "gradient").outcome.value == "failed"
+
+
+@pytest.mark.parametrize("name, inputs", [("SymSolveWrong", ["4x4:spd", "4x2"]),
+                                          ("SymMatVecWrong", ["4x4:sym", "4x2"])])
+def test_symmetric_broken_twins_still_fail(name, inputs):
+    report = gradtool.check(getattr(wolf(), name), inputs, checks=("gradient",))
+    gradient = result(report, "gradient")
+    assert gradient.outcome.value == "failed"
+    assert [b.input for b in gradient.blocks if b.mismatched] == ["a"]
+
+
+def test_culprit_search_uses_the_same_projection():
+    report = gradtool.check(wolf().WhitenedWrong, ["4x4:spd", "4x2"], checks=("gradient",))
+    gradient = result(report, "gradient")
+    assert gradient.outcome.value == "failed"
+    text = "\n".join(gradient.details)
+    assert "SymSolveWrong" in text and "is wrong w.r.t. a" in text and "extra factor 2" in text
+    assert "w.r.t. a, b" not in text and "scale" not in text.split("custom Functions")[-1]
+
+
+def _spec(tmp_path, tangent_line):
+    import shutil
+
+    from conftest import FIXTURES
+
+    shutil.copy(FIXTURES / "wolf.py", tmp_path / "wolf.py")
+    spec = tmp_path / "sym.yaml"
+    spec.write_text("version: 1\nspecs:\n"
+                    "  - target: wolf.py:SymMatVec\n    checks: [gradient]\n    inputs:\n"
+                    f"      - {{name: a, shape: [4, 4]{tangent_line}}}\n"
+                    "      - {name: b, shape: [4, 2]}\n")
+    return str(spec)
+
+
+def test_spec_declares_a_tangent_space(tmp_path):
+    report = gradtool.check(_spec(tmp_path, ", tangent: sym"))
+    assert result(report, "gradient").outcome.value == "passed"
+    report = gradtool.check(_spec(tmp_path, ""))
+    assert result(report, "gradient").outcome.value == "failed"
+
+
+def test_spec_tangent_is_validated(tmp_path):
+    report = gradtool.check(_spec(tmp_path, ", tangent: symmetric"))
+    assert not list(report.checks())
+    message = report.rejected[0].message
+    assert "inputs[0].tangent: expected a tangent space (sym, free), got 'symmetric'" in message

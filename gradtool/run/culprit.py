@@ -17,6 +17,7 @@ from torch.autograd import Function
 from ..config.settings import DEFAULT_TOLERANCES, CheckConfig
 from ..errors import InternalError
 from ..numerics.problem import Problem, function_nodes, tensor_outputs
+from ..numerics.tangent import projected_tensors
 from ..results import CheckResult, InputInfo, Outcome
 from ..targets.cases import Case, bind
 from ..targets.inputs import InputSpec, LiteralSpec, TensorSpec
@@ -130,8 +131,12 @@ def record(problem: Problem) -> tuple[list[Application], list[Any]]:
     recorder = _Recorder()
     with _profiled(recorder):
         leaves, outs = problem.graph()
+    # What user code received for a leaf: the leaf, or its projection (a sym/spd input)
+    given = list(leaves)
+    for index, tensor in projected_tensors(problem.fn, problem.diff).items():
+        given[index] = tensor
     for app in recorder.calls:
-        app.anchors = {} if app.kwargs else anchors_of(recorder.originals[id(app)], leaves)
+        app.anchors = {} if app.kwargs else anchors_of(recorder.originals[id(app)], given)
         app.outer = problem if app.anchors else None
     recorder.originals.clear()  # the forward's objects: not kept past this point
     nodes = function_nodes(outs)

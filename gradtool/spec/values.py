@@ -32,7 +32,8 @@ from .yaml_lines import LineDict, LineList, line_of, plain, show
 InputSpec = TensorSpec | LiteralSpec
 ErrorSink = Callable[..., None]   # error(message, key, line, hint=None)
 
-INPUT_KEYS = ("name", "shape", "dtype", "domain", "requires_grad", "value")
+INPUT_KEYS = ("name", "shape", "dtype", "domain", "requires_grad", "value", "tangent")
+TANGENT_NAMES = ("sym", "free")  # a declared projection; free: none, even for sym/spd
 TENSOR_DTYPES = (*DTYPES, *COMPLEX_DTYPES, *INTEGER_DTYPES)
 NAMED_DOMAINS = tuple(d for d in DOMAINS if d != "range")
 MAX_NUMEL = 1_000_000   # a gradient check of a bigger tensor is not what a spec is for
@@ -164,7 +165,7 @@ class InputReader:
             return None
         spec = start or TensorSpec(())
         changes = {f: self.field(f, item[f], f"{key}.{f}", line_of(item, f, line))
-                   for f in ("shape", "dtype", "domain", "requires_grad") if f in item}
+                   for f in ("shape", "dtype", "domain", "requires_grad", "tangent") if f in item}
         if any(v is None for v in changes.values()):
             return None
         return self.finish(replace(spec, name=name, **changes), key, line)
@@ -174,6 +175,12 @@ class InputReader:
             return self.shape(value, key, line)
         if field == "domain":
             return self.domain(value, key, line)
+        if field == "tangent":
+            if value in TANGENT_NAMES:
+                return value
+            self.error(f"expected a tangent space ({', '.join(TANGENT_NAMES)}), got {show(value)}",
+                       key, line, did_you_mean(str(value), TANGENT_NAMES))
+            return None
         if field == "dtype":
             if value in TENSOR_DTYPES:
                 return value
