@@ -177,3 +177,22 @@ def test_spec_tangent_is_validated(tmp_path):
     assert not list(report.checks())
     message = report.rejected[0].message
     assert "inputs[0].tangent: expected a tangent space (sym, free), got 'symmetric'" in message
+
+
+# ---------------------------------------------------------------- vmap: legacy batching's limits
+
+def test_einsum_function_under_vmap_passes_with_the_legacy_part_skipped():
+    report = gradtool.check(wolf().CrossCovariance, ["5x3", "5x3"], checks=("vmap",))
+    vmap = result(report, "vmap")
+    assert vmap.outcome.value == "passed", vmap.summary
+    assert "forward, vmap of the VJP" in vmap.summary
+    assert "is_grads_batched) skipped" in vmap.summary
+    assert "Batching rule not implemented for aten::einsum" in vmap.summary
+
+
+def test_einsum_function_with_a_wrong_vmap_rule_still_fails():
+    report = gradtool.check(wolf().CrossCovarianceWrongVmap, ["5x3", "5x3"], checks=("vmap",))
+    vmap = result(report, "vmap")
+    assert vmap.outcome.value == "failed"
+    assert "forward with 'x', 'y' batched" in vmap.summary
+    assert any("is_grads_batched) skipped" in d for d in vmap.details)
