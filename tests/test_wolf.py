@@ -196,3 +196,57 @@ def test_einsum_function_with_a_wrong_vmap_rule_still_fails():
     assert vmap.outcome.value == "failed"
     assert "forward with 'x', 'y' batched" in vmap.summary
     assert any("is_grads_batched) skipped" in d for d in vmap.details)
+
+
+# ---------------------------------------------------------------- compiled: first order decides
+
+EXAMPLES = [("torch:sin", ["3x4"]), ("specs/examples/cube.py:MyCube", ["(5,)"]),
+            ("specs/examples/linear.py:LinearFunction", ["4x3", "5x3", "(5,)"])]
+
+
+@pytest.mark.parametrize("target, inputs", EXAMPLES, ids=[t for t, _ in EXAMPLES])
+def test_bundled_examples_pass_first_order_under_compile(monkeypatch, capfd, target, inputs):
+    from conftest import ROOT
+
+    monkeypatch.setenv("GRADTOOL_COMPILE_BACKEND", "aot_eager")
+    monkeypatch.chdir(ROOT)
+    compiled = result(gradtool.check(target, inputs, checks=("compiled",)), "compiled")
+    assert compiled.outcome.value == "passed", compiled.summary
+    assert compiled.summary.startswith("first-order gradients under torch.compile")
+    assert "second order skipped" in compiled.summary
+    assert "does not currently support double backward" in compiled.summary
+    assert "torch._dynamo" not in capfd.readouterr().err  # torch's log kept off stderr
+
+
+def test_compile_only_mistake_still_fails_first_order(monkeypatch):
+    monkeypatch.setenv("GRADTOOL_COMPILE_BACKEND", "aot_eager")
+    compiled = result(gradtool.check(wolf().CompiledFastPath, ["(5,)"], checks=("compiled",)),
+                      "compiled")
+    assert compiled.outcome.value == "failed"
+    assert "first-order gradient of 'x'" in compiled.summary
+
+
+def test_torch_log_is_captured_not_printed(capfd):
+    import logging
+
+    from gradtool.checks.compiled import _captured_log, _log_details
+
+    import torch._dynamo  # noqa: F401 - registers torch's stderr handlers
+
+    logger = logging.getLogger("torch._dynamo")
+    before = list(logger.handlers)
+    with _captured_log() as lines:
+        logger.warning("a compile went wrong\nsecond line")
+    assert lines == ["torch log: a compile went wrong", "torch log: second line"]
+    assert "a compile went wrong" not in capfd.readouterr().err
+    assert logger.handlers == before
+    many = _log_details([f"line {k}" for k in range(100)])
+    assert len(many) == 41 and many[-1] == "torch log: ... 60 more line(s)"
+
+
+def test_compile_failure_is_one_line(monkeypatch):
+    monkeypatch.setenv("GRADTOOL_COMPILE_BACKEND", "no_such_backend")
+    compiled = result(gradtool.check(wolf().CompiledFastPath, ["(5,)"], checks=("compiled",)),
+                      "compiled")
+    assert compiled.outcome.value == "error"
+    assert "\n" not in compiled.summary and "no_such_backend" in compiled.summary
