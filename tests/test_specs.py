@@ -82,8 +82,11 @@ INVALID = [
      "the standard library (os, sys, subprocess, builtins, ...)", None),
     (spec_file("- target: torch.hub:list"), "a.yaml:3: specs[0].target: 'torch.hub:list': module "
      "'torch.hub' is refused: it loads or runs code or files, and a spec must not reach it", None),
-    (spec_file("- target: torch._C:foo"), "a.yaml:3: specs[0].target: 'torch._C:foo': private "
-     "modules (names starting with _) are refused", None),
+    (spec_file("- target: mylib.__main__:foo"), "a.yaml:3: specs[0].target: "
+     "'mylib.__main__:foo': dunder modules (names starting with __) are refused", None),
+    (spec_file("- target: torch._inductor.codecache:foo"), "a.yaml:3: specs[0].target: "
+     "'torch._inductor.codecache:foo': module 'torch._inductor' is refused: it loads or runs "
+     "code or files, and a spec must not reach it", None),
     (spec_file("- target: ops.py:__class__"), "a.yaml:3: specs[0].target: 'ops.py:__class__': the"
      " name '__class__' is refused (dunder names and names such as eval, exec, open, system, load "
      "are never a gradient to check)", None),

@@ -3,6 +3,8 @@ twin that still fails (tests/fixtures/wolf.py)."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from conftest import load_fixture, outcomes, result
 
@@ -250,3 +252,64 @@ def test_compile_failure_is_one_line(monkeypatch):
                       "compiled")
     assert compiled.outcome.value == "error"
     assert "\n" not in compiled.summary and "no_such_backend" in compiled.summary
+
+
+# ---------------------------------------------------------------- specs: Functions in private modules
+
+def _private_library(tmp_path, monkeypatch, body):
+    library = tmp_path / "site" / "flowlib"
+    library.mkdir(parents=True)
+    (library / "__init__.py").write_text("")
+    (library / "_impl.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    for name in [m for m in sys.modules if m.startswith("flowlib")]:
+        monkeypatch.delitem(sys.modules, name)
+    spec = tmp_path / "specs" / "lib.yaml"
+    spec.parent.mkdir()
+    return spec
+
+
+PRIVATE = '''import torch
+
+
+class Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return FACTOR * x * g
+
+
+def square(x):
+    return x * x
+'''
+
+
+@pytest.mark.parametrize("factor, outcome", [(2, "passed"), (3, "failed")])
+def test_spec_checks_a_function_in_a_private_module(tmp_path, monkeypatch, factor, outcome):
+    spec = _private_library(tmp_path, monkeypatch, PRIVATE.replace("FACTOR", str(factor)))
+    spec.write_text("version: 1\nspecs:\n  - target: flowlib._impl:Square\n"
+                    "    checks: [gradient]\n    inputs: [{x: '3x4'}]\n")
+    report = gradtool.check(str(spec))
+    assert not report.rejected, report.rejected
+    assert result(report, "gradient").outcome.value == outcome
+
+
+def test_a_plain_callable_in_a_private_module_still_needs_the_opt_in(tmp_path, monkeypatch):
+    spec = _private_library(tmp_path, monkeypatch, PRIVATE.replace("FACTOR", "2"))
+    spec.write_text("version: 1\nspecs:\n  - target: flowlib._impl:square\n"
+                    "    inputs: [{x: '3x4'}]\n")
+    from gradtool.errors import GradtoolError
+
+    try:
+        report = gradtool.check(str(spec))
+    except GradtoolError as exc:
+        text = str(exc)
+    else:
+        assert not list(report.checks())
+        text = " ".join(r.message for r in report.rejected)
+    assert "trust_callable" in text

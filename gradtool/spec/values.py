@@ -319,6 +319,7 @@ DENIED_MODULES = frozenset({
     "torch.utils.cpp_extension", "torch.multiprocessing", "torch.distributed", "numpy.ctypeslib",
     "numpy.f2py", "numpy.distutils", "numpy.lib.npyio", "yaml", "pickle5", "dill", "cloudpickle",
     "joblib", "setuptools", "pkg_resources", "pip", "pytest", "IPython", "gradtool",
+    "torch._inductor", "torch._dynamo", "torch._export", "torch._C._jit", "_pytest",
 })
 DENIED_NAMES = frozenset({
     "eval", "exec", "execfile", "compile", "open", "input", "breakpoint", "getattr", "setattr",
@@ -358,8 +359,11 @@ def _check_module(module: str, text: str) -> None:
     parts = module.split(".")
     if not module or not all(p.isidentifier() and not keyword.iskeyword(p) for p in parts):
         raise SpecError(f"{text!r}: {module!r} is neither a file.py path nor a module name")
-    if any(p.startswith("_") for p in parts):
-        raise SpecError(f"{text!r}: private modules (names starting with _) are refused")
+    # A private module (_impl) is where libraries keep their Functions: allowed, and what it
+    # defines still passes trust.py (a Function, Module or torch operator, else an opt-in).
+    # Dunder modules (__main__, __init__) are never a library's Function.
+    if any(p.startswith("__") for p in parts):
+        raise SpecError(f"{text!r}: dunder modules (names starting with __) are refused")
     if parts[0] in sys.stdlib_module_names or parts[0] == "builtins":
         raise SpecError(f"{text!r}: module {parts[0]!r} is refused: a target comes from the "
                         "spec's folder or an installed package, never the standard library "
