@@ -313,3 +313,53 @@ def test_a_plain_callable_in_a_private_module_still_needs_the_opt_in(tmp_path, m
         assert not list(report.checks())
         text = " ".join(r.message for r in report.rejected)
     assert "trust_callable" in text
+
+
+# ---------------------------------------------------------------- smaller things
+
+def test_forward_ad_points_at_backward_when_jvp_agrees_with_finite_differences():
+    forward = result(gradtool.check(wolf().SinJvpWrongBackward, ["3x4"],
+                                    checks=("forward_ad",)), "forward_ad")
+    assert forward.outcome.value == "failed"
+    assert forward.summary.startswith("jvp agrees with finite differences, but backward")
+    assert not any("forward and reverse mode disagree" in d for d in forward.details)
+    assert forward.source.endswith(f":{_line('SinJvpWrongBackward')}")
+    good = result(gradtool.check(wolf().SinJvp, ["3x4"], checks=("forward_ad",)), "forward_ad")
+    assert good.outcome.value == "passed"
+
+
+def test_surrogate_diagnosis_says_intended():
+    from conftest import FIXTURES
+
+    report = gradtool.check(str(FIXTURES / "broken_surrogates.yaml"), checks=("gradient",))
+    diagnoses = [b.diagnosis for _, _, c in report.checks() for b in c.blocks if b.diagnosis]
+    assert any("-1 × intended" in d for d in diagnoses), diagnoses
+    assert not any("numerical" in d for d in diagnoses), diagnoses
+
+
+def test_lambda_target_reproduce_says_how():
+    import torch
+
+    report = gradtool.check(lambda x: torch.sin(x) * 2, ["3x4"], checks=("gradient",))
+    reproduce = next(case.reproduce for _, case, _ in report.checks())
+    assert reproduce.startswith("gradtool.check(<the lambda at ")
+    assert "in Python" in reproduce and "gradtool check" not in reproduce
+    named = gradtool.check(torch.sin, ["3x4"], checks=("gradient",))
+    assert next(c.reproduce for _, c, _ in named.checks()).startswith("gradtool check torch:sin ")
+
+
+@pytest.mark.parametrize("name, outcome", [("renormed", "passed"), ("renormed_wrong", "failed")])
+def test_torch_batching_fallback_warnings_stay_out(name, outcome):
+    import warnings
+
+    import torch
+
+    torch._C._debug_only_display_vmap_fallback_warnings(True)  # as some libraries leave it
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report = gradtool.check(getattr(wolf(), name), ["8x5"], checks=("gradient",))
+    finally:
+        torch._C._debug_only_display_vmap_fallback_warnings(False)
+    assert result(report, "gradient").outcome.value == outcome
+    assert not [w for w in caught if "performance drop" in str(w.message)]

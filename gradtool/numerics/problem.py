@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -141,10 +142,22 @@ class Problem:
         from torch._vmap_internals import _vmap
 
         # The legacy vmap batches the engine itself (autograd.grad's is_grads_batched path).
-        with self.bind(self.with_inputs(leaves)):
+        with self.bind(self.with_inputs(leaves)), quiet_batching():
             result = list(_vmap(lambda *g: tuple(vjp(outs, leaves, g)), 0, 0)(*grads))
         self.calls["backward"] += int(grads[0].shape[0]) if grads else 0
         return result
+
+
+FALLBACK = "There is a performance drop because we have not yet implemented the batching rule"
+
+
+@contextlib.contextmanager
+def quiet_batching() -> Iterator[None]:
+    """torch's batching-fallback warnings silenced: they are about gradtool's own batched
+    evaluations (a per-sample loop is what the user would run), noise in a report."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=FALLBACK)
+        yield
 
 
 def own_storage(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
