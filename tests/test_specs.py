@@ -138,7 +138,8 @@ INVALID = [
      "did you mean 'positive'?"),
     (spec_file("- target: ops.py:Double", "  inputs: [{name: x, shape: [3], domain: [1, 0]}]"),
      "a.yaml:4: specs[0].inputs[0].domain: expected a domain (real, positive, negative, nonzero, "
-     "sym, spd, simplex, integer), [lo, hi] with lo < hi, or {integer: [lo, hi]}, got [1, 0]", None),
+     "sym, spd, simplex, integer), [lo, hi] with lo < hi, or {integer: [lo, hi]}, got [1, 0]",
+     None),
     (spec_file("- target: ops.py:Double", "  inputs: [{name: x, shape: [3], dtype: float63}]"),
      f"a.yaml:4: specs[0].inputs[0].dtype: expected a dtype ({', '.join(TENSOR_DTYPES)}), got "
      "'float63'",

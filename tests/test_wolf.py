@@ -254,7 +254,7 @@ def test_compile_failure_is_one_line(monkeypatch):
     assert "\n" not in compiled.summary and "no_such_backend" in compiled.summary
 
 
-# ---------------------------------------------------------------- specs: Functions in private modules
+# ------------------------------------------------------------ specs: Functions in private modules
 
 def _private_library(tmp_path, monkeypatch, body):
     library = tmp_path / "site" / "flowlib"

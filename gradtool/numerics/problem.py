@@ -123,6 +123,13 @@ class Problem:
         """The parameters bound to args' values (a no-op for targets without parameters)."""
         return contextlib.nullcontext() if self.scope is None else self.scope(args)
 
+    def _bound_to(self, leaves: Sequence[torch.Tensor]) -> contextlib.AbstractContextManager[None]:
+        """bind() at these leaves; without a scope, no argument list is built (with_inputs
+        copies the other tensors, which a backward without parameters never needs)."""
+        if self.scope is None:
+            return contextlib.nullcontext()
+        return self.scope(self.with_inputs(leaves))
+
     def rng(self) -> contextlib.AbstractContextManager[None]:
         """Re-seed torch's RNG around a call of a stochastic forward (a no-op otherwise)."""
         if self.freeze_seed is None:
@@ -133,7 +140,7 @@ class Problem:
             grads: Sequence[torch.Tensor], create_graph: bool = False) -> list[torch.Tensor]:
         """vᵀJ for every leaf (zeros where unused), straight through autograd's engine."""
         self.calls["backward"] += 1
-        with self.bind(self.with_inputs(leaves)):
+        with self._bound_to(leaves):
             return vjp(outs, leaves, own_storage(grads), create_graph=create_graph)
 
     def vjp_batched(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
@@ -142,7 +149,7 @@ class Problem:
         from torch._vmap_internals import _vmap
 
         # The legacy vmap batches the engine itself (autograd.grad's is_grads_batched path).
-        with self.bind(self.with_inputs(leaves)), quiet_batching():
+        with self._bound_to(leaves), quiet_batching():
             result = list(_vmap(lambda *g: tuple(vjp(outs, leaves, g)), 0, 0)(*grads))
         self.calls["backward"] += int(grads[0].shape[0]) if grads else 0
         return result

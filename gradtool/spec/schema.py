@@ -26,7 +26,8 @@ A spec file is one YAML mapping: `version: 1` and `specs:`, a list of specs. Eac
           complex128, complex64),
           domain: positive | negative | nonzero | [lo, hi] | sym | spd | simplex | integer | real,
           requires_grad: true, tangent: sym (perturbed and compared as a symmetric matrix; sym
-          and spd imply it, free turns it off)}, a literal {name: c, value: 5}, or a shorthand {x: '3x4:positive'}
+          and spd imply it, free turns it off)}, a literal {name: c, value: 5}, or a shorthand
+          {x: '3x4:positive'}
   kwargs: keyword arguments of forward: {mask: '3x4:nograd'}; nested: {state: '(2x4, 2x4)'}
   inputs_from: file.py:make_inputs (a factory taking generator/dtype/device) or inputs.pt
   cases:  several input sets: [{name: big, seed: 1, inputs: {x: [8, 8]}}] (overrides by name)
