@@ -22,6 +22,16 @@ CORRECT = [  # (fixture file, class, inputs): every correct twin the broken fixt
     ("models", "Reversible", ["2x2", "2x2"]),
     ("models", "AdjointODE", ["2x3"]),
     ("models", "Inner", ["2x3"]),
+    ("wolf", "marks_input", ["3x4"]),
+    ("wolf", "keeps_input", ["3x4"]),
+    ("wolf", "ImplicitFlow", ["2x3"]),
+    ("wolf", "DerivedFlow", ["2x3"]),
+    ("wolf", "SymSolve", ["4x4:spd", "4x2"]),
+    ("wolf", "SymMatVec", ["4x4:sym", "4x2"]),
+    ("wolf", "Whitened", ["4x4:spd", "4x2"]),
+    ("wolf", "CrossCovariance", ["5x3", "5x3"]),
+    ("wolf", "SinJvp", ["3x4"]),
+    ("wolf", "renormed", ["8x5"]),
 ]
 
 

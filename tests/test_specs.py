@@ -82,8 +82,11 @@ INVALID = [
      "the standard library (os, sys, subprocess, builtins, ...)", None),
     (spec_file("- target: torch.hub:list"), "a.yaml:3: specs[0].target: 'torch.hub:list': module "
      "'torch.hub' is refused: it loads or runs code or files, and a spec must not reach it", None),
-    (spec_file("- target: torch._C:foo"), "a.yaml:3: specs[0].target: 'torch._C:foo': private "
-     "modules (names starting with _) are refused", None),
+    (spec_file("- target: mylib.__main__:foo"), "a.yaml:3: specs[0].target: "
+     "'mylib.__main__:foo': dunder modules (names starting with __) are refused", None),
+    (spec_file("- target: torch._inductor.codecache:foo"), "a.yaml:3: specs[0].target: "
+     "'torch._inductor.codecache:foo': module 'torch._inductor' is refused: it loads or runs "
+     "code or files, and a spec must not reach it", None),
     (spec_file("- target: ops.py:__class__"), "a.yaml:3: specs[0].target: 'ops.py:__class__': the"
      " name '__class__' is refused (dunder names and names such as eval, exec, open, system, load "
      "are never a gradient to check)", None),
@@ -131,11 +134,12 @@ INVALID = [
      "[3, 4] ([] for a 0-d tensor), got [3, -1]", None),
     (spec_file("- target: ops.py:Double", "  inputs: [{name: x, shape: [3], domain: positiv}]"),
      "a.yaml:4: specs[0].inputs[0].domain: expected a domain (real, positive, negative, nonzero, "
-     "spd, simplex, integer), [lo, hi] with lo < hi, or {integer: [lo, hi]}, got 'positiv'",
+     "sym, spd, simplex, integer), [lo, hi] with lo < hi, or {integer: [lo, hi]}, got 'positiv'",
      "did you mean 'positive'?"),
     (spec_file("- target: ops.py:Double", "  inputs: [{name: x, shape: [3], domain: [1, 0]}]"),
      "a.yaml:4: specs[0].inputs[0].domain: expected a domain (real, positive, negative, nonzero, "
-     "spd, simplex, integer), [lo, hi] with lo < hi, or {integer: [lo, hi]}, got [1, 0]", None),
+     "sym, spd, simplex, integer), [lo, hi] with lo < hi, or {integer: [lo, hi]}, got [1, 0]",
+     None),
     (spec_file("- target: ops.py:Double", "  inputs: [{name: x, shape: [3], dtype: float63}]"),
      f"a.yaml:4: specs[0].inputs[0].dtype: expected a dtype ({', '.join(TENSOR_DTYPES)}), got "
      "'float63'",

@@ -15,6 +15,7 @@ from ._common import Context
 from .gradient import diagnose_first_order, jacobian_result
 
 NAME = "forward_ad"
+REVERSE = "forward and reverse mode disagree"  # numerics/forward.py's consistency line
 
 
 def applies(case: Case, context: Context) -> str | None:
@@ -36,6 +37,15 @@ def run(case: Case, context: Context) -> CheckResult:
                              None, None, _diagnose, engine=forward_mode)
     if result.outcome not in (Outcome.FAILED, Outcome.INCONCLUSIVE):
         return result
+    if not any(b.mismatched for b in result.blocks) and result.details \
+            and result.details[0].startswith(REVERSE):
+        # jvp agrees with finite differences: what disagrees with both is backward.
+        backward = source_of(context.target.function_cls.backward)
+        summary = (f"jvp agrees with finite differences, but backward does not agree with jvp "
+                   f"({result.details[0].removeprefix(REVERSE + ': ')}): backward is the wrong "
+                   "one (the gradient check names its elements)")
+        return replace(result, summary=summary, details=result.details[1:],
+                       source=backward or result.source)
     where = source_of(context.target.function_cls.jvp)
     return replace(result, summary=_summary(result), source=where or result.source)
 

@@ -63,7 +63,7 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
                            details=("use --mode probe, or raise --max-memory",))
     except Exception as exc:  # the user's forward or backward raised (sys.exit: the runner)
         return error_result(name, exc, target, start, problem, before)
-    blocks = [_with_diagnosis(problem, verdict, b, k, config, diagnoser)
+    blocks = [_with_diagnosis(problem, verdict, b, k, config, diagnoser, surrogate is not None)
               for k, b in enumerate(verdict.blocks)]
     blocks = [with_grid(problem, verdict, b, k, config) for k, b in enumerate(blocks)]
     left_out = [f"{out} left out: it does not require grad after forward "
@@ -105,7 +105,7 @@ def precision_config(config: CheckConfig, problem: Problem) -> CheckConfig:
 
 
 def _with_diagnosis(problem: Problem, verdict: Verdict, block: Block, k: int,
-                    config: CheckConfig, diagnoser: Diagnoser) -> Block:
+                    config: CheckConfig, diagnoser: Diagnoser, intended: bool = False) -> Block:
     if not block.mismatched or verdict.outcome is Outcome.INCONCLUSIVE:
         return block  # a kink is not a mistake in backward: no diagnosis of one
     n_outputs = len(problem.output_names)
@@ -113,6 +113,8 @@ def _with_diagnosis(problem: Problem, verdict: Verdict, block: Block, k: int,
     text = diagnoser(problem, verdict, block, i, o, config)
     if text is None:
         return block
+    if intended:  # against a declared surrogate the other side is intended, not numerical
+        text = text.replace("numerical", "intended")
     return Block(**{**block.__dict__, "diagnosis": text})
 
 

@@ -67,10 +67,11 @@ CONTRACT_RULES = _rules(
     ("gradient_nonfinite", "backward returns NaN/Inf on finite inputs"),
     ("nonlinear", "backward is not linear in grad_output"),
     ("nondeterministic", "two backward calls differ by more than nondet_tol"),
-    ("inner_unchecked", "a custom Function inside a model could not be re-run alone"),
-    ("inner_raised", "a custom Function inside a model raised when checked alone"),
 ) + _rules(
     "warning",
+    ("inner_unchecked", "gradtool could not re-run a custom Function inside a model alone"),
+    ("inner_raised", "a custom Function inside a model raised when gradtool re-ran it alone "
+                     "(the model's own run did not)"),
     ("broadcast_gradient", "a gradient broadcastable to its input: the engine sums it (legal)"),
 )
 

@@ -10,7 +10,7 @@ import torch
 from ..config.settings import CheckConfig
 from ..results import Outcome
 from .jacobian import SMALL, Verdict, _finish, _tallies
-from .problem import Problem, flat_cat, select_outputs
+from .problem import Problem, flat_cat, quiet_batching, select_outputs
 from .steps import FINITE_MACHINE, LOOP_MAX, directional, numerical_columns
 
 
@@ -58,7 +58,7 @@ def _batched_columns(problem: Problem, values: Sequence[torch.Tensor],
         return flat_cat(torch.func.jvp(f, primals, tangents)[1])
 
     try:
-        with problem.rng():
+        with problem.rng(), quiet_batching():
             cols = torch.func.vmap(column)(eye).T
     except Exception:  # a classic ctx Function, .item(), ...: no functorch here, loop instead
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -88,8 +89,9 @@ class Problem:
         return [self.names[i] for i in self.diff]
 
     def with_inputs(self, values: Sequence[torch.Tensor]) -> list[Any]:
-        """The full argument list with the differentiable ones replaced."""
-        args = list(self.args)
+        """The full argument list with the differentiable ones replaced; the other tensors are
+        fresh copies, so a forward that marks, resizes or keeps them cannot change the case."""
+        args = [_fresh(a) if isinstance(a, torch.Tensor) else a for a in self.args]
         for position, value in zip(self.diff, values):
             args[position] = value
         return args
@@ -97,7 +99,9 @@ class Problem:
     @calls_user_code
     def outputs(self, values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Differentiable outputs of a forward at `values`, without building a graph."""
-        values = [v.clone() for v in values] if self.mutates else own_storage(values)
+        # Fresh tensors every call: the forward may mark them (requires_grad_), resize or keep
+        # them, and gradtool writes into its own buffers afterwards (the failing path does).
+        values = [_fresh(v) for v in values]
         with torch.no_grad(), self.rng():
             self.calls["forward"] += 1
             return select_outputs(self.fn(*self.with_inputs(values)), self.output_mask)
@@ -119,6 +123,13 @@ class Problem:
         """The parameters bound to args' values (a no-op for targets without parameters)."""
         return contextlib.nullcontext() if self.scope is None else self.scope(args)
 
+    def _bound_to(self, leaves: Sequence[torch.Tensor]) -> contextlib.AbstractContextManager[None]:
+        """bind() at these leaves; without a scope, no argument list is built (with_inputs
+        copies the other tensors, which a backward without parameters never needs)."""
+        if self.scope is None:
+            return contextlib.nullcontext()
+        return self.scope(self.with_inputs(leaves))
+
     def rng(self) -> contextlib.AbstractContextManager[None]:
         """Re-seed torch's RNG around a call of a stochastic forward (a no-op otherwise)."""
         if self.freeze_seed is None:
@@ -129,7 +140,7 @@ class Problem:
             grads: Sequence[torch.Tensor], create_graph: bool = False) -> list[torch.Tensor]:
         """vᵀJ for every leaf (zeros where unused), straight through autograd's engine."""
         self.calls["backward"] += 1
-        with self.bind(self.with_inputs(leaves)):
+        with self._bound_to(leaves):
             return vjp(outs, leaves, own_storage(grads), create_graph=create_graph)
 
     def vjp_batched(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
@@ -138,26 +149,44 @@ class Problem:
         from torch._vmap_internals import _vmap
 
         # The legacy vmap batches the engine itself (autograd.grad's is_grads_batched path).
-        with self.bind(self.with_inputs(leaves)):
+        with self._bound_to(leaves), quiet_batching():
             result = list(_vmap(lambda *g: tuple(vjp(outs, leaves, g)), 0, 0)(*grads))
         self.calls["backward"] += int(grads[0].shape[0]) if grads else 0
         return result
 
 
+FALLBACK = "There is a performance drop because we have not yet implemented the batching rule"
+
+
+@contextlib.contextmanager
+def quiet_batching() -> Iterator[None]:
+    """torch's batching-fallback warnings silenced: they are about gradtool's own batched
+    evaluations (a per-sample loop is what the user would run), noise in a report."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=FALLBACK)
+        yield
+
+
 def own_storage(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Each tensor alone in a storage of its own, offset 0, as the user would pass it.
+    """Each tensor a new one, alone in a storage of its own, offset 0, as the user would pass it.
 
     A perturbed value is a row of a batch (a view at some storage offset); ops that address the
-    storage itself (as_strided, as_strided_scatter) would read the neighbouring rows.
+    storage itself (as_strided, as_strided_scatter) would read the neighbouring rows. And a new
+    tensor every time: user code may keep, resize or write to what it receives (a backward's
+    grad_output too), and gradtool reuses its buffers. clone() keeps a graph (double backward).
     """
-    return [t if _alone(t) else t.clone(memory_format=torch.contiguous_format) for t in tensors]
+    return [_copy(t) for t in tensors]
 
 
-def _alone(t: torch.Tensor) -> bool:
-    if t.layout != torch.strided:  # sparse and other layouts have no single storage to share
-        return True
-    return (t.storage_offset() == 0 and t.is_contiguous()
-            and t.untyped_storage().nbytes() == t.numel() * t.element_size())
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    if t.layout != torch.strided:  # sparse and other layouts: no storage offset to drop
+        return t.clone()
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _fresh(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t's value with no history: its own identity, storage and autograd state."""
+    return _copy(t.detach())
 
 
 @contextlib.contextmanager

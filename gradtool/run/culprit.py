@@ -6,7 +6,7 @@ import contextlib
 import functools
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -17,10 +17,12 @@ from torch.autograd import Function
 from ..config.settings import DEFAULT_TOLERANCES, CheckConfig
 from ..errors import InternalError
 from ..numerics.problem import Problem, function_nodes, tensor_outputs
+from ..numerics.tangent import projected_tensors
 from ..results import CheckResult, InputInfo, Outcome
 from ..targets.cases import Case, bind
 from ..targets.inputs import InputSpec, LiteralSpec, TensorSpec
 from ..targets.load import Target, display_path, make_target
+from .replay import anchors_of, replaying
 
 # Every cls.apply(...) runs this one Python frame (unless a class overrides apply): its locals
 # hold cls and the exact arguments, and its return value holds the outputs and so the node.
@@ -50,6 +52,11 @@ class Application:
     created_at: str | None
     node: Any = None          # the grad_fn its outputs got (None: no graph was recorded)
     mutates: bool = False     # returned one of its inputs (ctx.mark_dirty)
+    ordinal: int = 0          # how many applications of cls came before it in the forward
+    # Arguments that were the forward's own leaves (position -> leaf index), and the forward:
+    # re-checked by replaying that forward (run/replay.py), so closures over them stay true.
+    anchors: dict[int, int] = field(default_factory=dict)
+    outer: Problem | None = None
 
 
 class _Recorder:
@@ -57,6 +64,7 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.calls: list[Application] = []
+        self.originals: dict[int, tuple[Any, ...]] = {}  # id(app) -> the objects apply got
         self._open: dict[int, tuple[Application, tuple[Any, ...]]] = {}
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
@@ -75,7 +83,9 @@ class _Recorder:
         args, kwargs = tuple(local.get("args", ())), dict(local.get("kwargs", {}))
         app = Application(local["cls"], [_snapshot(v) for v in args],
                           {k: _snapshot(v) for k, v in kwargs.items()}, _user_site(frame.f_back))
+        app.ordinal = sum(1 for other in self.calls if other.cls is app.cls)
         self.calls.append(app)
+        self.originals[id(app)] = args
         self._open[id(frame)] = (app, (*args, *kwargs.values()))
 
     def _leave(self, frame: FrameType, result: Any) -> None:
@@ -121,6 +131,14 @@ def record(problem: Problem) -> tuple[list[Application], list[Any]]:
     recorder = _Recorder()
     with _profiled(recorder):
         leaves, outs = problem.graph()
+    # What user code received for a leaf: the leaf, or its projection (a sym/spd input)
+    given = list(leaves)
+    for index, tensor in projected_tensors(problem.fn, problem.diff).items():
+        given[index] = tensor
+    for app in recorder.calls:
+        app.anchors = {} if app.kwargs else anchors_of(recorder.originals[id(app)], given)
+        app.outer = problem if app.anchors else None
+    recorder.originals.clear()  # the forward's objects: not kept past this point
     nodes = function_nodes(outs)
     if any(_is_torch(node._forward_cls) for node in nodes.values()):
         grads = [torch.ones_like(o) for o in outs]
@@ -220,6 +238,11 @@ def captured_case(app: Application, config: CheckConfig, freeze_seed: int | None
     case = case_from_values(target, args, own, kwargs=kwargs)
     # a fixed RNG keeps dropout-like masks fixed
     case.problem.facts = case.problem.facts.with_(mutates=app.mutates, seed=freeze_seed)
+    if app.outer is not None and app.anchors:
+        # Some arguments were the forward's own leaves: a closure may hold them, so each
+        # evaluation replays the forward rather than calling the Function on copies.
+        fn, scope = replaying(app.outer, app.cls, app.ordinal, app.anchors)
+        case.problem.fn, case.problem.scope, case.problem.batched_fn = fn, scope, None
     return target, case, own
 
 
@@ -269,7 +292,9 @@ def _finding(app: Application, source: str | None, result: CheckResult) -> Funct
     elif result.outcome is Outcome.PASSED:
         text = f"{name} at {where} passes"
     elif result.outcome is Outcome.ERROR:
-        text = f"{name} at {where} could not be checked alone: {result.summary}"
+        # The composite's own run got further: the failure is the re-run's, not the user's.
+        text = (f"gradtool could not re-run {name} at {where} alone, so it has no verdict "
+                f"of its own (this is not a finding about your code): {result.summary}")
     else:
         text = f"{name} at {where} is {result.outcome.value}: {result.summary}"
     return FunctionFinding(name, source, app.created_at, result.outcome, wrong, text)
@@ -306,6 +331,8 @@ def _short(finding: FunctionFinding, ambiguous: bool) -> str:
         return f"{finding.qualname}{where if ambiguous else ''} passes"
     if finding.outcome is Outcome.FAILED:
         return f"{finding.qualname}{where} is wrong w.r.t. {', '.join(finding.wrong_inputs)}"
+    if finding.outcome is Outcome.ERROR:
+        return f"{finding.qualname}{where} could not be re-run alone"
     return f"{finding.qualname}{where} {finding.outcome.value}"
 
 

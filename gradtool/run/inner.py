@@ -47,13 +47,21 @@ def _contract_of(app: Application, config: CheckConfig, freeze_seed: int | None
         target, case, own = captured_case(app, config, freeze_seed)
         checked = check_contract(case, target, own)
     except Exception as exc:  # noqa: BLE001 - arguments that no longer bind, say
-        return [Finding("contract.inner_unchecked",
-                        f"{app.cls.__qualname__} could not be checked alone: {exc}")]
+        return [Finding("contract.inner_unchecked", _not_rerun(app, f"{type(exc).__name__}: "
+                                                                 f"{exc}"), Severity.WARNING)]
     where = f" at {app.created_at}" if app.created_at else ""
     backward = f" (backward at {target.source})" if target.source else ""
     prefix = f"{app.cls.__qualname__}{where}{backward}"
     if checked.outcome is Outcome.ERROR:
-        return [Finding("contract.inner_raised", f"{prefix}: {checked.summary}",
-                        source=checked.source or target.source)]
+        # The composite's own forward and backward ran: what raised here is the re-run, which
+        # says nothing of the user's code (a warning: told, failing only under --strict).
+        return [Finding("contract.inner_raised", _not_rerun(app, checked.summary),
+                        Severity.WARNING, checked.source or target.source)]
     return [Finding(f.rule, f"{prefix}: {f.message}", f.severity,
                     f.source or checked.source or target.source) for f in checked.findings]
+
+
+def _not_rerun(app: Application, why: str) -> str:
+    where = f" at {app.created_at}" if app.created_at else ""
+    return (f"gradtool could not re-run {app.cls.__qualname__}{where} alone to check its "
+            f"contract (not a finding about your code): {why}")

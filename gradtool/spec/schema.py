@@ -24,8 +24,8 @@ A spec file is one YAML mapping: `version: 1` and `specs:`, a list of specs. Eac
   init:   constructor arguments for an nn.Module target (a mapping of kwargs or a list)
   inputs: forward's arguments in order; each {name: x, shape: [3, 4], dtype: float64 (or
           complex128, complex64),
-          domain: positive | negative | nonzero | [lo, hi] | spd | simplex | integer | real,
-          requires_grad: true}, a literal {name: c, value: 5}, or a shorthand {x: '3x4:positive'}
+          domain: positive | negative | nonzero | [lo, hi] | sym | spd | simplex | integer | real,
+          requires_grad: true, tangent: sym|free}, a literal {name: c, value: 5}, or {x: '4x4:sym'}
   kwargs: keyword arguments of forward: {mask: '3x4:nograd'}; nested: {state: '(2x4, 2x4)'}
   inputs_from: file.py:make_inputs (a factory taking generator/dtype/device) or inputs.pt
   cases:  several input sets: [{name: big, seed: 1, inputs: {x: [8, 8]}}] (overrides by name)

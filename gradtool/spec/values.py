@@ -32,7 +32,8 @@ from .yaml_lines import LineDict, LineList, line_of, plain, show
 InputSpec = TensorSpec | LiteralSpec
 ErrorSink = Callable[..., None]   # error(message, key, line, hint=None)
 
-INPUT_KEYS = ("name", "shape", "dtype", "domain", "requires_grad", "value")
+INPUT_KEYS = ("name", "shape", "dtype", "domain", "requires_grad", "value", "tangent")
+TANGENT_NAMES = ("sym", "free")  # a declared projection; free: none, even for sym/spd
 TENSOR_DTYPES = (*DTYPES, *COMPLEX_DTYPES, *INTEGER_DTYPES)
 NAMED_DOMAINS = tuple(d for d in DOMAINS if d != "range")
 MAX_NUMEL = 1_000_000   # a gradient check of a bigger tensor is not what a spec is for
@@ -164,7 +165,7 @@ class InputReader:
             return None
         spec = start or TensorSpec(())
         changes = {f: self.field(f, item[f], f"{key}.{f}", line_of(item, f, line))
-                   for f in ("shape", "dtype", "domain", "requires_grad") if f in item}
+                   for f in ("shape", "dtype", "domain", "requires_grad", "tangent") if f in item}
         if any(v is None for v in changes.values()):
             return None
         return self.finish(replace(spec, name=name, **changes), key, line)
@@ -174,6 +175,12 @@ class InputReader:
             return self.shape(value, key, line)
         if field == "domain":
             return self.domain(value, key, line)
+        if field == "tangent":
+            if value in TANGENT_NAMES:
+                return value
+            self.error(f"expected a tangent space ({', '.join(TANGENT_NAMES)}), got {show(value)}",
+                       key, line, did_you_mean(str(value), TANGENT_NAMES))
+            return None
         if field == "dtype":
             if value in TENSOR_DTYPES:
                 return value
@@ -312,6 +319,7 @@ DENIED_MODULES = frozenset({
     "torch.utils.cpp_extension", "torch.multiprocessing", "torch.distributed", "numpy.ctypeslib",
     "numpy.f2py", "numpy.distutils", "numpy.lib.npyio", "yaml", "pickle5", "dill", "cloudpickle",
     "joblib", "setuptools", "pkg_resources", "pip", "pytest", "IPython", "gradtool",
+    "torch._inductor", "torch._dynamo", "torch._export", "torch._C._jit", "_pytest",
 })
 DENIED_NAMES = frozenset({
     "eval", "exec", "execfile", "compile", "open", "input", "breakpoint", "getattr", "setattr",
@@ -351,8 +359,11 @@ def _check_module(module: str, text: str) -> None:
     parts = module.split(".")
     if not module or not all(p.isidentifier() and not keyword.iskeyword(p) for p in parts):
         raise SpecError(f"{text!r}: {module!r} is neither a file.py path nor a module name")
-    if any(p.startswith("_") for p in parts):
-        raise SpecError(f"{text!r}: private modules (names starting with _) are refused")
+    # A private module (_impl) is where libraries keep their Functions: allowed, and what it
+    # defines still passes trust.py (a Function, Module or torch operator, else an opt-in).
+    # Dunder modules (__main__, __init__) are never a library's Function.
+    if any(p.startswith("__") for p in parts):
+        raise SpecError(f"{text!r}: dunder modules (names starting with __) are refused")
     if parts[0] in sys.stdlib_module_names or parts[0] == "builtins":
         raise SpecError(f"{text!r}: module {parts[0]!r} is refused: a target comes from the "
                         "spec's folder or an installed package, never the standard library "

@@ -68,6 +68,7 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
     _check_arity(target, len(positional), [k.name for k in keywords])
     generator = torch.Generator().manual_seed(seed)
     args, infos, diff = [], [], []
+    symmetric: list[int] = []  # flat positions perturbed and compared as symmetric matrices
     named = [(spec_name(s) or _arg_name(target, i), s) for i, s in enumerate(positional)]
     for base, top in named + [(k.name, k.spec) for k in keywords]:
         top = unwrap(top)
@@ -78,6 +79,8 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
             args.append(_leaf_value(spec, generator, config))
             if spec.differentiable(config.dtype):
                 diff.append(len(args) - 1)
+                if isinstance(spec, TensorSpec) and spec.projection() == "sym":
+                    symmetric.append(len(args) - 1)
             infos.append(InputInfo(name, spec.describe(config.dtype), len(args) - 1 in diff))
     names = [info.name for info in infos]
     n_leaves = len(args)
@@ -94,8 +97,16 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
                                True))
     if config.autocast:
         fn, batched_fn = autocast(fn, config.autocast, config.device), None
+    notes = []
+    if symmetric:
+        from ..numerics.tangent import projecting
+
+        fn = projecting(fn, symmetric)
+        batched_fn = projecting(batched_fn, symmetric) if batched_fn is not None else None
+        notes.append(f"{', '.join(names[p] for p in symmetric)}: perturbed along symmetric "
+                     "directions, both gradients symmetrised (the tangent space of sym/spd)")
     problem = Problem(fn, args, names, diff, batched_fn=batched_fn, scope=scope)
-    return Case(label, seed, list(specs), problem, infos, inferred)
+    return Case(label, seed, list(specs), problem, infos, inferred, notes)
 
 
 def autocast(fn: Callable[..., Any], dtype: str, device: str) -> Callable[..., Any]:

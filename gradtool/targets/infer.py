@@ -179,7 +179,7 @@ def _fill(choice: Any, shapes: Iterator[Any]) -> Any:
 def _run_forward(case: Case) -> None:
     problem = case.problem
     with torch.no_grad():
-        result = problem.fn(*problem.args)
+        result = problem.fn(*problem.with_inputs(problem.inputs))  # copies: user code owns them
     from ..numerics.problem import tensor_outputs
 
     outs = [t for t in tensor_outputs(result) if t.is_floating_point() or t.is_complex()]

@@ -10,7 +10,8 @@ from typing import Any
 from ..config.settings import DTYPES
 from ..errors import InputError, did_you_mean
 
-DOMAINS = ("real", "positive", "negative", "nonzero", "range", "spd", "simplex", "integer")
+DOMAINS = ("real", "positive", "negative", "nonzero", "range", "sym", "spd", "simplex",
+           "integer")
 INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
 # Per input only: a complex tensor's parts are checked at its real counterpart's precision.
 COMPLEX_DTYPES = ("complex128", "complex64")
@@ -19,8 +20,9 @@ INPUT_HELP = """\
 Each --input/-i is one positional forward argument, in order; NAME=SPEC is a keyword one.
   tensor:   SHAPE[:OPTION...]   SHAPE is 3x4, (3,4), (5,) or () for 0-d;
             OPTIONs: a dtype (float64, float32, complex128, int64, ...), a domain
-            (real, positive, negative, nonzero, [lo,hi], spd, simplex, integer),
-            nograd (no gradient is checked for it)
+            (real, positive, negative, nonzero, [lo,hi], sym, spd, simplex, integer),
+            nograd (no gradient is checked for it); sym and spd are perturbed and
+            compared as symmetric matrices (their tangent space)
   literal:  5, 2.5, None, True, 'mean'  (a non-tensor argument);
             prefix = to force a literal: =(1,2)
   nested:   (SPEC, SPEC) a tuple, [SPEC, SPEC] a list, {'k': SPEC} a dict (any depth)
@@ -52,6 +54,13 @@ class TensorSpec:
     domain: Domain = Domain()
     requires_grad: bool = True
     name: str | None = None
+    tangent: str | None = None  # a declared projection (spec `tangent: sym`); sym/spd imply it
+
+    def projection(self) -> str | None:
+        """The tangent space the input is perturbed and compared in (None: free)."""
+        if self.tangent is not None:
+            return None if self.tangent == "free" else self.tangent
+        return "sym" if self.domain.kind in ("sym", "spd") else None
 
     def describe(self, default_dtype: str = "float64") -> str:
         shape = "x".join(map(str, self.shape)) if self.shape else "()"
@@ -240,8 +249,8 @@ def _apply_options(spec: TensorSpec, options: list[str], text: str) -> TensorSpe
             known = (*DOMAINS, *DTYPES, *COMPLEX_DTYPES, *INTEGER_DTYPES, "nograd")
             raise InputError(f"--input {text!r}: unknown option {option!r}",
                              did_you_mean(option, known) or
-                             f"options are a dtype, a domain ({', '.join(DOMAINS[:-3])}, "
-                             "[lo,hi], spd, simplex, integer) or nograd")
+                             f"options are a dtype, a domain ({', '.join(DOMAINS[:5])}, "
+                             "[lo,hi], sym, spd, simplex, integer) or nograd")
     return TensorSpec(spec.shape, dtype, domain, requires_grad)
 
 
@@ -271,8 +280,10 @@ def validate_tensor_spec(spec: TensorSpec) -> None:
         raise InputError(f"size {symbol} in shape {'x'.join(map(str, spec.shape))} has no "
                          "value", f"add --sweep {symbol}=16 (or {symbol}=awkward)")
     kind = spec.domain.kind
-    if kind == "spd" and (len(spec.shape) < 2 or spec.shape[-1] != spec.shape[-2]):
-        raise InputError(f"domain spd needs a square matrix shape (..., n, n), got {spec.shape}")
+    if (kind in ("sym", "spd") or spec.tangent == "sym") and (
+            len(spec.shape) < 2 or spec.shape[-1] != spec.shape[-2]):
+        what = f"domain {kind}" if kind in ("sym", "spd") else "tangent sym"
+        raise InputError(f"{what} needs a square matrix shape (..., n, n), got {spec.shape}")
     if kind == "simplex" and (not spec.shape or spec.shape[-1] < 1):
         raise InputError(f"domain simplex needs at least one dimension, got {spec.shape}")
     if any(d < 0 for d in spec.shape):
@@ -314,6 +325,8 @@ def _in_domain(domain: Domain, base: Any, unit: Any, shape: tuple[int, ...]) -> 
     if kind == "range":
         lo, hi = domain.lo, domain.hi
         return lo + (hi - lo) * (0.05 + 0.9 * unit)  # a margin keeps x ± eps inside
+    if kind == "sym":
+        return (base + base.mT) / 2
     if kind == "spd":
         n = shape[-1]
         return base @ base.mT / n + torch.eye(n, dtype=base.dtype)
