@@ -134,6 +134,32 @@ def isolation_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def report_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Where and how the report goes: shared by check and trace."""
+    options = [
+        click.option("--format", "fmt", type=click.Choice(["terminal", "json"]), default=None,
+                     help="Report format on stdout [terminal]."),
+        click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+                     help="Also write the JSON report to this file."),
+        click.option("--junit-xml", type=click.Path(dir_okay=False), default=None,
+                     help="Write a JUnit XML report to this file."),
+        click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
+                     help="Write a self-contained HTML report (heat maps of failing blocks) to "
+                          "this file."),
+        click.option("--annotations", type=click.Choice(["auto", "github", "none"]),
+                     default=None,
+                     help="GitHub Actions ::error annotations [auto: when GITHUB_ACTIONS=true]."),
+        click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
+                     help="Colour in the terminal report (NO_COLOR is honoured) [auto]."),
+        click.option("-q", "--quiet", is_flag=True, help="Print only failures and the summary."),
+        click.option("-v", "--verbose", is_flag=True,
+                     help="Show per-check timing and call counts."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
 def _workers(value: str | None) -> str | None:
     if value is None or value == "auto" or (value.isdigit() and int(value) >= 1):
         return value
@@ -147,8 +173,10 @@ CHECK_EPILOG = "\b\nInputs:\n" + INPUT_HELP
 @click.argument("targets", nargs=-1)
 @check_options
 @click.option("--eps", type=float, default=None, help="Finite-difference step [dtype default].")
-@click.option("--atol", type=float, default=None, help="Absolute tolerance [1e-5 for float64].")
-@click.option("--rtol", type=float, default=None, help="Relative tolerance [1e-3 for float64].")
+@click.option("--atol", type=float, default=None, help="Absolute tolerance, gradcheck's meaning [float64: measured from "
+                   "the finite-difference error; 1e-5 beside --rtol].")
+@click.option("--rtol", type=float, default=None, help="Relative tolerance, gradcheck's meaning [float64: measured; 1e-3 "
+                   "beside --atol].")
 @click.option("--nondet-tol", type=float, default=None,
               help="Allowed difference between two backward calls [0].")
 @click.option("--mode", type=click.Choice(MODES), default=None,
@@ -167,33 +195,20 @@ CHECK_EPILOG = "\b\nInputs:\n" + INPUT_HELP
 @click.option("--max-memory", type=float, default=None,
               help="Bytes a full-mode Jacobian may take before refusing [2e9].")
 @click.option("--strict/--no-strict", default=None,
-              help="Inconclusive checks fail the run.")
+              help="Inconclusive checks and warnings fail the run.")
 @click.option("--resample", type=int, default=None,
               help="Draw up to N new inputs when a case is inconclusive (kinks, ties).")
 @click.option("--trust-callables", is_flag=True, default=False,
               help="Let specs that say trust_callable: true run a plain callable from an "
                    "installed package.")
-@click.option("--format", "fmt", type=click.Choice(["terminal", "json"]), default=None,
-              help="Report format on stdout [terminal].")
 @click.option("--save-inputs", type=click.Path(dir_okay=False), default=None,
               help="Write the inputs each case used to this .pt file (--inputs-from replays it).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="Also write the JSON report to this file.")
-@click.option("--junit-xml", type=click.Path(dir_okay=False), default=None,
-              help="Write a JUnit XML report to this file.")
-@click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
-              help="Write a self-contained HTML report (heat maps of failing blocks) to this file.")
+@report_options
 @click.option("--repro", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="For each failing target, shrink the failing case and write "
                    "DIR/test_<target>.py, a standalone pytest file that fails the same way.")
 @click.option("--repro-budget", type=click.IntRange(min=1), default=None, metavar="N",
               help="Checks --repro may run per failing target while shrinking [40].")
-@click.option("--annotations", type=click.Choice(["auto", "github", "none"]), default=None,
-              help="GitHub Actions ::error annotations [auto: when GITHUB_ACTIONS=true].")
-@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
-              help="Colour in the terminal report (NO_COLOR is honoured) [auto].")
-@click.option("-q", "--quiet", is_flag=True, help="Print only failures and the summary.")
-@click.option("-v", "--verbose", is_flag=True, help="Show per-check timing and call counts.")
 @click.option("--show-config", is_flag=True,
               help="Print the effective settings and where each came from, then exit.")
 @isolation_options
@@ -273,21 +288,9 @@ def config() -> int:
 @click.option("--mode", type=click.Choice(MODES), default=None, help="Jacobian mode [auto].")
 @click.option("--atol", type=float, default=None, help="Absolute tolerance [per dtype].")
 @click.option("--rtol", type=float, default=None, help="Relative tolerance [per dtype].")
-@click.option("--strict/--no-strict", default=None, help="Inconclusive checks fail the run.")
-@click.option("--format", "fmt", type=click.Choice(["terminal", "json"]), default=None,
-              help="Report format on stdout [terminal].")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-              help="Also write the JSON report to this file.")
-@click.option("--junit-xml", type=click.Path(dir_okay=False), default=None,
-              help="Write a JUnit XML report to this file.")
-@click.option("--html", type=click.Path(dir_okay=False), default=None,
-              help="Also write a self-contained HTML report to this file.")
-@click.option("--annotations", type=click.Choice(["auto", "github", "none"]), default=None,
-              help="GitHub Actions ::error annotations [auto: when GITHUB_ACTIONS=true].")
-@click.option("--color", type=click.Choice(["auto", "always", "never"]), default="auto",
-              help="Colour in the terminal report [auto].")
-@click.option("-q", "--quiet", is_flag=True, help="Print only failures and the summary.")
-@click.option("-v", "--verbose", is_flag=True, help="Show per-check timing and call counts.")
+@click.option("--strict/--no-strict", default=None,
+              help="Inconclusive checks and warnings fail the run.")
+@report_options
 @click.option("-n", "--workers", default=None, metavar="N|auto",
               callback=lambda _c, _p, v: _workers(v),
               help="Worker processes checking the recorded calls in parallel [1].")
