@@ -130,3 +130,34 @@ def test_gradtool_list_shows_every_rule_with_its_severity():
         assert rule.id in out.output
     rows = [line.split()[:2] for line in out.output.splitlines()]
     assert [BROADCAST, "warning"] in rows and ["contract.nonlinear", "failure"] in rows
+
+
+def test_any_checks_rule_is_silenced_by_id_and_the_rest_still_fail():
+    """ignore: works for every check's findings (layout, op checks), not only the contract's."""
+    layouts = load_fixture("layouts")
+    flat = gradtool.check(layouts.RowScaleFlat, ["4x5", "(5,)"], checks=("layout",))
+    rules = {f.rule for f in result(flat, "layout").findings}
+    assert outcomes(flat)["layout"] == "failed" and "layout.grad_output_strides" in rules
+    silenced = gradtool.check(layouts.RowScaleFlat, ["4x5", "(5,)"], checks=("layout",),
+                              ignore=tuple(rules))
+    check = result(silenced, "layout")
+    assert check.outcome.value == "passed" and check.findings == ()
+    assert any("ignored by configuration" in d for d in check.details)
+    partly = gradtool.check(layouts.RowScaleFlat, ["4x5", "(5,)"], checks=("layout",),
+                            ignore=("layout.input_raises",))
+    assert outcomes(partly)["layout"] == "failed"  # an unrelated id silences nothing here
+    ops = load_fixture("custom_ops")
+    fake = gradtool.check(ops.row_sum_bad_fake, ["3x4"], checks=("op_fake",))
+    assert outcomes(fake)["op_fake"] == "failed"
+    ids = tuple({f.rule for f in result(fake, "op_fake").findings})
+    assert all(i.startswith("op_fake.") for i in ids)
+    quiet = gradtool.check(ops.row_sum_bad_fake, ["3x4"], checks=("op_fake",), ignore=ids)
+    assert outcomes(quiet)["op_fake"] == "passed"
+
+
+def test_op_rule_ids_are_registered_for_ignore():
+    from gradtool.config.registry import RULE_IDS
+
+    assert {"op_fake.shape", "op_schema.undeclared_mutation", "op_autograd.missing",
+            "op_compiled.gradients"} <= set(RULE_IDS)
+    assert CheckConfig(ignore=("op_fake.shape",)).ignore == ("op_fake.shape",)

@@ -46,6 +46,10 @@ def _rules(severity: str, *pairs: tuple[str, str]) -> tuple[Rule, ...]:
     return tuple(Rule(f"contract.{name}", severity, text) for name, text in pairs)
 
 
+def _op_rules(check: str, *pairs: tuple[str, str]) -> tuple[Rule, ...]:
+    return tuple(Rule(f"{check}.{name}", "failure", text) for name, text in pairs)
+
+
 CONTRACT_RULES = _rules(
     "failure",
     ("forward_not_tensor", "forward returns no tensor"),
@@ -94,14 +98,38 @@ REGISTRY: tuple[CheckInfo, ...] = (
     CheckInfo("compiled", "first- and second-order gradients under torch.compile equal eager's "
                           "(opt-in)", default=False),
     CheckInfo("op_schema", "custom ops: the schema says what the kernel does (no undeclared "
-                           "write to an input, no output aliasing an input)"),
+                           "write to an input, no output aliasing an input)",
+              rules=_op_rules("op_schema",
+                              ("undeclared_mutation", "the kernel writes an argument its schema "
+                               "does not declare mutable"),
+                              ("aliasing_output", "an output aliases an input the schema says "
+                               "is new"))),
     CheckInfo("op_fake", "custom ops: the fake kernel exists and agrees with the real one on "
-                         "shape, dtype, strides and device, also with symbolic sizes"),
+                         "shape, dtype, strides and device, also with symbolic sizes",
+              rules=_op_rules("op_fake",
+                              ("missing", "no fake (meta) kernel is registered"),
+                              ("outputs", "the fake kernel returns another number of outputs"),
+                              ("shape", "the fake kernel's output shape differs from the real"),
+                              ("dtype", "the fake kernel's output dtype differs from the real"),
+                              ("device", "the fake kernel's output device differs"),
+                              ("strides", "the fake kernel's output strides differ"),
+                              ("raises", "the fake kernel raises"),
+                              ("symbolic_raises", "the fake kernel raises with symbolic sizes"),
+                              ("dynamic_shape", "the fake kernel's shape is wrong with symbolic "
+                               "sizes"))),
     CheckInfo("op_autograd", "custom ops: an autograd formula is registered (at an Autograd "
-                             "key) when an input is differentiable"),
+                             "key) when an input is differentiable",
+              rules=_op_rules("op_autograd",
+                              ("missing", "no autograd formula for a differentiable input"),
+                              ("wrong_key", "the formula is registered at a key autograd "
+                               "does not reach"))),
     CheckInfo("op_compiled", "custom ops: outputs and gradients under torch.compile's tracing "
                              "with dynamic sizes equal eager's (opcheck's aot test; opt-in)",
-              default=False),
+              default=False,
+              rules=_op_rules("op_compiled",
+                              ("outputs", "outputs under torch.compile differ from eager's"),
+                              ("gradients", "gradients under torch.compile differ from eager's"),
+                              ("fails", "the op fails under torch.compile's tracing"))),
     CheckInfo("layout", "gradients with transposed, sliced, expanded (stride-0) and "
                         "channels_last grad_outputs and inputs equal the contiguous ones",
               rules=(Rule("layout.grad_output_strides", "failure", "backward ignores "

@@ -208,7 +208,29 @@ def _run_check(name: str, case: Case, job: Job) -> CheckResult | None:
     # User code raising where a check did not expect it is still a result; so is its sys.exit().
     except (Exception, SystemExit) as exc:
         result = error_result(name, exc, job.target, start, case.problem, before)
-    return _apply_xfail(result, job.xfail.get(name))
+    return _apply_xfail(silence(result, config.ignore), job.xfail.get(name))
+
+
+def silence(result: CheckResult, ignore: Sequence[str]) -> CheckResult:
+    """Drop the findings whose rule the configuration ignores (any check's); a check failed only
+    by such findings passes, and says what was ignored."""
+    silenced = sorted({f.rule for f in result.findings if f.rule in ignore})
+    if not silenced:
+        return result
+    from dataclasses import replace
+
+    from ..results import Severity
+
+    kept = tuple(f for f in result.findings if f.rule not in ignore)
+    note = f"ignored by configuration: {', '.join(silenced)}"
+    failures = [f for f in kept if f.severity is Severity.FAILURE]
+    if result.outcome is Outcome.FAILED and not failures and not result.blocks:
+        return replace(result, outcome=Outcome.PASSED, findings=kept, details=(note,),
+                       summary=f"passed once the ignored rules are left out ({note})")
+    dropped = {f.message for f in result.findings if f.rule in ignore}
+    details = tuple(d for d in result.details if d not in dropped)
+    summary = failures[0].message if failures and result.summary in dropped else result.summary
+    return replace(result, findings=kept, summary=summary, details=(*details, note))
 
 
 def _variant(name: str, case: Case, job: Job, config: CheckConfig) -> Any:
