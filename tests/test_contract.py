@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import gradtool
-from conftest import outcomes, result
+from conftest import load_fixture, outcomes, result
 
 
 def contract(target, inputs, **kw):
@@ -134,3 +135,29 @@ def test_unreturned_write_says_so(contract_cases):
     assert "(and without returning it)" in check.summary
     returned = contract(contract_cases.ExpInplaceReturnedUnmarked, ["3x4"])
     assert "without returning it" not in " ".join((returned.summary, *returned.details))
+
+
+class _MatMulTransposedGrad(torch.autograd.Function):
+    """The weight's gradient comes back transposed: the engine refuses it."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a @ b
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return g @ b.t(), (a.t() @ g).t()
+
+
+def test_a_gradient_the_engine_refuses_is_one_failure_not_an_error_per_check():
+    report = gradtool.check(_MatMulTransposedGrad, ["3x4", "4x5"])
+    found = outcomes(report)
+    assert found["contract"] == "failed"
+    assert {found[name] for name in found if name != "contract"} == {"skipped"}
+    assert "contract.gradient_shape" in result(report, "gradient").summary
+    alone = gradtool.check(_MatMulTransposedGrad, ["3x4", "4x5"], checks=("gradient",))
+    assert outcomes(alone)["gradient"] == "error"  # without the contract, the engine's words
+    few = gradtool.check(load_fixture("contract_cases").ScaleTooFewGrads, ["3x4", "2.5"])
+    assert "error" not in outcomes(few).values()

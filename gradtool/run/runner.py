@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..config.settings import CheckConfig
 from .. import heartbeat
 from ..errors import GradtoolError, InternalError
-from ..results import CaseResult, CheckResult, Outcome, Rejected, Report, TargetResult
+from ..results import CaseResult, CheckResult, Finding, Outcome, Rejected, Report, TargetResult
 from ..targets.inputs import InputSpec
 from ..targets.load import Target
 from .reproduce import has_given_values, pin_flags, reproduce_for
@@ -164,12 +164,31 @@ def _once(result: CheckResult, earlier: Sequence[CheckResult], problem: Problem)
     """A forward that fails is reported under the first check only, not under every one."""
     if result.outcome is not Outcome.ERROR:
         return result
+    rejected = _engine_rejects(earlier)
+    if rejected and any(words in result.summary for words in ENGINE_REJECTS):
+        return CheckResult(result.name, Outcome.SKIPPED,
+                           f"not run: the autograd engine rejects backward's gradient, as the "
+                           f"{rejected.rule} finding under contract says", source=result.source)
     same = next((c for c in earlier if c.outcome is Outcome.ERROR and c.summary == result.summary),
                 None)
     if same is None or _forward_runs(problem):
         return result  # a backward that fails is each check's own finding
     return CheckResult(result.name, Outcome.SKIPPED,
                        f"not run: the same error as under {same.name} ({same.summary})"[:300])
+
+
+# torch's words when its engine refuses what backward returned
+ENGINE_REJECTS = ("returned an invalid gradient", "returned an incorrect number of gradients")
+# The contract rules whose gradients the engine refuses outright: every later check would only
+# repeat the engine's error.
+REFUSED_RULES = ("contract.gradient_count", "contract.gradient_shape", "contract.gradient_type",
+                 "contract.gradient_for_non_tensor", "contract.gradient_device")
+
+
+def _engine_rejects(earlier: Sequence[CheckResult]) -> Finding | None:
+    """The contract's finding that backward returns a gradient the engine refuses, if any."""
+    return next((f for c in earlier if c.name == "contract" for f in c.findings
+                 if f.rule in REFUSED_RULES), None)
 
 
 def _forward_runs(problem: Problem) -> bool:
