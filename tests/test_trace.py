@@ -109,6 +109,10 @@ def test_usage_errors_and_a_script_with_nothing_to_check(tmp_path):
     nothing = trace(SCRIPT, "--", "--steps", "0")
     assert nothing.returncode == 5 and "made no custom" in nothing.stderr
     assert "2 call(s) without gradient" in nothing.stderr  # the eval forward under no_grad
+    assert "after the script go to the script" not in nothing.stderr  # after --: the script's
+    misplaced = trace(SCRIPT, "--steps", "0", "--html", str(tmp_path / "r.html"))
+    assert "note: --html after the script go to the script" in misplaced.stderr
+    assert not (tmp_path / "r.html").exists()
     module = trace("-m", "no_such_module_here")
     assert module.returncode == 2 and "no module named 'no_such_module_here'" in module.stderr
 

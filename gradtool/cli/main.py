@@ -160,6 +160,18 @@ def report_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def _warn_misplaced(args: tuple[str, ...]) -> None:
+    """gradtool's own options after the script go to the script: say so (the script may take
+    the same flag, so it is a note, not an error; `--` before the script's arguments silences
+    it)."""
+    names = {o for p in click.get_current_context().command.params for o in p.opts}
+    mine = [a for a in args if a.split("=", 1)[0] in names]
+    if mine:
+        click.echo(f"gradtool: note: {', '.join(mine)} after the script go to the script, not to "
+                   "gradtool trace: put gradtool's options before the script (and the script's "
+                   "after --)", err=True)
+
+
 def _workers(value: str | None) -> str | None:
     if value is None or value == "auto" or (value.isdigit() and int(value) >= 1):
         return value
@@ -312,5 +324,7 @@ def trace(**kw: Any) -> int:
     kw["args"] = tuple(kw.get("args") or ())
     if kw["args"][:1] == ("--",):
         kw["args"] = kw["args"][1:]
+    else:
+        _warn_misplaced(kw["args"])
     kw["list"] = kw.pop("list_")
     return run_trace(kw)
