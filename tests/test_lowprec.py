@@ -74,6 +74,9 @@ def test_a_bug_in_every_dtype_is_caught_by_the_float64_runs_own_check():
     check = gradient(Everywhere, ["8x8"], dtype="bfloat16")
     assert check.outcome.value == "failed"
     assert "float64 run's own gradient is wrong" in check.summary
+    # The float64 run's elements and diagnosis travel with it: the report can name them.
+    assert any(b.mismatched and b.worst and b.diagnosis and "factor 1.5" in b.diagnosis
+               for b in check.blocks)
 
 
 def test_wrong_forward_is_reported_first():

@@ -245,11 +245,13 @@ def _result(verdict: Verdict, own: CheckResult | None, bound: Bound, config: Che
     summary = _summary(verdict, bound.dtype, against)
     details = list(verdict.lines)
     outcome = verdict.outcome
+    blocks = tuple(verdict.blocks)
     if own is not None:
         details.append(f"float64 run's own gradient vs finite differences: {own.outcome.value}"
                        f" ({own.summary})")
         if own.outcome in (Outcome.FAILED, Outcome.ERROR):
             outcome = Outcome.FAILED
+            blocks += own.blocks  # its elements and diagnosis: the bug is in every dtype
             summary = (f"the float64 run's own gradient is wrong ({own.summary}); "
                        f"low precision: {summary}")
         elif own.outcome is Outcome.INCONCLUSIVE and outcome is Outcome.PASSED:
@@ -259,7 +261,9 @@ def _result(verdict: Verdict, own: CheckResult | None, bound: Bound, config: Che
         details.append(f"{verdict.resolve_with} would resolve the differences {bound.dtype} "
                        "cannot (check the kernel in that dtype to decide)")
     tolerance = {"unit_roundoff": UNIT_ROUNDOFF[bound.dtype], "samples": float(bound.samples)}
-    return CheckResult(NAME, outcome, summary, tuple(details), tuple(verdict.blocks),
+    if own is not None and own.blocks and blocks[-len(own.blocks):] == own.blocks:
+        tolerance = {**own.tolerance, **tolerance}  # the float64 blocks' own tolerance, shown
+    return CheckResult(NAME, outcome, summary, tuple(details), blocks,
                        f"{bound.dtype} vs float64", f"judged against {against}",
                        tolerance=tolerance, calls=calls, duration_s=seconds,
                        source=None if outcome is Outcome.PASSED else
