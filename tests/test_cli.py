@@ -135,3 +135,15 @@ def test_closed_pipe_is_quiet_and_keeps_the_verdict():
     out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 1  # MulConstantUnscaled fails; head closing the pipe changes nothing
     assert "Traceback" not in out.stderr and "internal error" not in out.stderr
+
+
+def test_a_block_whose_largest_difference_is_not_the_worst_element_says_so():
+    from gradtool.render.terminal import block_lines
+    from gradtool.results import Block, Element
+
+    worst = Element("x", (3,), "out", (3,), 0.0, -2.65, 2.65, 1.0)
+    block = Block("x", (8,), "out", (8,), 64, 3, 4.89, 1.0, (worst,))
+    head = block_lines(block, {"atol": 1e-3, "rtol": 1e-2})[1]
+    assert head.startswith("max abs diff 4.89 over the block; furthest beyond tolerance at (3)")
+    same = Block("x", (8,), "out", (8,), 64, 3, 2.65, 1.0, (worst,))
+    assert block_lines(same, {"atol": 1e-3, "rtol": 1e-2})[1].startswith("max abs diff 2.65 at")
