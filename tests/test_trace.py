@@ -122,6 +122,8 @@ def test_a_module_run_records_custom_ops_through_both_entry_points(tmp_path):
     assert out.returncode == 1, out.stdout + out.stderr
     assert "FAIL  gradtool_trace::triple at ops_script.py:8, input 5 float64" in out.stdout
     assert "misses a factor 1.5" in out.stdout  # analytical = 2/3 of numerical
+    # A recorded op is an op target: its op checks run and its inputs have the schema's names.
+    assert "inputs (given, seed 0): x given" in out.stdout and "7 check(s)" in out.stdout
     assert f"reproduce: gradtool check trace_ops.py:triple --inputs-from {tmp_path}/000_" \
            in out.stdout
     assert "1 target(s)" in out.stdout  # both entry points, one signature: one check

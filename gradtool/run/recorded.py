@@ -9,7 +9,7 @@ from ..config.settings import CheckConfig
 from ..errors import GradtoolError
 from ..results import Rejected, Report
 from ..targets.factory import load_inputs
-from ..targets.load import make_target, resolve
+from ..targets.ops import make_target, resolve  # load's, knowing custom ops
 from .runner import CaseSpec, Job
 
 LABEL = "recorded call"
@@ -64,6 +64,7 @@ def live_jobs(entries: list[dict[str, Any]], owners: dict[int, Any], config: Che
             if obj is None or entry["problem"] and "saved" in entry["problem"]:
                 raise GradtoolError(entry["problem"] or f"{name}: cannot be replayed")
             target = make_target(obj, name)
+            target.name = name  # an op target names itself by its registration file otherwise
             entry = {**entry, "reproduce": _reproduce(entry)}
             jobs.append(_job(target, entry, config))
         except GradtoolError as exc:
