@@ -35,21 +35,18 @@ def check_contract(case: Case, target: Target, config: CheckConfig) -> CheckResu
 def contract_result(found: Sequence[Finding], notes: Sequence[str], target: Target,
                     config: CheckConfig, calls: dict[str, int] | None = None,
                     duration_s: float = 0.0) -> CheckResult:
-    """The verdict from the findings: failed on a failure, else passed (warnings told); rules
-    the configuration ignores are dropped, and said."""
-    kept = [f for f in found if f.rule not in config.ignore]
-    silenced = sorted({f.rule for f in found if f.rule in config.ignore})
-    failures = [f for f in kept if f.severity is Severity.FAILURE]
-    warnings = [f for f in kept if f.severity is Severity.WARNING]
+    """The verdict from the findings: failed on a failure, else passed (warnings told). Rules
+    the configuration ignores are dropped by the runner, for every check alike."""
+    failures = [f for f in found if f.severity is Severity.FAILURE]
+    warnings = [f for f in found if f.severity is Severity.WARNING]
     ordered = failures + warnings
-    notes = [*notes, *([f"ignored by configuration: {', '.join(silenced)}"] if silenced else [])]
     if failures:
         summary, rest = failures[0].message, [f.message for f in failures[1:]]
     else:
         summary, rest = "forward and backward keep autograd's contract", []
     return CheckResult(
         "contract", Outcome.FAILED if failures else Outcome.PASSED, summary,
-        tuple(rest + notes), source=_where(target, failures), calls=calls or {},
+        (*rest, *notes), source=_where(target, failures), calls=calls or {},
         duration_s=duration_s, tolerance={"nondet_tol": config.nondet_tol},
         findings=tuple(ordered))
 

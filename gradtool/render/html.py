@@ -6,7 +6,7 @@ import math
 from html import escape
 
 from ..results import Block, CaseResult, CheckResult, ErrorGrid, Outcome, Report, TargetResult
-from .terminal import block_lines, summary_line
+from .terminal import block_lines, flat_index, summary_line
 
 # ColorBrewer's OrRd, light to dark: level 0 is "no error" (below the scale's floor).
 PALETTE = ("#f4f4f4", "#fee8c8", "#fdd49e", "#fdbb84", "#fc8d59", "#ef6548", "#d7301f",
@@ -204,21 +204,14 @@ def _row_runs(row: tuple[float, ...], r: int, cell: int, top: int, left: int,
 def _markers(block: Block, grid: ErrorGrid, cell: int, top: int, left: int) -> list[str]:
     out = []
     for e in block.worst:
-        row = _flat(e.output_index, block.output_shape) // grid.row_tile
-        col = _flat(e.input_index, block.input_shape) // grid.col_tile
+        row = flat_index(e.output_index, block.output_shape) // grid.row_tile
+        col = flat_index(e.input_index, block.input_shape) // grid.col_tile
         tip = (f"{e.input}{list(e.input_index)} -> {e.output}{list(e.output_index)}: "
                f"analytical {e.analytical:.6g}, numerical {e.numerical:.6g}")
         out.append(f'<circle cx="{left + col * cell + cell / 2}" cy="{top + row * cell + cell / 2}"'
                    f' r="{max(3, cell * 0.45):.1f}" fill="none" stroke="#0969da" '
                    f'stroke-width="2"><title>{escape(tip)}</title></circle>')
     return out
-
-
-def _flat(index: tuple[int, ...], shape: tuple[int, ...]) -> int:
-    flat = 0
-    for i, size in zip(index, shape):
-        flat = flat * size + i
-    return flat
 
 
 def _reproducers(report: Report) -> str:

@@ -248,8 +248,8 @@ def heatmap_lines(block: Block, max_cols: int = 48, max_rows: int = 16) -> list[
     vmax = max(finite, default=0.0)
     cells = [[_shade(v, vmax) for v in row] for row in pooled]
     for e in block.worst:
-        r = _flat(e.output_index, block.output_shape) // grid.row_tile // rt
-        c = _flat(e.input_index, block.input_shape) // grid.col_tile // ct
+        r = flat_index(e.output_index, block.output_shape) // grid.row_tile // rt
+        c = flat_index(e.input_index, block.input_shape) // grid.col_tile // ct
         if r < len(cells) and c < len(cells[r]):
             cells[r][c] = "×"
     per = (f"a character is the max over {grid.row_tile * rt} output x {grid.col_tile * ct} "
@@ -269,7 +269,7 @@ def _shade(value: float, vmax: float) -> str:
     return SHADES[max(1, min(len(SHADES) - 1, 1 + int(position * (len(SHADES) - 1))))]
 
 
-def _flat(index: tuple[int, ...], shape: tuple[int, ...]) -> int:
+def flat_index(index: tuple[int, ...], shape: tuple[int, ...]) -> int:
     flat = 0
     for i, size in zip(index, shape):
         flat = flat * size + i
