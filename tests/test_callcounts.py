@@ -224,3 +224,24 @@ def test_no_default_check_imports_dynamo_or_sympy(target, inputs, settings):
                          timeout=300, cwd=root)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split(maxsplit=1)[1].strip() == "[]", out.stdout
+
+
+def test_a_worker_freezes_what_importing_torch_made_and_a_host_with_torch_is_left_alone():
+    # a full collection over torch's ~170k import-time objects costs ~70 ms each time: more than
+    # a small check's whole work. gradtool's own process imports torch with the collector paused
+    # and freezes the result; a process that already has torch keeps its collector as it was.
+    code = ("import gc, sys; from gradtool.cli.worker import import_torch; "
+            "fresh = 'torch' not in sys.modules; import_torch(); "
+            "print(fresh, gc.get_freeze_count(), gc.isenabled(), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    fresh, frozen, enabled, loaded = out.stdout.split()
+    assert (fresh, enabled, loaded) == ("True", "True", "True"), out.stderr
+    assert int(frozen) > 50_000
+    import gc
+
+    from gradtool.cli.worker import import_torch
+
+    before = gc.get_freeze_count()
+    import_torch()  # this test process has torch: nothing changes
+    assert gc.get_freeze_count() == before and gc.isenabled()

@@ -90,8 +90,9 @@ def run_check(kw: dict[str, Any]) -> int:
     if kw.get("isolate", True):
         report = _supervise(collect, config, targets, kw)
     else:
-        from .worker import quiet_expected_warnings
+        from .worker import import_torch, quiet_expected_warnings
 
+        import_torch()
         quiet_expected_warnings()
         jobs, rejected = collect()
         report = _run(jobs, rejected, config, quiet=kw.get("quiet", False))
