@@ -51,7 +51,8 @@ def test_full_mode_on_an_elementwise_op_needs_a_handful_of_evaluations():
     # gradcheck's slow mode: 2 n_in forwards and n_out backwards (2e5 and 1e5 here)
     for inputs in (["(1000,)"], ["(100000,)"]):
         assert calls(bugs.Cube, inputs, "full") == {"forward": 4, "backward": 4}
-        assert calls(bugs.Cube, inputs, "full", "double_backward") == {"forward": 9,
+        # 9 evaluations of backward's own function; the two along grad_output reuse a forward
+        assert calls(bugs.Cube, inputs, "full", "double_backward") == {"forward": 7,
                                                                         "backward": 4}
 
 
@@ -245,3 +246,76 @@ def test_a_worker_freezes_what_importing_torch_made_and_a_host_with_torch_is_lef
     before = gc.get_freeze_count()
     import_torch()  # this test process has torch: nothing changes
     assert gc.get_freeze_count() == before and gc.isenabled()
+
+
+class _LoopedSquare(torch.autograd.Function):
+    """x ** 2 through a Python loop that reads .item(): vmap refuses it, so double backward
+    evaluates backward's function call by call. `forwards` counts the real forward calls."""
+
+    forwards = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        _LoopedSquare.forwards += 1
+        ctx.save_for_backward(x)
+        return torch.stack([v * v * (1.0 if v.item() == v.item() else 0.0) for v in x])
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+class _DetachedSquare(_LoopedSquare):
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 2 * x.detach() * grad  # a zero second derivative
+
+
+class _BackwardOnce(_LoopedSquare):
+    """A correct backward that frees what it saved: it cannot run twice on one graph."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.x = x.detach()
+        return _LoopedSquare.forward(ctx, x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        del ctx.x
+        return 2 * x * grad
+
+
+class _BackwardCounts(_LoopedSquare):
+    """Correct on the first backward of each forward, wrong after it (state kept in ctx): a
+    backward re-run on one graph must never be taken for a fresh one."""
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        ctx.runs = getattr(ctx, "runs", 0) + 1
+        return 2 * x * grad * ctx.runs
+
+
+PROBE_FORWARDS = 3  # the probe phase's forwards (purity, randomness): the case's, not G's
+
+
+@pytest.mark.parametrize("cls,outcome", [(_LoopedSquare, "passed"), (_DetachedSquare, "failed"),
+                                         (_BackwardOnce, "passed"), (_BackwardCounts, "passed")])
+def test_double_backward_along_grad_output_reuses_a_forward_only_when_it_gives_the_same(
+        cls, outcome):
+    # G(x, v) = vᵀ∂f/∂x at a fixed x along v: one forward serves every grad_output, once a
+    # reuse has matched a fresh evaluation bit for bit
+    _LoopedSquare.forwards = 0
+    report = gradtool.check(cls, ["(6,)"], mode="full", checks=("double_backward",))
+    result = next(c for _, _, c in report.checks())
+    assert result.outcome.value == outcome, result.summary
+    assert result.calls["forward"] == _LoopedSquare.forwards - PROBE_FORWARDS  # real ones only
+    evaluations = 2 * (6 + 6) + 1  # central differences over x and v, and G's own graph
+    if cls in (_LoopedSquare, _DetachedSquare):  # x columns, G's graph, a v column twice
+        failing_path = 4 if outcome == "failed" else 0
+        assert result.calls["forward"] == 2 * 6 + 1 + 2 + failing_path, result.calls
+    else:  # the reuse is refused: every evaluation runs its own forward
+        assert result.calls["forward"] == evaluations, result.calls
