@@ -167,13 +167,18 @@ def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: in
 
 
 def _zero_cotangent(problem: Problem, i: int) -> Any:
-    """Backward's gradient of input i for an all-zero grad_output (None if it raises)."""
-    try:
-        leaves, outs = problem.graph()
-        grads = problem.vjp(leaves, outs, [torch.zeros_like(t) for t in outs])
-        return as_numpy(grads[i].detach().reshape(-1).double())
-    except Exception:  # noqa: BLE001 - the diagnosis is best effort; the verdict stands
-        return None
+    """Backward's gradient of input i for an all-zero grad_output (None if it raises); one
+    forward and backward serve every failing input of the problem."""
+    memo = problem.memo.get("zero_cotangent", ())
+    if not memo:
+        try:
+            leaves, outs = problem.graph()
+            grads = problem.vjp(leaves, outs, [torch.zeros_like(t) for t in outs])
+            memo = [as_numpy(g.detach().reshape(-1).double()) for g in grads]
+        except Exception:  # noqa: BLE001 - the diagnosis is best effort; the verdict stands
+            memo = [None] * len(problem.diff)
+        problem.memo["zero_cotangent"] = memo
+    return memo[i]
 
 
 def as_numpy(t: torch.Tensor) -> Any:

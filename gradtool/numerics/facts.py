@@ -27,7 +27,8 @@ class Facts:
     output_names: tuple[str, ...] = ()  # the compared outputs' names
     left_out: tuple[str, ...] = ()    # float outputs autograd does not track
     complex: bool | None = None       # a complex input or output (None: not known yet)
-    has_functions: bool = False       # custom Function nodes in forward's graph
+    has_functions: bool = False       # the user's custom Function nodes in forward's graph
+    #                                   (a torch.library op's generated Function is not one)
     precision: str | None = None      # the least precise floating dtype among inputs, outputs
     findings: tuple[Finding, ...] = ()  # rules the probe saw broken (forward's purity)
 

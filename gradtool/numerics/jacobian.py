@@ -256,9 +256,10 @@ def _zero_block_by_columns(problem: Problem, entries: int, size: int) -> bool:
     as a detached second order does, its columns are recomputed whole: 4 more than column by
     column). Only small blocks evaluated call by call: there the 4 can matter; from
     ZERO_BLOCK_COLUMNS columns on they are at most 3 % of the columns' cost, and a passing
-    block (sort's second derivative, 8000 columns) costs 4 evaluations instead of 16 000."""
+    block (sort's second derivative, 8000 columns) costs 4 evaluations instead of 16 000. One
+    or two columns are never cheaper coloured, batched or not."""
     looped = problem.batched_fn is None or problem.vmap_ok is False
-    return looped and entries == 0 and size < ZERO_BLOCK_COLUMNS
+    return entries == 0 and (size <= 2 or looped and size < ZERO_BLOCK_COLUMNS)
 
 
 def _affordable(problem: Problem, jac: AnalyticalJacobian) -> bool:

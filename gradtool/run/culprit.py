@@ -206,8 +206,9 @@ def locate_functions(problem: Problem, config: CheckConfig,
     One finding per Function class and call site, in forward order. Never raises: a forward
     that cannot be re-run yields no findings.
     """
-    try:
-        applications, missed = record(problem)
+    try:  # the probe saw no Function node in forward's graph: nothing to record
+        applications, missed = record(problem) if problem.has_functions or \
+            not problem.facts.learnt else ([], [])
     except Exception:  # noqa: BLE001 - locating is a diagnosis; it must not break the report
         return []
     findings = [check_application(app, config, problem.freeze_seed)

@@ -58,7 +58,7 @@ def _learn(case: Case, keep_graph: bool) -> None:
     outs = tensor_outputs(result)
     tracked = [o for o in outs if (o.is_floating_point() or o.is_complex()) and o.requires_grad]
     problem.facts = problem.facts.with_(
-        has_functions=bool(function_nodes(tracked)),
+        has_functions=any(_users(node) for node in function_nodes(tracked).values()),
         precision=_coarsest([*problem.args, *outs]),
         **output_facts(outs, problem.output_labels, problem.keep_all_outputs, leaves))
     problem.first_graph = (leaves, result) if keep_graph else None
@@ -149,3 +149,11 @@ def stochastic_note(facts: Facts) -> str | None:
         return None
     return (f"{STOCHASTIC} (two calls on the same inputs differ): torch's RNG is re-seeded "
             f"with {facts.seed} before every evaluation")
+
+
+def _users(node: Any) -> bool:
+    """A Function node whose class the user wrote, or one of torch's that may apply the user's
+    again (reentrant checkpointing re-runs its block in backward). Not a torch.library op's
+    generated autograd Function: its implementation runs below autograd, so no Function inside
+    it leaves a node, and there is nothing to record or re-check (its own checks are the op's)."""
+    return not type(node)._forward_cls.__module__.startswith("torch._library.")
