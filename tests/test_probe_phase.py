@@ -75,6 +75,20 @@ def test_outputs_left_out_and_custom_functions_inside_are_facts(contract_cases, 
     assert not plain.has_functions
 
 
+def test_a_custom_ops_generated_function_is_not_the_users_but_a_checkpoint_may_hold_them(
+        probe_cases):
+    # torch.library's generated autograd Function runs its implementation below autograd: no
+    # Function of the user's can sit inside it, so nothing is recorded or re-checked for it
+    ops = load_fixture("custom_ops")
+    _, op = probed(lambda x, y: ops.scale_mul(x, y), ["3x4", "3x4"])
+    assert not op.has_functions
+    from torch.utils.checkpoint import checkpoint
+
+    _, inside = probed(lambda x: checkpoint(probe_cases.BatchedWeightsModel(), x,
+                                            use_reentrant=True), ["5x4"])
+    assert inside.has_functions  # reentrant checkpointing applies the user's in backward
+
+
 def test_precision_and_complex_are_facts():
     _, low = probed(lambda x: x.float().sin(), ["3x4"])
     assert low.precision == "float32"
