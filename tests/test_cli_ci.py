@@ -302,8 +302,10 @@ def test_terminal_colour_progress_and_no_color(project):
     assert ANSI.search(out), out       # a terminal gets colour
     assert "━" in err, err              # and, past a second, a progress bar on stderr
     command = [sys.executable, "-m", "gradtool", "check", FAILING, "--color", "auto"]
-    out, err = run_in_terminal(command, env, project)
-    assert "━" not in err, err          # a run shorter than a second shows no bar
+    out, err = run_in_terminal([*command, "--json", "short.json"], env, project)
+    first = json.loads((project / "short.json").read_text())["targets"][0]["cases"][0]["checks"]
+    if sum(c["duration_s"] or 0 for c in first) < 0.8:  # the bar's second starts with job 1
+        assert "━" not in err, err      # a run shorter than a second shows no bar
     out, err = run_in_terminal([*command, "--quiet"], {**env, "NO_COLOR": "1"}, project)
     assert "FAIL" in out and not ANSI.search(out), out
     assert "━" not in err, err
