@@ -12,7 +12,6 @@ from ..config.settings import CheckConfig
 from ..numerics.facts import Facts
 from ..numerics.jacobian import Verdict
 from ..numerics.problem import Problem, function_nodes, select_outputs, vjp
-from ..numerics.transforms import refused_by_transforms
 from ..results import Block, CheckResult, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
@@ -109,11 +108,10 @@ def _derive(problem: Problem, seed: int
                       keep_all_outputs=True)  # a detached gradient is wrong
     derived.output_labels = [f"grad of {name}" for name in problem.input_names]
     g.calls = derived.calls
-    # No vmap-friendly forward, one that writes to its inputs (the plain G copies them first),
-    # or a Function torch.func.vjp refuses: finite differences loop.
-    derived.batched_fn = _batchable_backward(problem, n) if problem.batched_fn is not None \
-        and not problem.mutates and not refused_by_transforms(outs) \
-        else None
+    # No vmap-friendly forward, or one that writes to its inputs (the plain G copies them
+    # first): finite differences loop.
+    derived.batched_fn = _batchable_backward(problem, n) \
+        if problem.batched_fn is not None and not problem.mutates else None
     # The outer backward runs through the inner one: the parameters are bound there too.
     derived.scope = None if problem.scope is None else \
         (lambda args: problem.bind(problem.with_inputs(list(args[:n]))))

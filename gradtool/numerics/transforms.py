@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .problem import function_nodes, vjp
+from .problem import vjp
 
 
 @contextlib.contextmanager
@@ -94,13 +94,3 @@ def grads_batched(outs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor],
     from torch._vmap_internals import _vmap
 
     return list(_vmap(lambda *g: tuple(vjp(outs, leaves, g)), 0, 0)(*grads))
-
-
-def refused_by_transforms(outs: Sequence[torch.Tensor]) -> bool:
-    """Whether torch.func.vjp must refuse the forward that made this graph: a custom Function
-    without a setup_context staticmethod (ctx passed to forward, as tutorials write it) raises
-    under a differentiating transform; so does a torch.library op's generated Function."""
-    from torch.autograd.function import _is_setup_context_defined
-
-    return any(not _is_setup_context_defined(type(node)._forward_cls.setup_context)
-               for node in function_nodes(outs).values())
