@@ -299,7 +299,7 @@ class _BackwardCounts(_LoopedSquare):
         return 2 * x * grad * ctx.runs
 
 
-PROBE_FORWARDS = 3  # the probe phase's forwards (purity, randomness): the case's, not G's
+PROBE_FORWARDS = 2  # the probe phase's forwards (purity, its graph): the case's, not G's
 
 
 @pytest.mark.parametrize("cls,outcome", [(_LoopedSquare, "passed"), (_DetachedSquare, "failed"),
@@ -312,10 +312,38 @@ def test_double_backward_along_grad_output_reuses_a_forward_only_when_it_gives_t
     report = gradtool.check(cls, ["(6,)"], mode="full", checks=("double_backward",))
     result = next(c for _, _, c in report.checks())
     assert result.outcome.value == outcome, result.summary
-    assert result.calls["forward"] == _LoopedSquare.forwards - PROBE_FORWARDS  # real ones only
+    # G's count holds only the forwards that ran (one more derives G: the case's graph forward)
+    assert result.calls["forward"] == _LoopedSquare.forwards - PROBE_FORWARDS - 1
     evaluations = 2 * (6 + 6) + 1  # central differences over x and v, and G's own graph
     if cls in (_LoopedSquare, _DetachedSquare):  # x columns, G's graph, a v column twice
-        failing_path = 4 if outcome == "failed" else 0
+        # a zero block fails on its first weighting: 2 coloured evaluations, then its columns
+        failing_path = 2 if outcome == "failed" else 0
         assert result.calls["forward"] == 2 * 6 + 1 + 2 + failing_path, result.calls
     else:  # the reuse is refused: every evaluation runs its own forward
         assert result.calls["forward"] == evaluations, result.calls
+
+
+def test_a_zero_block_that_fails_its_first_weighting_skips_the_second():
+    # an all-zero analytical block is one colour, 2 weighted central differences (4 plain
+    # calls); when the first already finds a nonzero, the block's columns are computed whole
+    # anyway: the second would only confirm it. Passing, both weightings still run.
+    passed = calls(_LoopedSquare, ["(6,)"], "full", "double_backward")
+    report = gradtool.check(_DetachedSquare, ["(6,)"], mode="full", checks=("double_backward",))
+    failed = next(c for _, _, c in report.checks())
+    assert failed.outcome.value == "failed"
+    assert "second derivative is zero" in failed.blocks[0].diagnosis
+    # the detached one's zero block: 2 weighted evaluations + 12 exact; the correct twin's
+    # x block is not zero (2 per column): both 15 + the 2 weighted ones
+    assert failed.calls["forward"] == passed["forward"] + 2
+
+
+def test_double_backward_derives_from_the_gradient_checks_graph_forward():
+    # run together, double backward builds G from the graph forward the gradient check primed
+    # instead of running one of its own
+    def forwards(checks):
+        _LoopedSquare.forwards = 0
+        gradtool.check(_LoopedSquare, ["(6,)"], mode="full", checks=checks)
+        return _LoopedSquare.forwards - PROBE_FORWARDS
+
+    alone = forwards(("gradient",)) + forwards(("double_backward",))
+    assert forwards(("gradient", "double_backward")) == alone - 1

@@ -42,6 +42,8 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
         config = config.fixed()
     try:
         leaves, outs = prime(problem)
+        if name == "gradient" and "double_backward" in config.checks:
+            problem.memo["graph"] = (leaves, outs)  # double backward derives G from it
         if not outs:
             return CheckResult(name, Outcome.SKIPPED, "forward returns no differentiable output")
         if problem.complex:  # real finite differences cannot judge it: the complex check does
