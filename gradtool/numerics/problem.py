@@ -41,7 +41,8 @@ class Problem:
     forward_seconds: float = 0.0      # the priming forward's time, for predictions
     batched_jvp_ok: bool | None = None  # jvps under torch.func.vmap (numerics/forward.py)
     first_graph: tuple[list[torch.Tensor], Any] | None = None  # the probe's graph forward
-    memo: dict[str, Any] = field(default_factory=dict)  # a diagnosis's evaluations, by name
+    memo: dict[str, Any] = field(default_factory=dict)  # evaluations left for a later reader
+    #                                 (G's derivation, a diagnosis), by name
     # scope(args): a context binding the target's parameters to args' values (a module's), so
     # that a backward which re-runs forward (checkpointing, adjoints) sees what forward saw.
     scope: Callable[[Sequence[Any]], contextlib.AbstractContextManager[None]] | None = None
