@@ -99,7 +99,7 @@ class Severity(str, Enum):
 
 @dataclass(frozen=True)
 class Finding:
-    """One broken (or questionable) rule, as data: logic reads `rule`, never `message`.
+    """One broken (or questionable) rule, as data: logic reads `rule` and `data`, never `message`.
 
     rule is a stable id, `<check>.<rule>` (e.g. "contract.broadcast_gradient"), listed in the
     README and `gradtool list`, and the handle by which a spec or [tool.gradtool] silences it.
@@ -109,6 +109,9 @@ class Finding:
     message: str
     severity: Severity = Severity.FAILURE
     source: str | None = None       # file:line of the code to look at, when it is not the check's
+    # The plain values the message is made of (the block's input and output, a factor, counts,
+    # element labels), so tools read them without parsing the words.
+    data: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)

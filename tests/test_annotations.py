@@ -94,8 +94,8 @@ def test_failure_annotation_points_at_the_source_and_says_why():
     assert props == {"file": "specs/m.py", "line": "12",
                      "title": "gradtool c_failed failed: specs/m.py:MulConstant"}
     assert message.splitlines()[0] == "failed summary"
-    assert "tensor[1,2] -> output 0[1,2]: analytical 1, numerical 5" in message
-    assert "diagnosis: backward misses a constant factor 5" in message
+    assert "(1,2)->(1,2): analytical 1, numerical 5" in message  # render/words.py's words
+    assert "diagnosis: analytical = 0.2 x numerical: backward misses a constant factor 5" in message
     assert message.endswith("reproduce: gradtool check specs/m.py:MulConstant --seed 0")
 
 

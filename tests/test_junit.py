@@ -119,9 +119,10 @@ def test_failure_carries_the_fallback_plain_text():
     failure = case.find("failure")
     assert failure.get("message") == "9 / 81 elements mismatched"
     text = failure.text
-    assert "FAIL  specs/m.py:MulConstant   gradient" in text
-    assert "tensor[1,2] -> output 0[1,2]: analytical 1, numerical 5" in text
-    assert "mismatched 9 / 81" in text and "constant factor 5" in text
+    # The terminal's words (render/words.py), the one vocabulary of every report.
+    assert "FAIL specs/m.py:MulConstant   gradient" in text
+    assert "(1,2)->(1,2): analytical 1, numerical 5" in text
+    assert "mismatched elements 9 / 81" in text and "constant factor 5" in text
     assert "atol 1e-05" in text and "look at: specs/m.py:12" in text
     assert text.rstrip().endswith("reproduce: gradtool check specs/m.py:MulConstant --seed 0")
 
@@ -219,8 +220,8 @@ def test_check_text_for_an_inconclusive_element():
     check = make_check(Outcome.INCONCLUSIVE, blocks=(block,), mode="probe", mode_reason="large")
     report = make_report([check])
     text = check_text(report.targets[0], report.targets[0].cases[0], check)
-    assert "x (4,) -> out ()" in text and "(localised)" in text
-    assert "x[0] -> out[]" in text and "step sizes disagree" in text
+    assert "input 'x' (4,) -> out ()" in text and "by bisection" in text
+    assert "(0)->(): analytical 0, numerical 0.5" in text and "finite differences disagree" in text
     assert "mode: probe (large)" in text
 
 

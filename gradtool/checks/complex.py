@@ -7,6 +7,7 @@ from dataclasses import replace
 import torch
 
 from ..config.settings import CheckConfig
+from ..diagnosis.classify import Diagnosis
 from ..numerics.jacobian import Verdict
 from ..numerics.problem import Problem
 from ..numerics.wirtinger import is_complex, parts_sign, realify
@@ -40,7 +41,7 @@ def run(case: Case, context: Context) -> CheckResult:
     out_complex = [o.is_complex() for o in problem.outputs(problem.inputs)]
 
     def diagnose(p: Problem, verdict: Verdict, block: Block, i: int, o: int,
-                 config: CheckConfig) -> str | None:
+                 config: CheckConfig) -> Diagnosis | None:
         return _diagnose(p, verdict, block, i, o, config, in_complex, out_complex)
 
     result = jacobian_result(NAME, real, context.target, context.config, case.seed, None, None,
@@ -50,7 +51,8 @@ def run(case: Case, context: Context) -> CheckResult:
 
 
 def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
-              config: CheckConfig, in_complex: list[bool], out_complex: list[bool]) -> str | None:
+              config: CheckConfig, in_complex: list[bool], out_complex: list[bool]
+              ) -> Diagnosis | None:
     if (i, o) in verdict.dense:
         analytical, numerical = verdict.dense[(i, o)]
         sign = parts_sign(out_complex[o] if o < len(out_complex) else False, in_complex[i],
@@ -58,7 +60,7 @@ def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
         atol, rtol = config.tolerance("atol"), config.tolerance("rtol")
         if not _close(analytical, numerical, atol, rtol) and \
                 _close(analytical * sign, numerical, atol, rtol):
-            return CONJ
+            return Diagnosis("conj", CONJ)
     return diagnose_first_order(problem, verdict, block, i, o, config)
 
 

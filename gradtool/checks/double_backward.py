@@ -10,6 +10,7 @@ import torch
 
 from ..config.settings import CheckConfig
 from ..numerics.facts import Facts
+from ..diagnosis.classify import Diagnosis
 from ..numerics.jacobian import Verdict
 from ..numerics.problem import Problem, function_nodes, select_outputs, vjp
 from ..results import Block, CheckResult, Outcome
@@ -205,13 +206,13 @@ def _grad_name(output: str) -> str:
 
 
 def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
-              config: CheckConfig) -> str | None:
+              config: CheckConfig) -> Diagnosis | None:
     if (i, o) not in verdict.dense:
         return None
-    from ..diagnosis.classify import diagnose_double_backward
+    from ..diagnosis.classify import classify_double_backward
 
     analytical, numerical = verdict.dense[(i, o)]
-    return diagnose_double_backward(as_numpy(analytical), as_numpy(numerical),
+    return classify_double_backward(as_numpy(analytical), as_numpy(numerical),
                                     atol=config.tolerance("atol"), rtol=config.tolerance("rtol"))
 
 

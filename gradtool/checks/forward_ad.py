@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from ..config.settings import CheckConfig
 from ..numerics.forward import forward_mode
+from ..diagnosis.classify import Diagnosis
 from ..numerics.jacobian import Verdict
 from ..numerics.problem import Problem
 from ..results import Block, CheckResult, Outcome
@@ -51,12 +52,12 @@ def run(case: Case, context: Context) -> CheckResult:
 
 
 def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
-              config: CheckConfig) -> str | None:
+              config: CheckConfig) -> Diagnosis | None:
     """The gradient check's words, said of jvp: the same Jacobian, computed column-wise."""
-    text = diagnose_first_order(problem, verdict, block, i, o, config)
-    if text is None:
+    found = diagnose_first_order(problem, verdict, block, i, o, config)
+    if found is None:
         return None
-    return text.replace("backward", "jvp").replace("grad_output", "the tangent")
+    return replace(found, text=found.words(actor="jvp", cotangent="the tangent"))
 
 
 def _summary(result: CheckResult) -> str:

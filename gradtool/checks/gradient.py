@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -12,12 +12,15 @@ from ..config.settings import CheckConfig
 from ..numerics.jacobian import Reference, Verdict, check_full, choose_mode, prime
 from ..numerics.probe import check_probe
 from ..numerics.problem import Problem
-from ..results import Block, CheckResult, Outcome
+from ..results import Block, CheckResult, Finding, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
 from ._common import Context, calls_since, error_result
 
-Diagnoser = Callable[[Problem, Verdict, Block, int, int, CheckConfig], "str | None"]
+if TYPE_CHECKING:
+    from ..diagnosis.classify import Diagnosis
+
+Diagnoser = Callable[[Problem, Verdict, Block, int, int, CheckConfig], "Diagnosis | None"]
 Engine = Callable[..., Verdict]  # (problem, config, leaves, outs, seed, reference) -> Verdict
 
 
@@ -53,21 +56,22 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
             return CheckResult(name, Outcome.SKIPPED, "empty tensors: no elements to compare")
         bad = sum(int((~torch.isfinite(o)).sum()) for o in outs)
         if bad:
+            text = (f"forward returns NaN/Inf at {bad} output element(s) on these inputs, so no "
+                    "gradient can be compared")
             return CheckResult(
-                name, Outcome.FAILED,
-                f"forward returns NaN/Inf at {bad} output element(s) on these inputs, so no "
-                "gradient can be compared", ("are the inputs outside forward's domain? pass "
+                name, Outcome.FAILED, text, ("are the inputs outside forward's domain? pass "
                                              "them in it, e.g. -i 3x4:positive",),
-                source=target.forward_source, duration_s=time.perf_counter() - start)
+                source=target.forward_source, duration_s=time.perf_counter() - start,
+                findings=(Finding(f"{name}.forward_nonfinite", text, data={"elements": bad}),))
         verdict = (engine or reverse_mode)(problem, config, leaves, outs, seed, reference)
     except MemoryError as exc:
         return CheckResult(name, Outcome.ERROR, str(exc),
                            details=("use --mode probe, or raise --max-memory",))
     except Exception as exc:  # the user's forward or backward raised (sys.exit: the runner)
         return error_result(name, exc, target, start, problem, before)
-    blocks = [_with_diagnosis(problem, verdict, b, k, config, diagnoser, surrogate is not None)
-              for k, b in enumerate(verdict.blocks)]
-    blocks = [with_grid(problem, verdict, b, k, config) for k, b in enumerate(blocks)]
+    diagnosed = [_with_diagnosis(problem, verdict, b, k, config, diagnoser, surrogate is not None)
+                 for k, b in enumerate(verdict.blocks)]
+    blocks = [with_grid(problem, verdict, b, k, config) for k, (b, _) in enumerate(diagnosed)]
     left_out = [f"{out} left out: it does not require grad after forward "
                 "(ctx.mark_non_differentiable, or autograd does not differentiate it)"
                 for out in problem.left_out]
@@ -80,7 +84,45 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
         tolerance={"eps": config.tolerance("eps"), **(verdict.tolerance or {
             k: config.tolerance(k) for k in ("atol", "rtol")})},
         calls=calls_since(problem, before), duration_s=time.perf_counter() - start,
-        source=target.source if verdict.outcome is not Outcome.PASSED else None)
+        source=target.source if verdict.outcome is not Outcome.PASSED else None,
+        findings=mismatch_findings(name, verdict.outcome, diagnosed, surrogate))
+
+
+def mismatch_findings(name: str, outcome: Outcome,
+                      diagnosed: list[tuple[Block, Diagnosis | None]],
+                      surrogate: str | None = None) -> tuple[Finding, ...]:
+    """A failed Jacobian check's findings: `<check>.mismatch` for each mismatched block, and
+    the kind of mistake its diagnosis names (`<check>.factor`, ...), each with its data."""
+    if outcome is not Outcome.FAILED:
+        return ()
+    found: list[Finding] = []
+    for block, diagnosis in diagnosed:
+        if not block.mismatched:
+            continue
+        where = {"input": block.input, "output": block.output}
+        found.append(Finding(f"{name}.mismatch", mismatch_text(block, _against(surrogate)),
+                             data={**where, "mismatched": block.mismatched,
+                                   "checked": block.checked, "exhaustive": block.exhaustive,
+                                   "surrogate": surrogate}))
+        if diagnosis is not None:
+            found.append(Finding(f"{name}.{diagnosis.kind}", block.diagnosis or diagnosis.text,
+                                 data={**where, **diagnosis.data}))
+    return tuple(found)
+
+
+def _against(surrogate: str | None) -> str:
+    return f"the declared surrogate ({surrogate})" if surrogate else "finite differences"
+
+
+def mismatch_text(block: Block, against: str) -> str:
+    """'gradient of output w.r.t. 'x' disagrees with finite differences at 3 of 9 elements'."""
+    return (f"gradient of {block.output} w.r.t. '{block.input}' disagrees with {against} at "
+            f"{_where(block)}")
+
+
+def _where(block: Block) -> str:
+    return (f"{block.mismatched} of {block.checked} elements" if block.exhaustive
+            else f"{block.mismatched} located element(s)")
 
 
 def reverse_mode(problem: Problem, config: CheckConfig, leaves: list[torch.Tensor],
@@ -107,17 +149,18 @@ def precision_config(config: CheckConfig, problem: Problem) -> CheckConfig:
 
 
 def _with_diagnosis(problem: Problem, verdict: Verdict, block: Block, k: int,
-                    config: CheckConfig, diagnoser: Diagnoser, intended: bool = False) -> Block:
+                    config: CheckConfig, diagnoser: Diagnoser, intended: bool = False
+                    ) -> tuple[Block, Diagnosis | None]:
+    """The block with its diagnosis's sentence, and the Diagnosis (kind and data) itself."""
     if not block.mismatched or verdict.outcome is Outcome.INCONCLUSIVE:
-        return block  # a kink is not a mistake in backward: no diagnosis of one
+        return block, None  # a kink is not a mistake in backward: no diagnosis of one
     n_outputs = len(problem.output_names)
     i, o = divmod(k, n_outputs)
-    text = diagnoser(problem, verdict, block, i, o, config)
-    if text is None:
-        return block
-    if intended:  # against a declared surrogate the other side is intended, not numerical
-        text = text.replace("numerical", "intended")
-    return Block(**{**block.__dict__, "diagnosis": text})
+    found = diagnoser(problem, verdict, block, i, o, config)
+    if found is None:
+        return block, None
+    text = found.words(other="intended") if intended else found.text
+    return Block(**{**block.__dict__, "diagnosis": text}), found
 
 
 def with_grid(problem: Problem, verdict: Verdict, block: Block, k: int,
@@ -135,7 +178,7 @@ def with_grid(problem: Problem, verdict: Verdict, block: Block, k: int,
 
 
 def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
-                         config: CheckConfig) -> str | None:
+                         config: CheckConfig) -> Diagnosis | None:
     """Name the kind of mistake from the dense blocks, else from the worst elements found."""
     if (i, o) not in verdict.dense:
         found = _diagnose_sample(block, config)
@@ -145,7 +188,7 @@ def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: in
             return constant_term(_zero_cotangent(problem, i), block.input,
                                  config.tolerance("atol"))
         return found
-    from ..diagnosis.classify import diagnose_block
+    from ..diagnosis.classify import classify_block
 
     analytical, numerical = verdict.dense[(i, o)]
     pairs = [j for j in range(len(problem.input_names)) if j != i and (j, o) in verdict.dense]
@@ -161,7 +204,7 @@ def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: in
         constant = constant_term(_zero_cotangent(problem, i), block.input, atol)
         if constant:
             return constant
-    return diagnose_block(
+    return classify_block(
         as_numpy(analytical), as_numpy(numerical), input_name=block.input,
         input_shape=block.input_shape, output_shape=block.output_shape,
         input_values=as_numpy(problem.inputs[i].detach().reshape(-1)),
@@ -188,21 +231,21 @@ def as_numpy(t: torch.Tensor) -> Any:
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
-def _diagnose_sample(block: Block, config: CheckConfig) -> str | None:
+def _diagnose_sample(block: Block, config: CheckConfig) -> Diagnosis | None:
     """Too large to diagnose whole: only what the worst elements shown can support."""
-    from ..diagnosis.classify import diagnose_probe
+    from ..diagnosis.classify import classify_probe
 
     sample = [e for e in block.worst if not e.inconclusive]
     if len(sample) < 2:
         return None
-    return diagnose_probe([e.analytical for e in sample], [e.numerical for e in sample],
+    return classify_probe([e.analytical for e in sample], [e.numerical for e in sample],
                           atol=config.tolerance("atol"), rtol=config.tolerance("rtol"),
                           unit="worst elements shown (a sample: the block is too "
                                "large to diagnose whole)")
 
 
 def _summary(verdict: Verdict, blocks: list[Block], surrogate: str | None) -> str:
-    against = f"the declared surrogate ({surrogate})" if surrogate else "finite differences"
+    against = _against(surrogate)
     bad = [b for b in blocks if b.mismatched]
     if not bad:
         checked = sum(b.checked for b in blocks)
@@ -211,13 +254,10 @@ def _summary(verdict: Verdict, blocks: list[Block], surrogate: str | None) -> st
         return (f"matches {against}: {checked} {unit}{'' if checked == 1 else 's'}, "
                 f"max abs diff {worst:.2g}")
     first = bad[0]
-    where = (f"{first.mismatched} of {first.checked} elements" if first.exhaustive
-             else f"{first.mismatched} located element(s)")
     more = f", and {len(bad) - 1} more (input, output) pair(s)" if len(bad) > 1 else ""
     if verdict.outcome is Outcome.FAILED:
-        return (f"gradient of {first.output} w.r.t. '{first.input}' disagrees with {against} "
-                f"at {where}{more}")
-    return f"finite differences are unreliable at {where} of '{first.input}'{more}"
+        return mismatch_text(first, against) + more
+    return f"finite differences are unreliable at {_where(first)} of '{first.input}'{more}"
 
 
 def run(case: Case, context: Context) -> CheckResult:

@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+TARGET_KINDS = ("function", "module", "callable", "op")  # targets/load.py's and targets/ops.py's
 
 
 @dataclass(frozen=True)
@@ -16,12 +18,23 @@ class Rule:
     """One rule a check enforces: a stable id (`check.rule`), its severity, what it means.
 
     A warning is legal but worth telling (the check stays passed; --strict fails on it); a
-    failure fails the check. Any rule can be silenced by id (`ignore:` in a spec or
-    [tool.gradtool])."""
+    failure fails the check. A rule can be silenced by id (`ignore:` in a spec or
+    [tool.gradtool]) unless `unsilenceable` says why not (a wrong gradient value). A
+    diagnosis rule names the kind of mistake behind a mismatch (a factor, a transpose): it
+    comes with the check's mismatch finding, never alone. targets and needs_backward are the
+    check's unless the rule says otherwise."""
 
     id: str
     severity: str   # "failure" or "warning" (results.Severity's values)
     description: str
+    targets: tuple[str, ...] = TARGET_KINDS  # the target kinds it can be found on
+    needs_backward: bool = True              # found only where a backward exists
+    unsilenceable: str = ""                  # why ignore: refuses it (empty: it may be ignored)
+    diagnosis: bool = False                  # names the mistake behind a mismatch
+
+    @property
+    def check(self) -> str:
+        return self.id.split(".", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -36,10 +49,54 @@ class CheckInfo:
     variants: tuple[tuple[str, str], ...] = ()  # (when, module): run instead where `when` holds
     hooks: tuple[tuple[str, str], ...] = ()     # (when, module:function) applied to the result
     probe_graph: bool = False  # reads the probe phase's graph forward (kept for it)
+    targets: tuple[str, ...] = TARGET_KINDS  # the target kinds it can apply to
+    needs_backward: bool = True  # skipped where there is no backward (an op without autograd)
 
     @property
     def import_path(self) -> str:
         return f"gradtool.checks.{self.module or self.name}"
+
+
+# The kinds of mistake diagnosis/classify.py names in a first-order Jacobian block (and in a
+# probe's values); tests/test_registry.py holds classify's FIRST_ORDER_KINDS to it.
+FIRST_ORDER_KINDS = (
+    ("nonfinite", "the numerical or analytical Jacobian is NaN/Inf (forward outside its domain, "
+                  "or backward divides by zero)"),
+    ("swapped", "the gradient of one input is another input's: gradients swapped"),
+    ("zero", "the gradient is zero (backward returns zero or None) where it should not be"),
+    ("factor", "the gradient is a constant multiple of the right one (a missing or extra factor)"),
+    ("sign", "the gradient has the wrong sign"),
+    ("transposed", "the gradient (or grad_output) is used with its indices transposed"),
+    ("shifted", "the gradient is shifted or rolled along an axis"),
+    ("ignores_grad_output", "backward ignores grad_output (or uses only its sum)"),
+    ("constant_term", "backward adds a term that does not depend on grad_output"),
+    ("broadcast_not_reduced", "backward uses only part of grad_output: a broadcast not summed"),
+    ("branch", "the gradient is wrong only on one side of an input's sign (a branch)"),
+    ("few_elements", "a few elements are wrong, the rest agree"),
+    ("diagonal_only", "an elementwise formula for an op that is not elementwise"),
+    ("no_pattern", "elements differ with no simple pattern"),
+)
+SECOND_ORDER_KINDS = (
+    ("nonfinite", "the second derivative is NaN/Inf (backward not differentiable there)"),
+    ("untracked", "the second derivative is zero: backward uses untracked tensors or no_grad"),
+    ("few_elements", "a few elements of the second derivative are wrong, the rest agree"),
+    ("factor", "the second derivative is a constant multiple of the right one"),
+    ("sign", "the second derivative has the wrong sign"),
+    ("no_pattern", "elements of the second derivative differ with no simple pattern"),
+)
+OP = ("op",)
+NEVER_SILENCED = "a wrong gradient value is never silenced (fix backward, or declare xfail:)"
+
+
+def _jacobian_rules(check: str, what: str, kinds: tuple[tuple[str, str], ...], *extra: Rule,
+                    targets: tuple[str, ...] = TARGET_KINDS, unsilenceable: str = ""
+                    ) -> tuple[Rule, ...]:
+    """A Jacobian check's rules: its mismatch, then one diagnosis rule per kind of mistake."""
+    mismatch = Rule(f"{check}.mismatch", "failure", f"{what} disagrees beyond tolerance",
+                    targets=targets, unsilenceable=unsilenceable)
+    kinds_ = tuple(Rule(f"{check}.{kind}", "failure", text, targets=targets, diagnosis=True)
+                   for kind, text in kinds)
+    return (mismatch, *(replace(r, targets=targets) for r in extra), *kinds_)
 
 
 def _rules(severity: str, *pairs: tuple[str, str]) -> tuple[Rule, ...]:
@@ -47,7 +104,8 @@ def _rules(severity: str, *pairs: tuple[str, str]) -> tuple[Rule, ...]:
 
 
 def _op_rules(check: str, *pairs: tuple[str, str]) -> tuple[Rule, ...]:
-    return tuple(Rule(f"{check}.{name}", "failure", text) for name, text in pairs)
+    return tuple(Rule(f"{check}.{name}", "failure", text, targets=OP, needs_backward=False)
+                 for name, text in pairs)
 
 
 CONTRACT_RULES = _rules(
@@ -86,27 +144,60 @@ REGISTRY: tuple[CheckInfo, ...] = (
                      ("has_ops", "gradtool.run.ops_inside:with_op_contracts")),
               probe_graph=True),
     CheckInfo("gradient", "backward's Jacobian against finite differences, element by element",
-              variants=(("low_precision", "precision"),), probe_graph=True),
+              variants=(("low_precision", "precision"),), probe_graph=True,
+              rules=_jacobian_rules(
+                  "gradient", "backward's Jacobian against finite differences (or a declared "
+                  "surrogate, or the float64 reference below float64)", FIRST_ORDER_KINDS,
+                  Rule("gradient.forward_nonfinite", "failure", "forward returns NaN/Inf on the "
+                       "inputs, so no gradient can be compared"),
+                  Rule("gradient.rounding", "failure", "below float64: the gradient is further "
+                       "from the float64 reference than rounding explains"),
+                  Rule("gradient.taylor", "failure", "the Taylor remainder does not shrink as "
+                       "h² (the verdict where no float64 run is possible)"),
+                  unsilenceable=NEVER_SILENCED)),
     CheckInfo("double_backward", "the gradient check applied to backward itself "
-                                 "(what gradgradcheck does)"),
+                                 "(what gradgradcheck does)",
+              rules=_jacobian_rules("double_backward", "the Jacobian of backward against "
+                                    "finite differences", SECOND_ORDER_KINDS)),
     CheckInfo("forward_ad", "forward mode: jvp's columns J·u against finite differences, and "
-                            "forward against reverse mode (on when the Function defines jvp)"),
+                            "forward against reverse mode (on when the Function defines jvp)",
+              targets=("function",),
+              rules=_jacobian_rules(
+                  "forward_ad", "jvp's Jacobian against finite differences", FIRST_ORDER_KINDS,
+                  Rule("forward_ad.reverse_disagrees", "failure", "jvp agrees with finite "
+                       "differences but backward does not agree with jvp: backward is wrong"),
+                  targets=("function",))),
     CheckInfo("vmap", "batched forward and backward under torch.func.vmap equal the per-sample "
-                      "loop (on for generate_vmap_rule or a vmap staticmethod)"),
+                      "loop (on for generate_vmap_rule or a vmap staticmethod)",
+              targets=("function",),
+              rules=tuple(Rule(f"vmap.{name}", "failure", text, targets=("function",)) for
+                          name, text in (
+                  ("forward", "vmap(forward) differs from the per-sample loop"),
+                  ("backward", "vmap of the VJP differs from the per-sample loop"),
+                  ("grads_batched", "backward with batched grad_outputs (is_grads_batched) "
+                                    "differs from the per-sample loop")))),
     CheckInfo("complex", "complex inputs or outputs: real and imaginary parts against finite "
-                         "differences in PyTorch's convention (conjugate Wirtinger)"),
+                         "differences in PyTorch's convention (conjugate Wirtinger)",
+              rules=_jacobian_rules(
+                  "complex", "the real map's Jacobian against finite differences",
+                  (("conj", "backward returns the conjugate of PyTorch's gradient (a missing "
+                            ".conj())"), *FIRST_ORDER_KINDS))),
     CheckInfo("compiled", "first- and second-order gradients under torch.compile equal eager's "
-                          "(opt-in)", default=False),
+                          "(opt-in)", default=False,
+              rules=(Rule("compiled.first_order", "failure", "first-order gradients under "
+                          "torch.compile differ from eager's"),
+                     Rule("compiled.second_order", "failure", "second-order gradients under "
+                          "torch.compile differ from eager's"))),
     CheckInfo("op_schema", "custom ops: the schema says what the kernel does (no undeclared "
                            "write to an input, no output aliasing an input)",
-              rules=_op_rules("op_schema",
+              targets=OP, needs_backward=False, rules=_op_rules("op_schema",
                               ("undeclared_mutation", "the kernel writes an argument its schema "
                                "does not declare mutable"),
                               ("aliasing_output", "an output aliases an input the schema says "
                                "is new"))),
     CheckInfo("op_fake", "custom ops: the fake kernel exists and agrees with the real one on "
                          "shape, dtype, strides and device, also with symbolic sizes",
-              rules=_op_rules("op_fake",
+              targets=OP, needs_backward=False, rules=_op_rules("op_fake",
                               ("missing", "no fake (meta) kernel is registered"),
                               ("outputs", "the fake kernel returns another number of outputs"),
                               ("shape", "the fake kernel's output shape differs from the real"),
@@ -119,14 +210,14 @@ REGISTRY: tuple[CheckInfo, ...] = (
                                "sizes"))),
     CheckInfo("op_autograd", "custom ops: an autograd formula is registered (at an Autograd "
                              "key) when an input is differentiable",
-              rules=_op_rules("op_autograd",
+              targets=OP, needs_backward=False, rules=_op_rules("op_autograd",
                               ("missing", "no autograd formula for a differentiable input"),
                               ("wrong_key", "the formula is registered at a key autograd "
                                "does not reach"))),
     CheckInfo("op_compiled", "custom ops: outputs and gradients under torch.compile's tracing "
                              "with dynamic sizes equal eager's (opcheck's aot test; opt-in)",
               default=False,
-              rules=_op_rules("op_compiled",
+              targets=OP, needs_backward=False, rules=_op_rules("op_compiled",
                               ("outputs", "outputs under torch.compile differ from eager's"),
                               ("gradients", "gradients under torch.compile differ from eager's"),
                               ("fails", "the op fails under torch.compile's tracing"))),

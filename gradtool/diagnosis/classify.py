@@ -1,4 +1,5 @@
-"""Turn a Jacobian mismatch into a one-line cause with its evidence, in the user's terms."""
+"""Turn a Jacobian mismatch into a Diagnosis: the kind of mistake (a rule's name), its data and
+the one-line cause in the user's terms."""
 
 from __future__ import annotations
 
@@ -18,6 +19,24 @@ _MIN_FREE_FIT = 3  # ...and an arbitrary (not simple) factor: two ratios agreein
 _MIN_SIDE = 3  # input elements needed on each side of a sign split
 _MIN_SPLITS = 100  # same-size column sets a sign split must be one of: chance match under 1%
 _MAX_DENOMINATOR = 12  # simplest fractions tried when rounding a factor (0.2000001 -> 1/5)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What a mismatched block shows: `kind` names the mistake (a rule of the check, e.g.
+    "factor" for gradient.factor), `data` holds the plain values the sentence is made of;
+    logic reads kind and data, renderers show `text`."""
+
+    kind: str
+    text: str
+    data: dict[str, object] = field(default_factory=dict)
+
+    def words(self, *, other: str = "numerical", actor: str = "backward",
+              cotangent: str = "grad_output") -> str:
+        """The sentence in another check's words: against a declared surrogate the other side
+        is "intended"; said of jvp, the actor is jvp and grad_output the tangent."""
+        text = self.text.replace("numerical", other)
+        return text.replace("backward", actor).replace("grad_output", cotangent)
 
 
 def _close(a: np.ndarray, n: np.ndarray, atol: float, rtol: float) -> np.ndarray:
@@ -92,6 +111,10 @@ def _listing(b: _Block, mask: np.ndarray) -> str:
     return "; ".join(items) + (f"; and {more} more" if more else "")
 
 
+def _found(kind: str, text: str | None, **data: object) -> Diagnosis | None:
+    return None if text is None else Diagnosis(kind, text, data)
+
+
 # --- constant factors, shared by blocks, probes and second derivatives -------------------------
 
 def _simple_values(k: float) -> Iterator[float]:
@@ -155,26 +178,29 @@ _DD_NONFINITE = (("numerical second derivative", "backward is not finite near th
                   "log or division at 0 inside backward?)"))
 
 
-def _nonfinite(b: _Block, texts: tuple[tuple[str, str], ...] = _NONFINITE) -> str | None:
+def _nonfinite(b: _Block, texts: tuple[tuple[str, str], ...] = _NONFINITE) -> Diagnosis | None:
     # Numerical first: when the forward itself is not finite, backward cannot be judged.
-    for arr, (what, why) in zip((b.n, b.a), texts):
+    for arr, side, (what, why) in zip((b.n, b.a), ("numerical", "analytical"), texts):
         bad = ~np.isfinite(arr)
         if bad.any():
             r, c = np.argwhere(bad)[0]
-            return (f"{what} is NaN/inf at {int(bad.sum())} of {b.a.size} elements, "
-                    f"first {b.label(r, c)}: {why}")
+            return Diagnosis("nonfinite", f"{what} is NaN/inf at {int(bad.sum())} of {b.a.size} "
+                             f"elements, first {b.label(r, c)}: {why}",
+                             {"side": side, "count": int(bad.sum()), "elements": int(b.a.size),
+                              "first": b.label(r, c)})
     return None
 
 
-def _missing(b: _Block) -> str | None:
+def _missing(b: _Block) -> Diagnosis | None:
     if not np.all(np.abs(b.a) <= b.atol) or not (b.mis & b.sig).any():
         return None
-    return (f"analytical is zero for all {b.a.size} elements while numerical is not "
+    return Diagnosis("zero", f"analytical is zero for all {b.a.size} elements while numerical is not "
             f"({b.nonzero()}, max |numerical| {_num(np.abs(b.n).max())}): gradient missing, "
-            f"backward returns zero or None for '{b.name}'")
+            f"backward returns zero or None for '{b.name}'",
+                     {"nonzero": int(b.sig.sum()), "elements": int(b.a.size)})
 
 
-def _swapped(b: _Block) -> str | None:
+def _swapped(b: _Block) -> Diagnosis | None:
     for other, block in b.others.items():
         block = np.asarray(block, dtype=np.float64)
         if other == b.name or block.shape != b.a.shape:
@@ -185,33 +211,41 @@ def _swapped(b: _Block) -> str | None:
             np.all(_close(b.a, block, b.atol, b.rtol))) and bool(np.all(_close(
                 np.asarray(theirs, dtype=np.float64), b.n, b.atol, b.rtol)))
         if b.matches(block) or both:
-            return (f"analytical matches the numerical gradient of input '{other}' at all "
-                    f"{b.a.size} elements: looks like the gradient of input '{other}': gradients "
-                    f"swapped?")
+            return Diagnosis("swapped", f"analytical matches the numerical gradient of input "
+                             f"'{other}' at all {b.a.size} elements: looks like the gradient of "
+                             f"input '{other}': gradients swapped?", {"other_input": other})
     return None
 
 
-def _factor(b: _Block, subject: str = "analytical", second_order: bool = False) -> str | None:
+def _factor(b: _Block, subject: str = "analytical", second_order: bool = False
+            ) -> Diagnosis | None:
     k = _fit_factor(b.a, b.n, b.atol, b.rtol)
     if k is None:
         return None
     tail = " in the derivative of backward" if second_order else _size_hint(k, *b.a.shape)
-    return (f"{subject} = {_factor_text(k)} × numerical for every element ({b.nonzero()}): "
-            f"{_factor_phrase(k)}{tail}")
+    return Diagnosis(_factor_kind(k), f"{subject} = {_factor_text(k)} × numerical for every "
+                     f"element ({b.nonzero()}): {_factor_phrase(k)}{tail}",
+                     {"factor": float(k), "nonzero": int(b.sig.sum())})
 
 
-def _ignores_grad_output(b: _Block) -> str | None:
+def _factor_kind(k: float) -> str:
+    """A factor of exactly -1 is a flipped sign; any other constant is a factor."""
+    return "sign" if abs(k + 1) <= 1e-12 else "factor"
+
+
+def _ignores_grad_output(b: _Block) -> Diagnosis | None:
     # Row k is the VJP with one-hot e_k; rows that never change mean grad_output is not used.
     if b.a.shape[0] < 2 or not (np.abs(b.a) > b.atol).any():
         return None
     same = [np.all(_close(m, m[:1], b.atol, b.rtol)) for m in (b.a, b.n)]
     if not same[0] or same[1]:
         return None
-    return (f"analytical is the same for all {b.a.shape[0]} output elements while numerical is "
-            f"not: backward ignores grad_output (or uses only its sum); multiply by grad_output")
+    return Diagnosis("ignores_grad_output", f"analytical is the same for all {b.a.shape[0]} "
+                     "output elements while numerical is not: backward ignores grad_output (or "
+                     "uses only its sum); multiply by grad_output", {"outputs": int(b.a.shape[0])})
 
 
-def _constant_added(b: _Block) -> str | None:
+def _constant_added(b: _Block) -> Diagnosis | None:
     # Each row is a VJP with one-hot e_k: the same offset in every row, whatever k, is a constant
     # term in backward (it shows even when grad_output is zero).
     if b.a.shape[0] < 2:
@@ -226,12 +260,15 @@ def _constant_added(b: _Block) -> str | None:
     values = offset[cols]
     same = np.allclose(values, values[0], atol=b.atol, rtol=b.rtol)
     amount = _num(float(values[0])) if same else f"up to {_num(float(np.abs(values).max()))}"
-    return (f"backward adds {amount} to {int(cols.sum())} of {b.a.shape[1]} elements of the "
-            f"gradient of '{b.name}' whatever grad_output is: a constant term (a gradient is "
-            "linear in grad_output)")
+    return Diagnosis("constant_term", f"backward adds {amount} to {int(cols.sum())} of "
+                     f"{b.a.shape[1]} elements of the gradient of '{b.name}' whatever "
+                     "grad_output is: a constant term (a gradient is linear in grad_output)",
+                     {"amount": float(values[0]) if same else float(np.abs(values).max()),
+                      "same": bool(same), "count": int(cols.sum()),
+                      "elements": int(b.a.shape[1])})
 
 
-def _branch(b: _Block) -> str | None:
+def _branch(b: _Block) -> Diagnosis | None:
     if b.x is None or np.size(b.x) != b.a.shape[1]:
         return None
     x = np.asarray(b.x, dtype=np.float64).ravel()
@@ -243,21 +280,27 @@ def _branch(b: _Block) -> str | None:
             continue
         f = _fit_factor(b.a[:, side], b.n[:, side], b.atol, b.rtol)
         there = f"; there analytical = {_num(f)} × numerical" if f is not None else ""
-        return (f"a branch: wrong only where input '{b.name}' {sign} (all {k} such "
-                f"elements differ, the other {int(rest.sum())} agree{there}): check backward's "
-                f"'{b.name}' {sign} case")
+        return Diagnosis("branch", f"a branch: wrong only where input '{b.name}' {sign} (all "
+                         f"{k} such elements differ, the other {int(rest.sum())} agree{there}): "
+                         f"check backward's '{b.name}' {sign} case",
+                         {"where": sign, "count": k, "agree": int(rest.sum()),
+                          "factor": None if f is None else float(f)})
     return None
 
 
-def _few(b: _Block) -> str | None:
+def _few(b: _Block) -> Diagnosis | None:
     nm = int(b.mis.sum())
     # "The rest agree" must mean something: at least as many right nonzero elements as wrong ones.
     if nm > max(3, 0.05 * b.a.size) or int((b.sig & ~b.mis).sum()) < nm:
         return None
-    return f"{nm} of {b.a.size} elements wrong, the rest agree: {_listing(b, b.mis)}"
+    rows, cols = np.nonzero(b.mis)
+    return Diagnosis("few_elements", f"{nm} of {b.a.size} elements wrong, the rest agree: "
+                     f"{_listing(b, b.mis)}",
+                     {"count": nm, "elements": int(b.a.size),
+                      "wrong": [b.label(r, c) for r, c in zip(rows, cols)]})
 
 
-def _diagonal_only(b: _Block) -> str | None:
+def _diagonal_only(b: _Block) -> Diagnosis | None:
     n_out, n_in = b.a.shape
     if n_out != n_in or n_in < 2:
         return None
@@ -267,13 +310,14 @@ def _diagonal_only(b: _Block) -> str | None:
     if not diag_ok or not missed.any() or not np.all(np.abs(b.a[off]) <= b.atol):
         return None
     r, c = np.argwhere(missed)[0]
-    return (f"analytical is diagonal and right on the diagonal, but numerical has "
-            f"{int(missed.sum())} nonzero off-diagonal elements (e.g. {b.label(r, c)} numerical "
-            f"{_num(b.n[r, c])}): backward uses an elementwise formula for an op that is not "
-            f"elementwise")
+    return Diagnosis("diagonal_only", f"analytical is diagonal and right on the diagonal, but "
+                     f"numerical has {int(missed.sum())} nonzero off-diagonal elements (e.g. "
+                     f"{b.label(r, c)} numerical {_num(b.n[r, c])}): backward uses an "
+                     "elementwise formula for an op that is not elementwise",
+                     {"off_diagonal": int(missed.sum()), "first": b.label(r, c)})
 
 
-def _broadcast_not_reduced(b: _Block) -> str | None:
+def _broadcast_not_reduced(b: _Block) -> Diagnosis | None:
     n_out, n_in = b.a.shape
     if n_out <= n_in:
         return None
@@ -286,30 +330,48 @@ def _broadcast_not_reduced(b: _Block) -> str | None:
     if not np.all(row_ok | row_zero) or not used.any() or not fed.all():
         return None
     first = _index(int(np.argmax(dropped)), b.out_shape)
-    return (f"analytical matches numerical for {int(used.sum())} of {n_out} output elements and "
-            f"is zero for {int(dropped.sum())} where numerical is not (e.g. output {first}): "
-            f"backward uses only part of grad_output; a broadcast not reduced (sum every copy)?")
+    return Diagnosis("broadcast_not_reduced", f"analytical matches numerical for "
+                     f"{int(used.sum())} of {n_out} output elements and is zero for "
+                     f"{int(dropped.sum())} where numerical is not (e.g. output {first}): "
+                     "backward uses only part of grad_output; a broadcast not reduced (sum "
+                     "every copy)?", {"used": int(used.sum()), "dropped": int(dropped.sum()),
+                                      "outputs": int(n_out), "first": first})
 
 
-def _no_pattern(b: _Block) -> str:
+def _no_pattern(b: _Block) -> Diagnosis:
     diff = np.where(b.mis, np.nan_to_num(np.abs(b.a - b.n), nan=np.inf), -1.0)
     r, c = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    return (f"no simple pattern: {int(b.mis.sum())} of {b.a.size} elements differ; worst at "
-            f"{b.label(r, c)}: analytical {_num(b.a[r, c])}, numerical {_num(b.n[r, c])}")
+    return Diagnosis("no_pattern", f"no simple pattern: {int(b.mis.sum())} of {b.a.size} "
+                     f"elements differ; worst at {b.label(r, c)}: analytical {_num(b.a[r, c])}, "
+                     f"numerical {_num(b.n[r, c])}",
+                     {"count": int(b.mis.sum()), "elements": int(b.a.size),
+                      "worst": b.label(r, c)})
+
+
+def _named(kind: str, detect: Callable[[_Block], str | None]
+           ) -> Callable[[_Block], Diagnosis | None]:
+    """A detector of structure.py (a sentence or None) as one giving a Diagnosis of `kind`."""
+    return lambda b: _found(kind, detect(b))
 
 
 # Whole-block structural fits first (they rest on every element); then sign splits and short
 # lists, which rest on fewer; factor and few are exclusive anyway (a factor leaves no agreeing
 # nonzero element, "few" needs as many of those as wrong ones). Diagonal-only comes last: with a
 # handful of missed off-diagonal elements the list of those elements says more.
-_FIRST_ORDER: tuple[Callable[[_Block], str | None], ...] = (
-    _nonfinite, _swapped, _missing, _factor, transposed, shifted, _ignores_grad_output,
-    _constant_added, _broadcast_not_reduced, _branch, _few, _diagonal_only,
+_FIRST_ORDER: tuple[Callable[[_Block], Diagnosis | None], ...] = (
+    _nonfinite, _swapped, _missing, _factor, _named("transposed", transposed),
+    _named("shifted", shifted), _ignores_grad_output, _constant_added, _broadcast_not_reduced,
+    _branch, _few, _diagonal_only,
 )
+# Every kind a first-order diagnosis can name (the registry declares one rule per kind).
+FIRST_ORDER_KINDS = ("nonfinite", "swapped", "zero", "factor", "sign", "transposed", "shifted",
+                     "ignores_grad_output", "constant_term", "broadcast_not_reduced", "branch",
+                     "few_elements", "diagonal_only", "no_pattern")
 
 
-def _first_found(b: _Block, detectors: Sequence[Callable[[_Block], str | None]]) -> str | None:
-    """None when the block agrees, else the first detector's message, else 'no simple pattern'."""
+def _first_found(b: _Block, detectors: Sequence[Callable[[_Block], Diagnosis | None]]
+                 ) -> Diagnosis | None:
+    """None when the block agrees, else the first detector's Diagnosis, else no pattern's."""
     if not b.mis.any():
         return None
     for detect in detectors:
@@ -324,10 +386,23 @@ def diagnose_block(analytical: np.ndarray, numerical: np.ndarray, *, input_name:
                    input_values: np.ndarray | None = None, atol: float = 1e-5, rtol: float = 1e-3,
                    other_inputs: Mapping[str, np.ndarray] | None = None,
                    other_analytical: Mapping[str, np.ndarray] | None = None) -> str | None:
-    """One-line cause of a first-order mismatch in an (n_out, n_in) block, or None if it agrees.
+    """One-line cause of a first-order mismatch in an (n_out, n_in) block, or None if it agrees:
+    classify_block's text."""
+    return _text(classify_block(analytical, numerical, input_name=input_name,
+                                input_shape=input_shape, output_shape=output_shape,
+                                input_values=input_values, atol=atol, rtol=rtol,
+                                other_inputs=other_inputs, other_analytical=other_analytical))
+
+
+def classify_block(analytical: np.ndarray, numerical: np.ndarray, *, input_name: str,
+                   input_shape: tuple[int, ...], output_shape: tuple[int, ...],
+                   input_values: np.ndarray | None = None, atol: float = 1e-5, rtol: float = 1e-3,
+                   other_inputs: Mapping[str, np.ndarray] | None = None,
+                   other_analytical: Mapping[str, np.ndarray] | None = None) -> Diagnosis | None:
+    """The Diagnosis of a first-order mismatch in an (n_out, n_in) block, or None if it agrees.
 
     Rows are flattened output elements (row k = VJP with one-hot e_k), columns flattened input
-    elements. Returns a string starting 'no simple pattern' when no pattern fits every element.
+    elements. Its kind is "no_pattern" when no pattern fits every element.
     """
     b = _make_block(analytical, numerical, input_shape, output_shape, atol=atol, rtol=rtol,
                     name=input_name, x=input_values, others=dict(other_inputs or {}),
@@ -335,7 +410,11 @@ def diagnose_block(analytical: np.ndarray, numerical: np.ndarray, *, input_name:
     return _first_found(b, _FIRST_ORDER)
 
 
-def constant_term(zero_grad: np.ndarray | None, name: str, atol: float) -> str | None:
+def _text(found: Diagnosis | None) -> str | None:
+    return None if found is None else found.text
+
+
+def constant_term(zero_grad: np.ndarray | None, name: str, atol: float) -> Diagnosis | None:
     """What backward returns for an all-zero grad_output: nonzero is a constant term."""
     if zero_grad is None:
         return None
@@ -344,15 +423,24 @@ def constant_term(zero_grad: np.ndarray | None, name: str, atol: float) -> str |
     if not bad.any():
         return None
     k = int(np.argmax(np.abs(np.nan_to_num(z, nan=np.inf))))
-    return (f"backward returns a nonzero gradient for '{name}' (up to {_num(float(z[k]))} at "
-            f"{int(bad.sum())} of {z.size} elements) when grad_output is all zero: a constant "
-            "term (a gradient is linear in grad_output)")
+    return Diagnosis("constant_term", f"backward returns a nonzero gradient for '{name}' (up to "
+                     f"{_num(float(z[k]))} at {int(bad.sum())} of {z.size} elements) when "
+                     "grad_output is all zero: a constant term (a gradient is linear in "
+                     "grad_output)", {"amount": float(z[k]), "same": False,
+                                      "count": int(bad.sum()), "elements": int(z.size)})
 
 
 def diagnose_probe(analytical: Sequence[float] | np.ndarray,
                    numerical: Sequence[float] | np.ndarray, *, atol: float = 1e-5,
                    rtol: float = 1e-3, unit: str = "probes") -> str | None:
-    """One-line cause from probe values v_p^T J u_p (analytical[p] vs numerical[p]), or None.
+    """classify_probe's text."""
+    return _text(classify_probe(analytical, numerical, atol=atol, rtol=rtol, unit=unit))
+
+
+def classify_probe(analytical: Sequence[float] | np.ndarray,
+                   numerical: Sequence[float] | np.ndarray, *, atol: float = 1e-5,
+                   rtol: float = 1e-3, unit: str = "probes") -> Diagnosis | None:
+    """The Diagnosis from probe values v_p^T J u_p (analytical[p] vs numerical[p]), or None.
 
     Only what a few numbers can show: NaN/inf, a zero gradient, or one ratio shared by every probe
     (two nonzero at least). None otherwise: localise the block and call diagnose_block. `unit`
@@ -367,15 +455,17 @@ def diagnose_probe(analytical: Sequence[float] | np.ndarray,
     bad = ~(np.isfinite(a) & np.isfinite(n))
     if bad.any():
         i = int(np.argmax(bad))
-        return (f"NaN/inf on {int(bad.sum())} of {a.size} {unit}, first at {i}: analytical "
-                f"{_num(a[i])}, numerical {_num(n[i])}")
+        return Diagnosis("nonfinite", f"NaN/inf on {int(bad.sum())} of {a.size} {unit}, first "
+                         f"at {i}: analytical {_num(a[i])}, numerical {_num(n[i])}",
+                         {"count": int(bad.sum()), "elements": int(a.size), "first": i})
     if np.all(np.abs(a) <= atol) and (np.abs(n) > atol).any():
-        return (f"analytical is zero on all {a.size} {unit} while numerical is not: "
-                "gradient missing")
+        return Diagnosis("zero", f"analytical is zero on all {a.size} {unit} while numerical is "
+                         "not: gradient missing", {"elements": int(a.size)})
     k = _fit_factor(a, n, atol, rtol)
     if k is None:
         return None
-    return f"analytical = {_num(k)} × numerical on all {a.size} {unit}: {_factor_phrase(k)}"
+    return Diagnosis(_factor_kind(k), f"analytical = {_num(k)} × numerical on all {a.size} "
+                     f"{unit}: {_factor_phrase(k)}", {"factor": float(k), "elements": int(a.size)})
 
 
 # --- second order -------------------------------------------------------------------------------
@@ -384,19 +474,22 @@ _UNTRACKED = ("backward likely uses a tensor saved on ctx that is neither an inp
               "or detaches / uses no_grad")
 
 
-def _dd_zero(b: _Block) -> str | None:
+def _dd_zero(b: _Block) -> Diagnosis | None:
     if not (b.mis & b.sig).any() or not np.all(np.abs(b.a[b.mis]) <= b.atol):
         return None
     if np.all(np.abs(b.a) <= b.atol):
-        return (f"second derivative is zero for all {b.a.size} elements while numerical is not "
-                f"({b.nonzero()}): {_UNTRACKED}")
+        return Diagnosis("untracked", f"second derivative is zero for all {b.a.size} elements "
+                         f"while numerical is not ({b.nonzero()}): {_UNTRACKED}",
+                         {"count": int(b.a.size), "elements": int(b.a.size)})
     if not (b.sig & ~b.mis).any():  # nothing right: no evidence of a *partial* loss
         return None
-    return (f"second derivative is zero at {int(b.mis.sum())} of {b.a.size} elements where "
-            f"numerical is not, the rest agree: part of backward is not tracked; {_UNTRACKED}")
+    return Diagnosis("untracked", f"second derivative is zero at {int(b.mis.sum())} of "
+                     f"{b.a.size} elements where numerical is not, the rest agree: part of "
+                     f"backward is not tracked; {_UNTRACKED}",
+                     {"count": int(b.mis.sum()), "elements": int(b.a.size)})
 
 
-_SECOND_ORDER: tuple[Callable[[_Block], str | None], ...] = (
+_SECOND_ORDER: tuple[Callable[[_Block], Diagnosis | None], ...] = (
     lambda b: _nonfinite(b, _DD_NONFINITE), _dd_zero, _few,
     lambda b: _factor(b, "second derivative", second_order=True),
 )
@@ -404,6 +497,16 @@ _SECOND_ORDER: tuple[Callable[[_Block], str | None], ...] = (
 
 def diagnose_double_backward(analytical: np.ndarray, numerical: np.ndarray, *, atol: float = 1e-5,
                              rtol: float = 1e-3) -> str | None:
+    """classify_double_backward's text."""
+    return _text(classify_double_backward(analytical, numerical, atol=atol, rtol=rtol))
+
+
+# Every kind a second-order diagnosis can name.
+SECOND_ORDER_KINDS = ("nonfinite", "untracked", "few_elements", "factor", "sign", "no_pattern")
+
+
+def classify_double_backward(analytical: np.ndarray, numerical: np.ndarray, *,
+                             atol: float = 1e-5, rtol: float = 1e-3) -> Diagnosis | None:
     """One-line cause of a mismatch in a second-order block (the Jacobian of backward), or None."""
     return _first_found(_make_block(analytical, numerical, None, None, atol=atol, rtol=rtol),
                         _SECOND_ORDER)

@@ -9,7 +9,7 @@ from pathlib import Path, PurePath
 
 from ..errors import ConfigError, did_you_mean
 from ..results import CaseResult, CheckResult, Outcome, Report, TargetResult
-from .junit import block_lines
+from .words import block_lines, failures, other_label, rules_text
 
 ANNOTATION_CHOICES = ("auto", "github", "none")
 
@@ -105,7 +105,10 @@ def annotation_message(target: TargetResult, case: CaseResult, check: CheckResul
         lines.append(f"declared expected to fail{reason} but passed: remove the declaration")
     lines += list(check.details[:5])
     for block in check.blocks:
-        lines += block_lines(block, max_worst=3)
+        if block.mismatched:
+            lines += block_lines(block, check.tolerance, other_label(check), max_worst=3)
+    if failures(check):
+        lines.append(rules_text(check))
     if check.traceback:
         # The last traceback line is the exception itself; the rest is in the log.
         lines.append(check.traceback.rstrip().splitlines()[-1])

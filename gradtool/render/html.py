@@ -6,7 +6,8 @@ import math
 from html import escape
 
 from ..results import Block, CaseResult, CheckResult, ErrorGrid, Outcome, Report, TargetResult
-from .terminal import block_lines, flat_index, summary_line
+from .terminal import flat_index, summary_line
+from .words import block_lines, other_label
 
 # ColorBrewer's OrRd, light to dark: level 0 is "no error" (below the scale's floor).
 PALETTE = ("#f4f4f4", "#fee8c8", "#fdd49e", "#fdbb84", "#fc8d59", "#ef6548", "#d7301f",
@@ -115,8 +116,7 @@ def _check_section(target: TargetResult, case: CaseResult, check: CheckResult) -
 
 
 def _block(block: Block, check: CheckResult) -> str:
-    label = "intended" if "declared surrogate" in check.summary else "numerical"
-    text = "\n".join(block_lines(block, check.tolerance, label))
+    text = "\n".join(block_lines(block, check.tolerance, other_label(check)))
     if block.grid is None:
         why = ("probe mode compares random projections, so no full block was computed: no heat "
                "map (rerun with --mode full on smaller inputs to see one)"

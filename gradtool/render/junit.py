@@ -8,7 +8,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from typing import Any
 
-from ..results import Block, CaseResult, CheckResult, Element, Outcome, Report, TargetResult
+from ..results import CaseResult, CheckResult, Outcome, Report, TargetResult
+from .words import check_text
 
 PlainText = Callable[[TargetResult, CaseResult, CheckResult], str]
 
@@ -19,13 +20,6 @@ _ILLEGAL_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010
 # Attribute values are meant for one-line summaries; the full text lives in the element body.
 _MAX_MESSAGE = 1000
 
-_LABELS = {
-    Outcome.PASSED: "PASS", Outcome.FAILED: "FAIL", Outcome.ERROR: "ERROR",
-    Outcome.SKIPPED: "SKIP", Outcome.INCONCLUSIVE: "INCONCLUSIVE",
-    Outcome.XFAILED: "XFAIL", Outcome.XPASSED: "XPASS",
-}
-
-
 def xml_safe(text: Any) -> str:
     """Text with the characters XML 1.0 forbids replaced by a visible #xNN marker (as pytest)."""
     return _ILLEGAL_XML.sub(lambda m: f"#x{ord(m.group()):02X}", str(text))
@@ -34,6 +28,7 @@ def xml_safe(text: Any) -> str:
 def render_junit(report: Report, plain_text: PlainText | None = None,
                  html: str | None = None) -> str:
     """The whole report as a JUnit XML document (deterministic: no timestamp, no hostname);
+    each failure's text is words.check_text (the terminal's words) unless plain_text is given;
     html: the path of the HTML report, linked from every suite (property html_report)."""
     describe = plain_text or check_text
     strict = bool(report.config.get("strict"))
@@ -195,60 +190,3 @@ def _counts(suite: ET.Element) -> dict[str, int]:
         "errors": sum(1 for c in cases if c.find("error") is not None),
         "skipped": sum(1 for c in cases if c.find("skipped") is not None),
     }
-
-
-def check_text(target: TargetResult, case: CaseResult, check: CheckResult) -> str:
-    """A compact plain-text report of one check, used when no terminal renderer is supplied."""
-    lines = [f"{_LABELS[check.outcome]}  {target.target}   {check.name}"]
-    if check.summary:
-        lines.append(f"  {check.summary}")
-    if check.expected_failure:
-        lines.append(f"  expected failure: {check.expected_failure}")
-    lines += [f"  {d}" for d in check.details]
-    for block in check.blocks:
-        lines += ["  " + line for line in block_lines(block)]
-    if check.tolerance:
-        lines.append("  tolerance: " + ", ".join(f"{k} {v:g}" for k, v in
-                                                  sorted(check.tolerance.items())))
-    if check.mode:
-        lines.append(f"  mode: {check.mode}" + (f" ({check.mode_reason})" if check.mode_reason
-                                                 else ""))
-    lines.append(f"  case: {case.label}, seed {case.seed}")
-    if check.source:
-        lines.append(f"  look at: {check.source}")
-    if check.traceback:
-        lines += ["  " + line for line in check.traceback.rstrip().splitlines()]
-    if case.reproduce:
-        lines.append(f"  reproduce: {case.reproduce}")
-    return "\n".join(lines)
-
-
-def block_lines(block: Block, max_worst: int = 5) -> list[str]:
-    """The mismatch of one Jacobian block: counts, worst elements, diagnosis — never the matrix."""
-    lines = [f"{block.input} {_shape(block.input_shape)} -> {block.output} "
-             f"{_shape(block.output_shape)}   mismatched {block.mismatched} / {block.checked}"
-             + ("" if block.exhaustive else " (localised)"),
-             f"max abs diff {block.max_abs_diff:.6g}, max rel diff {block.max_rel_diff:.6g}"]
-    lines += ["  " + element_line(e) for e in block.worst[:max_worst]]
-    if len(block.worst) > max_worst:
-        lines.append(f"  ... {len(block.worst) - max_worst} more")
-    if block.diagnosis:
-        lines.append(f"diagnosis: {block.diagnosis}")
-    return lines
-
-
-def element_line(element: Element) -> str:
-    """One Jacobian entry: where it is, both values, and how far apart they are."""
-    flag = "  (inconclusive: step sizes disagree)" if element.inconclusive else ""
-    return (f"{element.input}{_index(element.input_index)} -> "
-            f"{element.output}{_index(element.output_index)}: "
-            f"analytical {element.analytical:.6g}, numerical {element.numerical:.6g} "
-            f"(abs {element.abs_diff:.3g}, rel {element.rel_diff:.3g}){flag}")
-
-
-def _shape(shape: tuple[int, ...]) -> str:
-    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
-
-
-def _index(index: tuple[int, ...]) -> str:
-    return "[" + ",".join(str(i) for i in index) + "]"

@@ -6,17 +6,13 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from ..results import (Block, CaseResult, CheckResult, Element, Outcome, Report, Reproducer,
-                       TargetResult)
+from ..results import Block, CaseResult, CheckResult, Outcome, Report, Reproducer, TargetResult
+from .words import (LABELS, Line, block_lines, check_body, check_text, element_text,
+                    inputs_lines, warnings_text)
 
-Line = tuple[str, str]  # (text, rich style name)
+__all__ = ["LABELS", "block_lines", "check_body", "check_text", "element_text", "heatmap_lines",
+           "report_lines", "summary_line", "warnings_text"]
 
-LABELS = {
-    Outcome.PASSED: ("PASS ", "green"), Outcome.FAILED: ("FAIL ", "bold red"),
-    Outcome.ERROR: ("ERROR", "bold red"), Outcome.SKIPPED: ("SKIP ", "yellow"),
-    Outcome.INCONCLUSIVE: ("INCONCLUSIVE", "bold yellow"), Outcome.XFAILED: ("XFAIL", "yellow"),
-    Outcome.XPASSED: ("XPASS", "bold red"),
-}
 
 
 def report_lines(report: Report, verbose: bool = False, quiet: bool = False) -> list[Line]:
@@ -101,7 +97,7 @@ def _case_lines(target: TargetResult, case: CaseResult, verbose: bool, quiet: bo
         if passing:
             continue
         if not shown_inputs:
-            yield from _inputs_lines(case)
+            yield from inputs_lines(case)
             shown_inputs = True
         yield from (("  " + line, "") for line in check_body(check))
         if verbose:  # a small picture of each failing block evaluated whole
@@ -110,16 +106,9 @@ def _case_lines(target: TargetResult, case: CaseResult, verbose: bool, quiet: bo
                     yield from (("  " + line, style) for line, style in heatmap_lines(block))
         yield f"  reproduce: {case.reproduce}", "cyan"
     if case.inferred and not shown_inputs and not quiet:
-        yield from _inputs_lines(case)  # inferred inputs are shown so they can be pinned
+        yield from inputs_lines(case)  # inferred inputs are shown so they can be pinned
     elif not shown_inputs and not quiet:  # a note (a stochastic forward, say) holds on a pass too
         yield from ((f"  note: {note}", "dim") for note in case.notes)
-
-
-def warnings_text(check: CheckResult) -> str:
-    """'1 warning: <message> [rule id]' (several: '2 warnings: ...; ...')."""
-    found = check.warnings
-    listed = "; ".join(f"{w.message} [{w.rule}]" for w in found)
-    return f"{len(found)} warning{'' if len(found) == 1 else 's'}: {listed}"
 
 
 def _timing(check: CheckResult) -> str:
@@ -135,96 +124,6 @@ def _short(check: CheckResult) -> str:
     if check.mode:
         return f"— {check.mode} mode, {check.summary.split(': ', 1)[-1]}"
     return ""
-
-
-def _inputs_lines(case: CaseResult) -> Iterator[Line]:
-    if not case.inputs:  # never sampled: its worker died or timed out before they were known
-        return
-    how = "inferred" if case.inferred else "given"
-    inputs = ", ".join(f"{i.name} {i.description}" for i in case.inputs)
-    yield f"  inputs ({how}, seed {case.seed}): {inputs}", "dim"
-    if case.inferred and case.pin:
-        yield f"  pin them with: {case.pin}", "dim"
-    for note in case.notes:
-        yield f"  note: {note}", "dim"
-
-
-def check_body(check: CheckResult) -> list[str]:
-    """The detail of a check that did not pass, without the header line."""
-    lines = [check.summary]
-    if check.expected_failure and check.outcome is Outcome.XPASSED:
-        lines.append(f"declared expected failure: {check.expected_failure}")
-    label = "intended" if "declared surrogate" in check.summary else "numerical"
-    for block in check.blocks:
-        if block.mismatched:
-            lines += block_lines(block, check.tolerance, label)
-    lines += list(check.details)
-    if check.warnings:
-        lines.append(warnings_text(check))
-    if check.mode:
-        lines.append(f"mode: {check.mode} ({check.mode_reason})")
-    if check.source:
-        lines.append(f"look at: {check.source}")
-    if check.traceback and "\n" in check.traceback:  # a lone exception line repeats the summary
-        lines += ["traceback (user code):", *("  " + t for t in check.traceback.splitlines())]
-    return lines
-
-
-def block_lines(block: Block, tolerance: dict[str, float], label: str = "numerical"
-                ) -> list[str]:
-    count = (f"mismatched elements {block.mismatched} / {block.checked}" if block.exhaustive
-             else f"located {_plural(block.mismatched, 'mismatched element')} by bisection")
-    lines = [f"input '{block.input}' {_shape(block.input_shape)} -> {block.output} "
-             f"{_shape(block.output_shape)}   {count}"]
-    tol = ("(tolerance measured)" if "measured_k" in tolerance else
-           f"(atol {tolerance.get('atol', 0):g}, rtol {tolerance.get('rtol', 0):g})")
-    if block.worst:
-        first = block.worst[0]
-        # In probe mode max_abs_diff is a probe-level number: show the element's own values.
-        head = (f"max abs diff {block.max_abs_diff:.3g} at" if block.exhaustive
-                else "element")
-        if block.exhaustive and not _same(first.abs_diff, block.max_abs_diff):
-            # The element shown is the one furthest beyond its own tolerance (with its
-            # confirmed values); the block's largest raw difference is another element's.
-            head = (f"max abs diff {block.max_abs_diff:.3g} over the block; furthest beyond "
-                    "tolerance at")
-        lines.append(f"{head} {element_text(first, label)}   {tol}")
-        lines += [f"  also {element_text(e, label)}" for e in block.worst[1:]]
-    if block.diagnosis:
-        lines.append(f"diagnosis: {block.diagnosis}")
-    return lines
-
-
-def _same(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-9 * max(abs(a), abs(b)) or (a != a and b != b)
-
-
-def element_text(e: Element, label: str = "numerical") -> str:
-    where = f"{_index(e.input_index)}->{_index(e.output_index)}"
-    mark = "  (finite differences disagree here)" if e.inconclusive else ""
-    return f"{where}: analytical {e.analytical:.6g}, {label} {e.numerical:.6g}{mark}"
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def check_text(target: TargetResult, case: CaseResult, check: CheckResult) -> str:
-    """Plain text of one check, as failures carry it in JUnit and assert_gradients."""
-    word = LABELS[check.outcome][0].strip()
-    lines = [f"{word} {target.target}   {check.name}"]
-    lines += [text for text, _ in _inputs_lines(case)]
-    lines += ["  " + line for line in check_body(check)]
-    lines.append(f"  reproduce: {case.reproduce}")
-    return "\n".join(lines)
-
-
-def _shape(shape: tuple[int, ...]) -> str:
-    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
-
-
-def _index(index: tuple[int, ...]) -> str:
-    return "(" + ",".join(map(str, index)) + ")"
 
 
 # The text heat map (-v): log-scale shades of |a - n| over 6 decades below the block's maximum.
