@@ -12,7 +12,8 @@ import gradtool
 from gradtool.config.settings import CheckConfig
 from gradtool.run.collect import collect_one
 from gradtool.run.repro import write_reproducers
-from gradtool.run.shrink import diagnosis_kind, smaller
+from gradtool.results import Block, CheckResult, Finding, Outcome
+from gradtool.run.shrink import failure_kind, smaller
 from gradtool.targets.inputs import TensorSpec, parse_input
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,12 +103,22 @@ def test_smaller_shrinks_equal_sizes_together_first():
     assert ((6, 40), (40, 1)) in shapes and ((1, 40), (40, 3)) in shapes  # then one alone
 
 
-def test_diagnosis_kind_ignores_numbers():
-    a = "analytical = 0.4 × numerical for every element (240 nonzero of 57600): misses 2.5"
-    b = "analytical = 0.5 × numerical for every element (2 nonzero of 4): misses 2"
-    assert diagnosis_kind(a) == diagnosis_kind(b) == "factor"
-    assert diagnosis_kind("no simple pattern: 1 of 1 elements differ") == "no simple pattern"
-    assert diagnosis_kind("2 of 4 elements wrong, the rest agree: (0,)") == "a few elements"
+def test_failure_kind_is_the_origin_not_the_words():
+    """(check, rule, block) identity: numbers and messages never count, rules and blocks do."""
+    def failed(factor: float, rule: str = "gradient.factor", where: str = "x") -> CheckResult:
+        block = Block(where, (4,), "output", (4,), 16, 4, 1.0, 1.0)
+        data = {"input": where, "output": "output"}
+        return CheckResult("gradient", Outcome.FAILED, f"misses {factor}", blocks=(block,),
+                           findings=(Finding("gradient.mismatch", f"{factor}", data=data),
+                                     Finding(rule, f"× {factor} words", data={**data,
+                                                                               "factor": factor})))
+    assert failure_kind(failed(0.4)) == failure_kind(failed(0.5)) == \
+        "'x' -> output: gradient.factor, gradient.mismatch"
+    assert failure_kind(failed(0.4, "gradient.few_elements")) != failure_kind(failed(0.4))
+    assert failure_kind(failed(0.4, where="y")) != failure_kind(failed(0.4))
+    contract = CheckResult("contract", Outcome.FAILED, "words", findings=(
+        Finding("contract.nonlinear", "one text"),))
+    assert failure_kind(contract) == "broken rule contract.nonlinear"
 
 
 def test_given_values_are_saved_beside_the_test(tmp_path):

@@ -15,7 +15,7 @@ import torch
 
 from ..numerics.compare import unravel
 from ..numerics.problem import Problem, select_outputs
-from ..results import CheckResult, Outcome
+from ..results import CheckResult, Finding, Outcome
 from ..targets.cases import Case
 from ..tracebacks import calls_user_code
 from ._common import Context, calls_since
@@ -67,16 +67,18 @@ def run(case: Case, context: Context) -> CheckResult:
                                duration_s=time.perf_counter() - start)
         second, second_skipped = _second_or_reason(problem, compiled_fn, case.seed)
         breaks = _graph_breaks(problem)
-    found = _compare("first-order gradient", eager[0], first, problem.input_names, config)
+    found = _compare("compiled.first_order", "first-order gradient", eager[0], first,
+                     problem.input_names, config)
     if second is not None:
-        found += _compare("second-order gradient", eager[1], second, problem.input_names,
-                          config)
+        found += _compare("compiled.second_order", "second-order gradient", eager[1], second,
+                          problem.input_names, config)
     skipped = (f"second order skipped: {second_skipped}",) if second_skipped and found else ()
-    details = tuple(found[1:]) + skipped + breaks + _log_details(log)
+    details = tuple(f.message for f in found[1:]) + skipped + breaks + _log_details(log)
     common.update(calls=calls_since(problem, before), duration_s=time.perf_counter() - start)
     if found:
         return CheckResult(NAME, Outcome.FAILED, f"under torch.compile (backend {name}) the "
-                           f"{found[0]}", details, source=context.target.source, **common)
+                           f"{found[0].message}", details, source=context.target.source,
+                           findings=tuple(found), **common)
     what = "first-order gradients" if second is None else "first- and second-order gradients"
     summary = f"{what} under torch.compile (backend {name}) equal eager's"
     if second_skipped:
@@ -198,8 +200,10 @@ def _graph_breaks(problem: Problem) -> tuple[str, ...]:
     return (f"{count} graph break(s): {reasons}",)
 
 
-def _compare(what: str, eager: Sequence[torch.Tensor], compiled: Sequence[torch.Tensor],
-             names: Sequence[str], config: Any) -> list[str]:
+def _compare(rule: str, what: str, eager: Sequence[torch.Tensor],
+             compiled: Sequence[torch.Tensor], names: Sequence[str], config: Any
+             ) -> list[Finding]:
+    """One finding of `rule` per input whose gradient differs, naming its worst element."""
     atol, rtol = config.tolerance("atol"), config.tolerance("rtol")
     lines = []
     for name, e, c in zip(names, eager, compiled):
@@ -208,7 +212,10 @@ def _compare(what: str, eager: Sequence[torch.Tensor], compiled: Sequence[torch.
         if bool(bad.any()):
             flat = int(torch.where(bad, diff, torch.zeros_like(diff)).reshape(-1).argmax())
             index = list(unravel(flat, tuple(e.shape)))
-            lines.append(f"{what} of '{name}'{index} is {c.reshape(-1)[flat].item():.6g}, "
-                         f"eager {e.reshape(-1)[flat].item():.6g} ({int(bad.sum())} of "
-                         f"{e.numel()} elements differ)")
+            got, want = c.reshape(-1)[flat].item(), e.reshape(-1)[flat].item()
+            lines.append(Finding(rule, f"{what} of '{name}'{index} is {got:.6g}, eager "
+                                 f"{want:.6g} ({int(bad.sum())} of {e.numel()} elements differ)",
+                                 data={"input": name, "index": index, "compiled": got,
+                                       "eager": want, "differ": int(bad.sum()),
+                                       "elements": e.numel()}))
     return lines

@@ -9,7 +9,7 @@ from ..numerics.forward import forward_mode
 from ..diagnosis.classify import Diagnosis
 from ..numerics.jacobian import Verdict
 from ..numerics.problem import Problem
-from ..results import Block, CheckResult, Outcome
+from ..results import Block, CheckResult, Finding, Outcome
 from ..targets.cases import Case
 from ..targets.load import source_of
 from ._common import Context
@@ -38,15 +38,17 @@ def run(case: Case, context: Context) -> CheckResult:
                              None, None, _diagnose, engine=forward_mode)
     if result.outcome not in (Outcome.FAILED, Outcome.INCONCLUSIVE):
         return result
-    if not any(b.mismatched for b in result.blocks) and result.details \
-            and result.details[0].startswith(REVERSE):
-        # jvp agrees with finite differences: what disagrees with both is backward.
+    if result.outcome is Outcome.FAILED and not result.findings:
+        # Failed with no block mismatched (no finding): only forward against reverse mode can
+        # fail so (numerics/forward.py puts its line first). jvp agrees with finite
+        # differences: what disagrees with both is backward.
         backward = source_of(context.target.function_cls.backward)
         summary = (f"jvp agrees with finite differences, but backward does not agree with jvp "
                    f"({result.details[0].removeprefix(REVERSE + ': ')}): backward is the wrong "
                    "one (the gradient check names its elements)")
         return replace(result, summary=summary, details=result.details[1:],
-                       source=backward or result.source)
+                       source=backward or result.source,
+                       findings=(Finding(f"{NAME}.reverse_disagrees", summary),))
     where = source_of(context.target.function_cls.jvp)
     return replace(result, summary=_summary(result), source=where or result.source)
 

@@ -21,7 +21,7 @@ from ..numerics.rounding import (
     measure_bound,
     scale_error,
 )
-from ..results import Block, CheckResult, Outcome
+from ..results import Block, CheckResult, Finding, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
 from ._common import calls_since, error_result
@@ -265,9 +265,32 @@ def _result(verdict: Verdict, own: CheckResult | None, bound: Bound, config: Che
         tolerance = {**own.tolerance, **tolerance}  # the float64 blocks' own tolerance, shown
     return CheckResult(NAME, outcome, summary, tuple(details), blocks,
                        f"{bound.dtype} vs float64", f"judged against {against}",
+                       findings=_findings(verdict, own, outcome, bound.dtype),
                        tolerance=tolerance, calls=calls, duration_s=seconds,
                        source=None if outcome is Outcome.PASSED else
                        target.forward_source if verdict.forward_bad else target.source)
+
+
+def _findings(verdict: Verdict, own: CheckResult | None, outcome: Outcome, dtype: str
+              ) -> tuple[Finding, ...]:
+    """The float64 run's own findings (its bug is in every dtype), then gradient.rounding for
+    each gradient beyond the rounding bound (or scaled, or the forward that is)."""
+    if outcome is not Outcome.FAILED:
+        return ()
+    found = own.findings if own is not None and own.outcome is Outcome.FAILED else ()
+    bad = [b for b in verdict.blocks if b.mismatched]
+    rounding = tuple(Finding("gradient.rounding", f"{dtype} {b.output} of '{b.input}' differs "
+                             f"from float64 beyond the rounding bound at {b.mismatched} "
+                             f"element(s)", data={"input": b.input, "output": b.output,
+                                                  "mismatched": b.mismatched, "dtype": dtype})
+                     for b in bad)
+    scaled = tuple(Finding("gradient.rounding", f"{dtype} run differs from float64 by a common "
+                           f"scale factor in {name!r}", data={"input": name, "dtype": dtype,
+                                                              "scaled": True})
+                   for name in verdict.scaled)
+    return (*found, *rounding, *scaled) or (Finding("gradient.rounding", f"{dtype} gradient "
+                                                    "beyond the rounding bound",
+                                                    data={"dtype": dtype}),)
 
 
 def _summary(verdict: Verdict, dtype: str, against: str) -> str:

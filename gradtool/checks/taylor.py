@@ -7,7 +7,7 @@ import time
 from ..numerics.problem import Problem
 from ..numerics.rounding import FINEST_FIRST
 from ..numerics.taylor import taylor_test
-from ..results import CheckResult, Outcome
+from ..results import CheckResult, Finding, Outcome
 from ..targets.load import Target
 from ._common import calls_since, error_result
 
@@ -34,7 +34,10 @@ def taylor_result(problem: Problem, target: Target, seed: int, dtype: str, why: 
         finer = FINEST_FIRST[max(FINEST_FIRST.index(dtype) - 1, 0)]
         summary = (f"{dtype} rounding dominates the Taylor remainder at every step h: no "
                    f"verdict; {finer} (or a float64 reference) would resolve it")
+    findings = (Finding("gradient.taylor", summary, data={"slope_error": verdict.slope_error}),
+                ) if outcome is Outcome.FAILED else ()
     return CheckResult("gradient", outcome, summary, (verdict.describe(), reason),
                        mode="taylor", mode_reason=reason, calls=calls_since(problem, before),
                        duration_s=time.perf_counter() - start,
-                       source=target.source if outcome is not Outcome.PASSED else None)
+                       source=target.source if outcome is not Outcome.PASSED else None,
+                       findings=findings)

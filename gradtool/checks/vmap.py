@@ -11,7 +11,7 @@ import torch
 from ..numerics.compare import unravel
 from ..numerics.problem import Problem, quiet_batching, select_outputs, vjp
 from ..numerics.transforms import grads_batched, vmap_of_vjp
-from ..results import CheckResult, Outcome
+from ..results import CheckResult, Finding, Outcome
 from ..targets.cases import Case
 from ..targets.load import source_of
 from ._common import Context, calls_since
@@ -30,16 +30,21 @@ def applies(case: Case, context: Context) -> str | None:
 
 
 def _rule(cls: type | None) -> str | None:
-    from torch.autograd import Function
-
     if cls is None:
         return None
-    if getattr(cls, "vmap", Function.vmap) is not Function.vmap:
+    if _own_vmap(cls):
         return f"the vmap staticmethod ({source_of(cls.vmap)})"
     if getattr(cls, "generate_vmap_rule", False):
         return f"the generated vmap rule (generate_vmap_rule = True, forward at " \
                f"{source_of(cls.forward)})"
     return None
+
+
+def _own_vmap(cls: type) -> bool:
+    """The Function defines a vmap staticmethod of its own."""
+    from torch.autograd import Function
+
+    return getattr(cls, "vmap", Function.vmap) is not Function.vmap
 
 
 def run(case: Case, context: Context) -> CheckResult:
@@ -51,7 +56,7 @@ def run(case: Case, context: Context) -> CheckResult:
     rule = _rule(cls)
     config = context.config
     samples = _samples(problem, case.seed)
-    found: list[str] = []
+    found: list[Finding] = []
     subsets = [list(range(len(problem.diff)))]
     if len(problem.diff) > 1:
         subsets += [[k] for k in range(len(problem.diff))]
@@ -72,10 +77,11 @@ def run(case: Case, context: Context) -> CheckResult:
                            f"{rule} matches the per-sample loop over {SAMPLES} samples "
                            f"({parts})", tuple(skipped), tolerance=tolerance,
                            calls=calls, duration_s=elapsed)
-    where = source_of(cls.vmap) if "staticmethod" in (rule or "") else source_of(cls.forward)
+    where = source_of(cls.vmap) if _own_vmap(cls) else source_of(cls.forward)
     return CheckResult(NAME, Outcome.FAILED, f"{rule} differs from the per-sample loop: "
-                       f"{found[0]}", (*found[1:], *skipped), source=where, tolerance=tolerance,
-                       calls=calls, duration_s=elapsed)
+                       f"{found[0].message}", (*(f.message for f in found[1:]), *skipped),
+                       source=where, tolerance=tolerance, calls=calls, duration_s=elapsed,
+                       findings=tuple(found))
 
 
 def _samples(problem: Problem, seed: int) -> list[list[torch.Tensor]]:
@@ -96,7 +102,7 @@ def _call(problem: Problem, values: Sequence[torch.Tensor]) -> list[torch.Tensor
 
 
 def _forward(problem: Problem, samples: list[list[torch.Tensor]], batched: list[int],
-             config: Any) -> list[str]:
+             config: Any) -> list[Finding]:
     """vmap over the inputs in `batched` (the others fixed at sample 0's) against a loop."""
     per_sample = [[s[k] if k in batched else samples[0][k] for k in range(len(s))]
                   for s in samples]
@@ -109,11 +115,11 @@ def _forward(problem: Problem, samples: list[list[torch.Tensor]], batched: list[
     problem.calls["forward"] += SAMPLES - 1  # the vmapped call evaluates every sample
     names = [problem.input_names[k] for k in batched]
     what = f"forward with {', '.join(repr(n) for n in names)} batched"
-    return _compare(what, got, expected, problem, config)
+    return _compare("vmap.forward", what, got, expected, problem, config)
 
 
 def _backward(problem: Problem, samples: list[list[torch.Tensor]], seed: int,
-              config: Any) -> list[str]:
+              config: Any) -> list[Finding]:
     """vmap of x -> vᵀJ(x) (torch.func.vjp inside torch.func.vmap) against autograd per sample."""
     outs0 = _call(problem, samples[0])
     gen = torch.Generator().manual_seed(seed + 37)
@@ -130,11 +136,12 @@ def _backward(problem: Problem, samples: list[list[torch.Tensor]], seed: int,
         problem.calls["backward"] += 1
         expected.append(vjp(outs, leaves, [g[n] for g in grads]))
     problem.calls["backward"] += SAMPLES
-    return _compare("vmap of the VJP (backward)", got, expected, problem, config,
+    return _compare("vmap.backward", "vmap of the VJP (backward)", got, expected, problem, config,
                     problem.input_names)
 
 
-def _grads_batched(problem: Problem, seed: int, config: Any, skipped: list[str]) -> list[str]:
+def _grads_batched(problem: Problem, seed: int, config: Any, skipped: list[str]
+                   ) -> list[Finding]:
     """autograd.grad(..., is_grads_batched=True) against one backward per grad_output.
 
     is_grads_batched runs backward under torch's legacy batching, which lacks rules that
@@ -157,13 +164,16 @@ def _grads_batched(problem: Problem, seed: int, config: Any, skipped: list[str])
         return []
     expected = [vjp(outs, leaves, [g[n] for g in grads]) for n in range(SAMPLES)]
     problem.calls["backward"] += 2 * SAMPLES
-    return _compare("backward with batched grad_outputs (is_grads_batched)", got, expected,
+    return _compare("vmap.grads_batched", "backward with batched grad_outputs "
+                    "(is_grads_batched)", got, expected,
                     problem, config, problem.input_names)
 
 
-def _compare(what: str, got: Sequence[torch.Tensor], expected: list[Sequence[torch.Tensor]],
-             problem: Problem, config: Any, names: Sequence[str] | None = None) -> list[str]:
-    """One line per (sample, tensor) that differs, naming the worst element."""
+def _compare(rule: str, what: str, got: Sequence[torch.Tensor],
+             expected: list[Sequence[torch.Tensor]], problem: Problem, config: Any,
+             names: Sequence[str] | None = None) -> list[Finding]:
+    """One finding of `rule` per tensor that differs, naming its first bad sample's worst
+    element."""
     atol, rtol = config.tolerance("atol"), config.tolerance("rtol")
     lines = []
     labels = names or _output_labels(len(got))
@@ -175,18 +185,24 @@ def _compare(what: str, got: Sequence[torch.Tensor], expected: list[Sequence[tor
         have, want = batch[n], expected[n][t]
         others = (f"; samples {', '.join(map(str, bad_samples))} of {SAMPLES} differ"
                   if len(bad_samples) > 1 else "")
+        data = {"tensor": label, "sample": n, "bad_samples": bad_samples}
         if have.shape != want.shape:
-            lines.append(f"{what}: sample {n}, {label}: batched shape {tuple(have.shape)}, "
-                         f"per-sample {tuple(want.shape)}{others}")
+            lines.append(Finding(rule, f"{what}: sample {n}, {label}: batched shape "
+                                 f"{tuple(have.shape)}, per-sample {tuple(want.shape)}{others}",
+                                 data={**data, "batched_shape": list(have.shape),
+                                       "shape": list(want.shape)}))
             continue
         diff = (have - want).abs().nan_to_num(float("inf"))
         bad = (diff > atol + rtol * want.abs()) | (torch.isnan(have) != torch.isnan(want))
         flat = int(torch.where(bad, diff, torch.zeros_like(diff)).reshape(-1).argmax())
         index = list(unravel(flat, tuple(want.shape)))
-        lines.append(f"{what}: sample {n}, {label}{index}: batched "
-                     f"{have.reshape(-1)[flat].item():.6g}, per-sample "
-                     f"{want.reshape(-1)[flat].item():.6g} ({int(bad.sum())} of {want.numel()} "
-                     f"elements differ{others})")
+        batched, single = have.reshape(-1)[flat].item(), want.reshape(-1)[flat].item()
+        lines.append(Finding(rule, f"{what}: sample {n}, {label}{index}: batched "
+                             f"{batched:.6g}, per-sample {single:.6g} ({int(bad.sum())} of "
+                             f"{want.numel()} elements differ{others})",
+                             data={**data, "index": index, "batched": batched,
+                                   "per_sample": single, "differ": int(bad.sum()),
+                                   "elements": want.numel()}))
     return lines
 
 

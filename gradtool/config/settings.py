@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..errors import ConfigError, did_you_mean
-from .registry import CHECK_NAMES, DEFAULT_CHECKS, RULE_IDS
+from .registry import CHECK_NAMES, DEFAULT_CHECKS, RULE_IDS, RULES
 
 MODES = ("auto", "full", "probe")
 
@@ -76,6 +76,8 @@ class CheckConfig:
                 raise ConfigError(f"unknown rule id {rule!r} to ignore; rule ids are "
                                   f"{', '.join(RULE_IDS)} (gradtool list shows them)",
                                   did_you_mean(rule, RULE_IDS))
+            if RULES[rule].unsilenceable:
+                raise ConfigError(f"rule {rule!r} cannot be ignored: {RULES[rule].unsilenceable}")
         if self.probes < 1:
             raise ConfigError(f"probes must be at least 1, got {self.probes}")
 
