@@ -130,6 +130,8 @@ class CheckResult:
     duration_s: float = 0.0
     source: str | None = None       # file:line of the code to look at
     traceback: str | None = None    # trimmed, for error outcomes
+    exception: str | None = None    # the exception's type, for error outcomes (with traceback:
+                                    # the error's identity, so a repeat is told once)
     expected_failure: str | None = None  # the declared reason, for xfailed / xpassed
     findings: tuple[Finding, ...] = ()   # every rule broken, failures and warnings, as data
 
@@ -140,11 +142,13 @@ class CheckResult:
 
 @dataclass(frozen=True)
 class InputInfo:
-    """How one forward argument was made: name, description, whether it was inferred."""
+    """How one forward argument was made: name, description, whether it is differentiable and
+    whether it is a module's parameter (its layout is the module's, never the caller's)."""
 
     name: str
     description: str
     differentiable: bool
+    parameter: bool = False
 
 
 @dataclass(frozen=True)

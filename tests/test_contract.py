@@ -103,9 +103,14 @@ def test_exception_in_backward_is_an_error_outcome(contract_cases):
     report = gradtool.check(contract_cases.SquareRaises, ["3x4"])
     got = outcomes(report)
     assert got["contract"] == "error" and got["gradient"] == "error"
-    check = result(report, "gradient")
-    assert "ValueError raised: deliberate failure inside backward" in check.summary
-    assert "contract_cases.py" in check.traceback
+    first, check = result(report, "contract"), result(report, "gradient")
+    assert "ValueError raised: deliberate failure inside backward" in first.summary
+    assert "contract_cases.py" in first.traceback
+    # The same exception (type and traceback) under later checks is told once (issue 33 item 8).
+    assert check.summary.startswith("the same error as under contract (ValueError raised: "
+                                    "deliberate failure inside backward")
+    assert check.traceback is None and check.exception == first.exception
+    assert any(d.startswith("the same error under ") and "gradient" in d for d in first.details)
 
 
 def test_mark_dirty_function_passes_every_check(contract_cases):

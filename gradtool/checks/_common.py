@@ -34,7 +34,8 @@ def error_result(name: str, exc: BaseException, target: Target, start: float,
     return CheckResult(
         name, Outcome.ERROR, f"{type(exc).__name__} raised: {first}"[:300],
         _number_hints(exc, problem),
-        source=where, traceback=trim(exc), calls=calls_since(problem, before),
+        source=where, traceback=trim(exc), exception=_qualname(type(exc)),
+        calls=calls_since(problem, before),
         duration_s=time.perf_counter() - start)
 
 
@@ -58,6 +59,10 @@ def load(name: str) -> Any:
 
 def skipped(name: str, reason: str) -> CheckResult:
     return CheckResult(name, Outcome.SKIPPED, reason)
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _number_hints(exc: BaseException, problem: Problem) -> tuple[str, ...]:

@@ -115,12 +115,3 @@ def result(name: str, findings: Sequence[Finding], passed: str, start: float, ca
 def shape_text(shape: Sequence[Any]) -> str:
     return "x".join(str(s) for s in shape) or "()"
 
-
-def tensor_names(case: Any) -> list[tuple[str, torch.Tensor]]:
-    """(name, value) of each tensor argument of the case."""
-    problem = case.problem
-    return [(n, a) for n, a in zip(problem.names, problem.args) if isinstance(a, torch.Tensor)]
-
-
-def skipped_result(name: str, reason: str) -> CheckResult:
-    return CheckResult(name, Outcome.SKIPPED, reason)

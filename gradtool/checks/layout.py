@@ -132,7 +132,7 @@ def _diff_infos(case: Case) -> list[object]:
 
 def _is_parameter(info: object) -> bool:
     """A module's parameter: its layout is the module's, never the caller's."""
-    return str(getattr(info, "description", "")).startswith("parameter ")
+    return bool(getattr(info, "parameter", False))
 
 
 def compare_layouts(problem: Problem, config: CheckConfig, seed: int,

@@ -8,7 +8,7 @@ import warnings
 from typing import Any
 
 from ..results import CheckResult, Finding
-from ._ops import skipped_result
+from ._common import skipped
 from ._ops import applies, clone_args, interpreted_triton, overload, registered_at, result
 
 __all__ = ["applies", "run"]
@@ -25,7 +25,7 @@ def run(case: Any, context: Any) -> CheckResult:
     op, problem = overload(context), case.problem
     source = registered_at(context)
     if interpreted_triton(op):
-        return skipped_result("op_compiled", f"not run: {interpreted_triton(op)}")
+        return skipped("op_compiled", f"not run: {interpreted_triton(op)}")
     args = clone_args(problem.args)
     grads = registered(op, context.config.device)
     for position in problem.diff if grads else ():

@@ -9,9 +9,10 @@ import torch
 
 from ..numerics.problem import tensor_outputs
 from ..results import CheckResult, Finding
+from ._common import skipped
 from ._ops import (CUSTOM_OP_ALIAS, applies, clone_args, fake_source, has_fake,
                    interpreted_triton, overload, python_name, real_outputs, registered_at, result,
-                   shape_text, skipped_result)
+                   shape_text)
 
 __all__ = ["applies", "run"]
 
@@ -21,7 +22,7 @@ def run(case: Any, context: Any) -> CheckResult:
     op, problem = overload(context), case.problem
     where = fake_source(op) or registered_at(context)
     if interpreted_triton(op):
-        return skipped_result("op_fake", f"not run: {interpreted_triton(op)}")
+        return skipped("op_fake", f"not run: {interpreted_triton(op)}")
     if not has_fake(op):
         return result("op_fake", [_missing(op, registered_at(context))], "", start, case,
                       registered_at(context))
@@ -30,7 +31,7 @@ def run(case: Any, context: Any) -> CheckResult:
     except RuntimeError as exc:
         if CUSTOM_OP_ALIAS not in str(exc):
             raise
-        return skipped_result("op_fake", "not run: torch refuses the real kernel's aliasing "
+        return skipped("op_fake", "not run: torch refuses the real kernel's aliasing "
                                          "output at every call (see op_schema)")
     findings = _static(op, case, real, where)
     details: list[str] = []

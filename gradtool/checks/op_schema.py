@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..numerics.problem import tensor_outputs
-from ..results import CheckResult, Finding, Outcome
+from ..results import CheckResult, Finding, Outcome, Severity
 from ._ops import CUSTOM_OP_ALIAS, applies, clone_args, overload, python_name, registered_at, result
 
 __all__ = ["applies", "run", "without_function_advice"]
@@ -131,16 +131,23 @@ def _is_custom_op(op: Any) -> bool:
 def without_function_advice(checked: CheckResult) -> CheckResult:
     """The contract's result on an op, less its writes-to-inputs advice for a Function
     (ctx.mark_dirty): an op declares writes in its schema, and op_schema says so in its words."""
-    if checked.outcome is not Outcome.FAILED:
-        return checked
-    lines = [line for line in (checked.summary, *checked.details) if "mark_dirty" not in line]
-    if len(lines) == 1 + len(checked.details):
+    dropped = [f for f in checked.findings if f.rule == FUNCTION_ADVICE]
+    if checked.outcome is not Outcome.FAILED or not dropped:
         return checked  # nothing of the kind was said
-    findings = tuple(f for f in checked.findings if "mark_dirty" not in f.message)
-    failing = any(f.severity.value == "failure" for f in findings) if checked.findings \
-        else bool(lines)
-    if not failing:
-        return replace(checked, outcome=Outcome.PASSED, details=tuple(lines), findings=findings,
+    failures = [f for f in checked.findings if f.severity is Severity.FAILURE]
+    # contract_result's layout: the first failure is the summary, the others open the details,
+    # then its notes.
+    notes = checked.details[len(failures) - 1:]
+    kept = [f for f in failures if f.rule != FUNCTION_ADVICE]
+    findings = tuple(f for f in checked.findings if f.rule != FUNCTION_ADVICE)
+    if not kept:
+        return replace(checked, outcome=Outcome.PASSED, details=notes, findings=findings,
                        summary="forward and backward keep autograd's rules (writes to inputs: "
                                "see op_schema)")
-    return replace(checked, summary=lines[0], details=tuple(lines[1:]), findings=findings)
+    return replace(checked, summary=kept[0].message,
+                   details=(*(f.message for f in kept[1:]), *notes), findings=findings)
+
+
+# The contract's advice for a Function that writes its inputs (ctx.mark_dirty): an op declares
+# such writes in its schema instead.
+FUNCTION_ADVICE = "contract.unmarked_inplace"

@@ -9,8 +9,6 @@ import torch
 
 from ..tracebacks import calls_user_code
 
-TANGENTS = ("sym",)  # the projections an input may declare (spec `tangent:`, -i N x N:sym/spd)
-
 
 def symmetrise(t: torch.Tensor) -> torch.Tensor:
     """(X + Xᵀ) / 2 over the last two dimensions: the projection onto symmetric matrices."""

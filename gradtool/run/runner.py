@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..config.settings import CheckConfig
@@ -135,10 +135,13 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     # The default run reports the faces a target has; a check asked for by name that does not
     # apply is reported skipped, with the reason.
     checks: list[CheckResult] = []
+    errors: list[tuple[str | None, str | None]] = []  # each result's error identity, as raised
     for name in config.checks:
         result = _run_check(name, case, job)
         if result is not None:
+            errors.append(_error_id(result))
             checks.append(_once(result, checks, case.problem))
+    checks = _repeats_told(checks, errors)
     notes = list(case.notes)
     if has_given_values(case.specs) and not spec.origin:
         notes.append("inputs given as values: to replay them, torch.save((args, kwargs), "
@@ -169,12 +172,37 @@ def _once(result: CheckResult, earlier: Sequence[CheckResult], problem: Problem)
         return CheckResult(result.name, Outcome.SKIPPED,
                            f"not run: the autograd engine rejects backward's gradient, as the "
                            f"{rejected.rule} finding under contract says", source=result.source)
-    same = next((c for c in earlier if c.outcome is Outcome.ERROR and c.summary == result.summary),
-                None)
-    if same is None or _forward_runs(problem):
-        return result  # a backward that fails is each check's own finding
+    same = next((c for c in earlier if c.outcome is Outcome.ERROR
+                 and _error_id(c) == _error_id(result)), None)
+    if same is None:
+        return result
+    if _forward_runs(problem):  # backward raises the same way under each check: told once
+        return replace(result, summary=f"the same error as under {same.name} ({same.summary})"
+                       [:300], details=(), traceback=None)
     return CheckResult(result.name, Outcome.SKIPPED,
                        f"not run: the same error as under {same.name} ({same.summary})"[:300])
+
+
+def _error_id(result: CheckResult) -> tuple[str | None, str | None]:
+    """An error's identity: its exception type and trimmed traceback (never its words)."""
+    return result.exception, result.traceback
+
+
+def _repeats_told(checks: list[CheckResult], errors: list[tuple[str | None, str | None]]
+                  ) -> list[CheckResult]:
+    """The first check to report an error that later checks repeated (told there in one line,
+    without the traceback) says under how many."""
+    out = list(checks)
+    for k, first in enumerate(checks):
+        if first.outcome is not Outcome.ERROR or first.traceback is None:
+            continue
+        again = [c.name for c, e in zip(checks[k + 1:], errors[k + 1:])
+                 if c.outcome is Outcome.ERROR and c.traceback is None and e == errors[k]]
+        if again:
+            out[k] = replace(first, details=(*first.details, f"the same error under "
+                                             f"{len(again) + 1} checks: {first.name}, "
+                                             f"{', '.join(again)}"))
+    return out
 
 
 # torch's words when its engine refuses what backward returned
@@ -202,7 +230,7 @@ def _forward_runs(problem: Problem) -> bool:
 def _run_check(name: str, case: Case, job: Job) -> CheckResult | None:
     """Dispatch through the registry: a check that does not apply is skipped with the reason
     when it was asked for, and left out (None) of the default run."""
-    from ..checks._common import error_result, load, skipped
+    from ..checks._common import error_result, skipped
     from ..config.registry import DEFAULT_CHECKS
 
     config = job.config.with_(**job.check_config.get(name, {}))
@@ -236,7 +264,6 @@ def silence(result: CheckResult, ignore: Sequence[str]) -> CheckResult:
     silenced = sorted({f.rule for f in result.findings if f.rule in ignore})
     if not silenced:
         return result
-    from dataclasses import replace
 
     from ..results import Severity
 
@@ -336,7 +363,6 @@ def _context(job: Job, config: CheckConfig) -> Context:
 def _apply_xfail(result: CheckResult, reason: str | None) -> CheckResult:
     if reason is None:
         return result
-    from dataclasses import replace
 
     if result.outcome in (Outcome.FAILED, Outcome.ERROR):
         return replace(result, outcome=Outcome.XFAILED, expected_failure=reason)

@@ -16,30 +16,6 @@ from .yaml_lines import MAX_BYTES, LineDict, LineList, line_of, plain, read_yaml
 
 InputSpec = TensorSpec | LiteralSpec
 
-SPEC_FORMAT = """\
-A spec file is one YAML mapping: `version: 1` and `specs:`, a list of specs. Each spec has:
-  target: file.py:Name (relative to the spec's folder) or package.module:Name  | expr: 'x * sin(y)'
-  op:     ns::name, a custom op, with import: file.py or package.module (registering it) | target:
-  name:   label in reports (default: the target's Name, or the expr)
-  init:   constructor arguments for an nn.Module target (a mapping of kwargs or a list)
-  inputs: forward's arguments in order; each {name: x, shape: [3, 4], dtype: float64 (or
-          complex128, complex64),
-          domain: positive | negative | nonzero | [lo, hi] | sym | spd | simplex | integer | real,
-          requires_grad: true, tangent: sym|free}, a literal {name: c, value: 5}, or {x: '4x4:sym'}
-  kwargs: keyword arguments of forward: {mask: '3x4:nograd'}; nested: {state: '(2x4, 2x4)'}
-  inputs_from: file.py:make_inputs (a factory taking generator/dtype/device) or inputs.pt
-  cases:  several input sets: [{name: big, seed: 1, inputs: {x: [8, 8]}}] (overrides by name)
-  seed, dtype, device, mode (auto|full|probe), checks [contract, gradient, double_backward,
-  forward_ad, vmap, complex, compiled, layout], sweep ({D: [15, 16]} or {D: awkward}; shape [4, D]),
-  reference ('file.py:fn', a low-precision kernel's float64 reference), autocast (float16|bfloat16),
-  eps, atol, rtol, nondet_tol, timeout (seconds per target); tolerances: {double_backward: {atol: 1.0e-4}} per check
-  xfail:  {gradient: 'why this check is expected to fail'};  ignore: [contract.broadcast_gradient]
-  trust_callable: true  lets a target from an installed package that is not a Function, Module
-          or torch operator run (with --trust-callables on the command line too)
-  surrogate: identity | {kind: scale, factor: -0.5} | {kind: clipped_identity, range: [-1, 1]}
-          | {kind: oracle, oracle: 'file.py:grad_fn'} (the backward is compared with it)
-The whole file is validated first; every error is reported as file:line: key.path: message."""
-
 FILE_KEYS = ("version", "specs")
 CONFIG_KEYS = ("seed", "dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode", "checks",
                "reference", "autocast", "timeout", "ignore")

@@ -94,7 +94,7 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
         args.append(value)
         names.append(pname)
         infos.append(InputInfo(pname, f"parameter {'x'.join(map(str, value.shape)) or '()'}",
-                               True))
+                               True, parameter=True))
     if config.autocast:
         fn, batched_fn = autocast(fn, config.autocast, config.device), None
     notes = []
