@@ -52,3 +52,58 @@ def test_registry_is_importable_without_torch():
     code = ("import sys, gradtool.config.registry, gradtool.config.settings; "
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- rules: every check declares all of them, the report schema and ignore: follow -------------
+
+from gradtool.config.registry import RULE_IDS, RULES, TARGET_KINDS  # noqa: E402
+from gradtool.errors import ConfigError  # noqa: E402
+
+
+def test_every_check_declares_its_rules_with_their_targets():
+    for info in REGISTRY:
+        assert info.rules, f"{info.name} declares no rule"
+        assert set(info.targets) <= set(TARGET_KINDS)
+        for rule in info.rules:
+            assert rule.check == info.name and rule.severity in ("failure", "warning")
+            assert set(rule.targets) <= set(info.targets), rule.id
+            assert rule.description and "\n" not in rule.description
+    assert len(RULE_IDS) == len(set(RULE_IDS))
+
+
+def test_the_report_schema_names_exactly_the_registered_rules():
+    schema = json.loads(files("gradtool.schemas").joinpath("report.schema.json").read_text())
+    assert tuple(schema["$defs"]["finding"]["properties"]["rule"]["enum"]) == RULE_IDS
+
+
+def test_every_diagnosis_kind_classify_names_is_a_registered_rule():
+    from gradtool.diagnosis import classify
+
+    for check in ("gradient", "forward_ad", "complex"):
+        kinds = {r.id.split(".", 1)[1] for r in RULES.values() if r.check == check and r.diagnosis}
+        assert set(classify.FIRST_ORDER_KINDS) <= kinds, check
+    kinds = {r.id.split(".", 1)[1] for r in RULES.values()
+             if r.check == "double_backward" and r.diagnosis}
+    assert set(classify.SECOND_ORDER_KINDS) == kinds
+
+
+def test_ignore_accepts_every_rule_but_the_gradient_mismatch_itself():
+    for rule in RULE_IDS:
+        if rule != "gradient.mismatch":
+            assert CheckConfig(ignore=(rule,)).ignore == (rule,)
+    with pytest.raises(ConfigError, match=r"'gradient\.mismatch' cannot be ignored: a wrong "
+                                          r"gradient value is never silenced"):
+        CheckConfig(ignore=("gradient.mismatch",))
+
+
+def test_the_checks_needing_backward_are_the_registrys():
+    from gradtool.checks.op_autograd import NEEDS_BACKWARD
+
+    assert set(NEEDS_BACKWARD) == {i.name for i in REGISTRY if i.needs_backward}
+
+
+def test_list_rules_shows_every_registered_rule():
+    out = subprocess.run([sys.executable, "-m", "gradtool", "list", "--rules"],
+                         capture_output=True, text=True, check=True).stdout
+    listed = {line.split()[0] for line in out.splitlines()[1:] if line.strip()}
+    assert listed == set(RULE_IDS)

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 TARGET_KINDS = ("function", "module", "callable", "op")  # targets/load.py's and targets/ops.py's
@@ -54,7 +55,10 @@ class CheckInfo:
 
     @property
     def import_path(self) -> str:
-        return f"gradtool.checks.{self.module or self.name}"
+        """gradtool.checks.<module> (the name when empty); a dotted module is taken whole (a
+        check living outside gradtool, registered with register())."""
+        module = self.module or self.name
+        return module if "." in module else f"gradtool.checks.{module}"
 
 
 # The kinds of mistake diagnosis/classify.py names in a first-order Jacobian block (and in a
@@ -240,3 +244,44 @@ CHECK_NAMES = tuple(BY_NAME)
 DEFAULT_CHECKS = tuple(info.name for info in REGISTRY if info.default)
 RULES = {rule.id: rule for info in REGISTRY for rule in info.rules}
 RULE_IDS = tuple(RULES)
+
+
+@dataclass(frozen=True)
+class ReportFormat:
+    """One report file format: its name, the check command's option and the [tool.gradtool]
+    key that ask for it, and the function rendering a Report to text ("module:function",
+    imported only when the format is written; called as render(report, **links))."""
+
+    name: str
+    option: str
+    pyproject_key: str
+    render: str
+    description: str
+
+    def renderer(self) -> Callable[..., str]:
+        """The rendering function (its module imported now, not before)."""
+        from importlib import import_module
+
+        module, function = self.render.split(":")
+        return getattr(import_module(module), function)
+
+
+FORMATS: dict[str, ReportFormat] = {f.name: f for f in (
+    ReportFormat("json", "--json", "", "gradtool.render.json:render_json",
+                 "the whole report as JSON (schemas/report.schema.json)"),
+    ReportFormat("junit", "--junit-xml", "junit_xml", "gradtool.render.junit:render_junit",
+                 "JUnit XML, one testcase per (target, case, check)"),
+    ReportFormat("html", "--html", "html", "gradtool.render.html:render_html",
+                 "one self-contained HTML page with heat maps of failing blocks"),
+)}
+
+
+def register(item: CheckInfo | ReportFormat) -> None:
+    """Add a check (with its rules) or a report format to the registry: its one entry. Option
+    parsing, specs, --check, ignore: and the runner read BY_NAME, RULES and FORMATS when they
+    run, so the entry is all a new one needs (the tuples above are the built-in ones)."""
+    if isinstance(item, ReportFormat):
+        FORMATS[item.name] = item
+        return
+    BY_NAME[item.name] = item
+    RULES.update({rule.id: rule for rule in item.rules})

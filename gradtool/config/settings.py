@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..errors import ConfigError, did_you_mean
-from .registry import CHECK_NAMES, DEFAULT_CHECKS, RULE_IDS, RULES
+from .registry import BY_NAME, DEFAULT_CHECKS, RULES
 
 MODES = ("auto", "full", "probe")
 
@@ -59,9 +59,9 @@ class CheckConfig:
         if self.mode not in MODES:
             raise ConfigError(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
         for name in self.checks:
-            if name not in CHECK_NAMES:
-                raise ConfigError(f"unknown check {name!r}; checks are {', '.join(CHECK_NAMES)}",
-                                  did_you_mean(name, CHECK_NAMES))
+            if name not in BY_NAME:  # read now: a check registered later counts
+                raise ConfigError(f"unknown check {name!r}; checks are {', '.join(BY_NAME)}",
+                                  did_you_mean(name, tuple(BY_NAME)))
         for name in ("eps", "atol", "rtol", "nondet_tol"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
@@ -72,10 +72,10 @@ class CheckConfig:
             raise ConfigError(f"autocast {self.autocast!r} is not float16 or bfloat16",
                               did_you_mean(self.autocast, ("float16", "bfloat16")))
         for rule in self.ignore:
-            if rule not in RULE_IDS:
+            if rule not in RULES:
                 raise ConfigError(f"unknown rule id {rule!r} to ignore; rule ids are "
-                                  f"{', '.join(RULE_IDS)} (gradtool list shows them)",
-                                  did_you_mean(rule, RULE_IDS))
+                                  f"{', '.join(RULES)} (gradtool list shows them)",
+                                  did_you_mean(rule, tuple(RULES)))
             if RULES[rule].unsilenceable:
                 raise ConfigError(f"rule {rule!r} cannot be ignored: {RULES[rule].unsilenceable}")
         if self.probes < 1:
