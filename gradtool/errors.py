@@ -51,6 +51,7 @@ class SpecError(GradtoolError):
         prefix = ": ".join(p for p in (where, key) if p)
         super().__init__(f"{prefix}: {message}" if prefix else message, hint)
         self.path, self.line, self.key = path, line, key
+        self.reason = message  # without the where/key prefix, for a validator re-placing it
 
 
 class ConfigError(GradtoolError):

@@ -125,3 +125,89 @@ def test_every_module_opens_with_a_docstring():
     for name, path in MODULES.items():
         tree = ast.parse(path.read_text())
         assert ast.get_docstring(tree), f"{name} needs a one-line docstring saying its job"
+
+
+# --- findings all the way down: logic reads rule ids and data, never the words -------------------
+
+TEXT_FIELDS = {"summary", "message", "details", "diagnosis"}  # what renderers show, made of words
+
+
+def _text_field(node: ast.AST) -> bool:
+    """node is `<something>.summary` (or .message, .details, .diagnosis), subscripted or not."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return isinstance(node, ast.Attribute) and node.attr in TEXT_FIELDS
+
+
+def _reads_text(tree: ast.AST) -> list[int]:
+    """Lines deciding on words: `"x" in c.summary`, `f.message.startswith(...)`, `c.summary ==`."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            pairs = zip([node.left, *node.comparators], node.comparators, node.ops)
+            for left, right, op in pairs:
+                if isinstance(op, (ast.In, ast.NotIn)) and _text_field(right) or \
+                        isinstance(op, (ast.Eq, ast.NotEq)) and (_text_field(left)
+                                                                 or _text_field(right)):
+                    lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("startswith", "endswith", "find", "index", "count") and \
+                _text_field(node.func.value):
+            lines.append(node.lineno)
+    return lines
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_logic_reads_a_message_summary_or_detail(name):
+    found = _reads_text(ast.parse(MODULES[name].read_text()))
+    assert not found, f"{name} decides on report words at lines {found}: read rule ids and data"
+
+
+def test_the_text_rule_catches_what_it_forbids():
+    for bad in ('"mark_dirty" in f.message', 'c.summary == d.summary', 'x.message.startswith("a")',
+                '"words" not in c.details[0]'):
+        assert _reads_text(ast.parse(bad)), bad
+    for fine in ('f.rule in ignore', 'f.data.get("input") == b.input', 'c.summary.split(":")'):
+        assert not _reads_text(ast.parse(fine)), fine
+
+
+# The line openings of render/words.py: the vocabulary of reports, never a check's.
+RENDERER_WORDS = ("diagnosis: ", "rules broken: ", "look at: ", "reproduce: ", "mode: ",
+                  "traceback (user code)", "declared expected failure: ")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if room(n) == "checks"))
+def test_checks_write_no_renderer_wording(name):
+    tree = ast.parse(MODULES[name].read_text())
+    assert not any(room(m) == "render" for m in imports(name)), f"{name} imports a renderer"
+    said = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant)
+            and isinstance(n.value, str) and n.value.startswith(RENDERER_WORDS)]
+    assert not said, f"{name} writes a report's own words at lines {said}"
+
+
+def _literal_tail(node: ast.AST) -> str | None:
+    """A rule id written in code: the constant, or an f-string's text after its last field."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr) and isinstance(node.values[-1], ast.Constant):
+        return node.values[-1].value
+    return None
+
+
+def test_every_finding_and_diagnosis_written_in_code_names_a_registered_rule():
+    from gradtool.config.registry import RULE_IDS
+
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("Finding", "Diagnosis") and node.args):
+                continue
+            text = _literal_tail(node.args[0])
+            if text is None:
+                continue  # a rule carried over from another finding (f.rule)
+            if node.func.id == "Diagnosis":  # a kind: some Jacobian check's rule
+                assert any(r.endswith(f".{text}") for r in RULE_IDS), (name, node.lineno, text)
+            elif isinstance(node.args[0], ast.Constant):
+                assert text in RULE_IDS, (name, node.lineno, text)
+            else:  # f"{name}.mismatch": a rule every check that names it declares
+                assert any(r.endswith(text) for r in RULE_IDS), (name, node.lineno, text)

@@ -191,8 +191,8 @@ class _Comparer:
         if bad and not self._nondeterministic(grads):
             self.findings.append(Finding(
                 "layout.grad_output_strides",
-                f"backward ignores grad_output's strides: wrong for {variant.words} ({bad})",
-                source=self.source))
+                f"backward ignores grad_output's strides: wrong for {variant.words} ({bad[1]})",
+                source=self.source, data={"layout": variant.words, "inputs": [bad[0]]}))
         return True
 
     def inputs(self, variant: Variant, grads: list[torch.Tensor], movable: Sequence[int]) -> bool:
@@ -202,14 +202,15 @@ class _Comparer:
         moved = {k: variant.make for k in movable if variant.make(leaves[k], k) is not None}
         if not moved:
             return False
-        names = ", ".join(repr(problem.input_names[k]) for k in moved)
+        moved_names = [problem.input_names[k] for k in moved]
+        names = ", ".join(map(repr, moved_names))
         what = f"{variant.words} input{'s' if len(moved) > 1 else ''} {names}"
         try:
             leaves, outs = _forward(problem, leaves, moved)
         except Exception as exc:  # noqa: BLE001 - forward refusing a layout is the finding
             self._raised("layout.input_raises", f"forward raises on a {what}", exc,
                          "use reshape instead of view, or call .contiguous() on the input "
-                         "first")
+                         "first", moved_names)
             return True
         bad = self._first_difference(outs, self.outs, problem.output_names
                                      or [f"output {k}" for k in range(len(outs))])
@@ -217,33 +218,42 @@ class _Comparer:
             return True  # the contract's finding (a stochastic forward), not a layout's
         if bad:  # a warning: code addressing storage (as_strided) may mean it
             self.findings.append(Finding("layout.input_values", f"forward gives other values "
-                                         f"for a {what} ({bad})", Severity.WARNING,
-                                         source=self.source))
+                                         f"for a {what} ({bad[1]})", Severity.WARNING,
+                                         source=self.source,
+                                         data={"layout": variant.words, "inputs": moved_names,
+                                               "output": bad[0]}))
             return True
         try:
             got = _backward(problem, leaves, outs, grads)
         except Exception as exc:  # noqa: BLE001
             self._raised("layout.input_raises", f"backward raises after a {what}", exc,
-                         "read saved tensors through their strides, or save x.contiguous()")
+                         "read saved tensors through their strides, or save x.contiguous()",
+                         moved_names)
             return True
         bad = self._first_difference(got, self.base, problem.input_names)
         if bad and not self._nondeterministic(grads):
             self.findings.append(Finding("layout.input_strides", f"backward ignores the strides "
-                                         f"of a saved input: wrong for a {what} ({bad})",
-                                         source=self.source))
+                                         f"of a saved input: wrong for a {what} ({bad[1]})",
+                                         source=self.source,
+                                         data={"layout": variant.words,
+                                               "inputs": [*moved_names, bad[0]]}))
         return True
 
-    def _raised(self, rule: str, what: str, exc: Exception, fix: str) -> None:
+    def _raised(self, rule: str, what: str, exc: Exception, fix: str,
+                inputs: Sequence[str] = ()) -> None:
         if isinstance(exc, InternalError):
             raise exc
         if raised_in_gradtool(exc):
             raise InternalError(exc, gradtool_frame(exc)) from exc
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         self.findings.append(Finding(rule, f"{what}: {type(exc).__name__}: {first}; fix: {fix}",
-                                     source=innermost_user_frame(exc) or self.source))
+                                     source=innermost_user_frame(exc) or self.source,
+                                     data={"inputs": list(inputs),
+                                           "exception": type(exc).__name__}))
 
     def _first_difference(self, got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],
-                          names: Sequence[str]) -> str | None:
+                          names: Sequence[str]) -> tuple[str, str] | None:
+        """(name, words) of the first tensor that differs, or None."""
         # The random-cotangent gradients set the scale: a constant cotangent may cancel to
         # rounding noise (a normalisation's input gradient), which is no scale at all.
         scales = [_max_abs(b) for b in self.base] if len(self.base) == len(got) else \
@@ -251,7 +261,7 @@ class _Comparer:
         for have, expect, name, scale in zip(got, want, names, scales):
             text = difference(have, expect, self.config.nondet_tol, name, scale)
             if text:
-                return text
+                return name, text
         return None
 
     def _forward_varies(self) -> bool:

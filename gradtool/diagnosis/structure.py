@@ -1,5 +1,5 @@
 """Index permutations of a Jacobian block: transposes (any axis pair, non-square, batched) and
-shifts or rolls along any axis; the block is diagnosis/classify.py's _Block."""
+shifts or rolls along any axis; the block is diagnosis/block.py's Block."""
 
 from __future__ import annotations
 

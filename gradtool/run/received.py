@@ -180,7 +180,8 @@ def _recheck(finding: FunctionFinding, app: Application, received: Received,
     layouts = [f for f in layouts if f.severity is Severity.FAILURE]
     if not layouts:
         return finding
-    wrong = tuple(n for n in problem.input_names if any(f"'{n}'" in f.message for f in layouts))
+    named = {n for f in layouts for n in f.data.get("inputs", ())}
+    wrong = tuple(n for n in problem.input_names if n in named)
     where = finding.created_at or "an unknown line"
     text = (f"{finding.qualname} at {where} is wrong in the layouts it received (backward at "
             f"{target.source}): {layouts[0].message}")

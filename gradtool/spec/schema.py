@@ -421,6 +421,6 @@ def _join(prefix: str, name: str) -> str:
 
 
 def _raw(exc: SpecError) -> str:
-    """The message without the `key: ` prefix SpecError puts in front of it."""
-    prefix = f"{exc.key}: " if exc.key else ""
-    return exc.message[len(prefix):] if prefix and exc.message.startswith(prefix) else exc.message
+    """The message without the `key: ` prefix SpecError puts in front of it (a file's error
+    keeps its file:line)."""
+    return exc.message if exc.path else exc.reason
