@@ -116,7 +116,11 @@ class Finding:
 
 @dataclass(frozen=True)
 class CheckResult:
-    """One property verified on one case."""
+    """One property verified on one case.
+
+    Each fact lives once: a finding's words are in `findings`, never copied into `details`
+    (notes and hints only). A check judged by its findings, without blocks, opens its summary
+    with its first failure's words (headline, below); renderers list the other findings."""
 
     name: str
     outcome: Outcome
@@ -138,6 +142,15 @@ class CheckResult:
     @property
     def warnings(self) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.severity is Severity.WARNING)
+
+    @property
+    def failures(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.severity is Severity.FAILURE)
+
+
+def headline(findings: tuple[Finding, ...] | list[Finding]) -> Finding | None:
+    """The failure a findings-judged check's summary says (its first), or None."""
+    return next((f for f in findings if f.severity is Severity.FAILURE), None)
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,7 @@ def test_contract_of_functions_inside_a_module(models):
     contract = found["contract"]
     assert contract.outcome.value == "failed"
     assert found["gradient"].outcome.value == "passed"  # the composite's gradient matches
-    text = "\n".join((contract.summary, *contract.details))
+    text = "\n".join(f.message for f in contract.findings)  # each fact once: in findings
     site = line_of("# inner double")
     assert "DoubleInplace at " in text and f"{site} (backward at" in text
     assert "forward modifies input 'x' in place without ctx.mark_dirty(x)" in text

@@ -106,8 +106,7 @@ def result(name: str, findings: Sequence[Finding], passed: str, start: float, ca
     if not failures:
         return CheckResult(name, Outcome.PASSED, passed, tuple(details), source=source,
                            findings=tuple(findings), duration_s=time.perf_counter() - start)
-    lines = [f.message for f in failures]
-    return CheckResult(name, Outcome.FAILED, lines[0], (*lines[1:], *details),
+    return CheckResult(name, Outcome.FAILED, failures[0].message, tuple(details),
                        source=failures[0].source or source, findings=tuple(findings),
                        calls=calls, duration_s=time.perf_counter() - start)
 

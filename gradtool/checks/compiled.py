@@ -73,7 +73,7 @@ def run(case: Case, context: Context) -> CheckResult:
         found += _compare("compiled.second_order", "second-order gradient", eager[1], second,
                           problem.input_names, config)
     skipped = (f"second order skipped: {second_skipped}",) if second_skipped and found else ()
-    details = tuple(f.message for f in found[1:]) + skipped + breaks + _log_details(log)
+    details = skipped + breaks + _log_details(log)
     common.update(calls=calls_since(problem, before), duration_s=time.perf_counter() - start)
     if found:
         return CheckResult(NAME, Outcome.FAILED, f"under torch.compile (backend {name}) the "

@@ -40,13 +40,10 @@ def contract_result(found: Sequence[Finding], notes: Sequence[str], target: Targ
     failures = [f for f in found if f.severity is Severity.FAILURE]
     warnings = [f for f in found if f.severity is Severity.WARNING]
     ordered = failures + warnings
-    if failures:
-        summary, rest = failures[0].message, [f.message for f in failures[1:]]
-    else:
-        summary, rest = "forward and backward keep autograd's contract", []
+    summary = failures[0].message if failures else "forward and backward keep autograd's contract"
     return CheckResult(
         "contract", Outcome.FAILED if failures else Outcome.PASSED, summary,
-        (*rest, *notes), source=_where(target, failures), calls=calls or {},
+        tuple(notes), source=_where(target, failures), calls=calls or {},
         duration_s=duration_s, tolerance={"nondet_tol": config.nondet_tol},
         findings=tuple(ordered))
 

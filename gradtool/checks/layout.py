@@ -117,12 +117,11 @@ def run(case: Case, context: Context) -> CheckResult:
     failures = [f for f in findings if f.severity is Severity.FAILURE]
     if not failures:
         return CheckResult(NAME, Outcome.PASSED, "gradients equal the contiguous ones with "
-                           + "; ".join(tried), tuple(f"warning: {f.message}" for f in findings),
-                           calls=calls, duration_s=elapsed, findings=tuple(findings))
-    return CheckResult(NAME, Outcome.FAILED, failures[0].message,
-                       tuple(f.message for f in findings if f is not failures[0]),
-                       source=failures[0].source, calls=calls, duration_s=elapsed,
-                       findings=tuple(findings))
+                           + "; ".join(tried), calls=calls, duration_s=elapsed,
+                           findings=tuple(findings))
+    return CheckResult(NAME, Outcome.FAILED, failures[0].message, source=failures[0].source,
+                       calls=calls, duration_s=elapsed, findings=(*failures, *(
+                           f for f in findings if f.severity is not Severity.FAILURE)))
 
 
 def _diff_infos(case: Case) -> list[object]:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..numerics.problem import tensor_outputs
-from ..results import CheckResult, Finding, Outcome, Severity
+from ..results import CheckResult, Finding, Outcome
 from ._ops import CUSTOM_OP_ALIAS, applies, clone_args, overload, python_name, registered_at, result
 
 __all__ = ["applies", "run", "without_function_advice"]
@@ -134,18 +134,13 @@ def without_function_advice(checked: CheckResult) -> CheckResult:
     dropped = [f for f in checked.findings if f.rule == FUNCTION_ADVICE]
     if checked.outcome is not Outcome.FAILED or not dropped:
         return checked  # nothing of the kind was said
-    failures = [f for f in checked.findings if f.severity is Severity.FAILURE]
-    # contract_result's layout: the first failure is the summary, the others open the details,
-    # then its notes.
-    notes = checked.details[len(failures) - 1:]
-    kept = [f for f in failures if f.rule != FUNCTION_ADVICE]
+    kept = [f for f in checked.failures if f.rule != FUNCTION_ADVICE]
     findings = tuple(f for f in checked.findings if f.rule != FUNCTION_ADVICE)
     if not kept:
-        return replace(checked, outcome=Outcome.PASSED, details=notes, findings=findings,
+        return replace(checked, outcome=Outcome.PASSED, findings=findings,
                        summary="forward and backward keep autograd's rules (writes to inputs: "
                                "see op_schema)")
-    return replace(checked, summary=kept[0].message,
-                   details=(*(f.message for f in kept[1:]), *notes), findings=findings)
+    return replace(checked, summary=kept[0].message, findings=findings)
 
 
 # The contract's advice for a Function that writes its inputs (ctx.mark_dirty): an op declares

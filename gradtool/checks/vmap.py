@@ -79,7 +79,7 @@ def run(case: Case, context: Context) -> CheckResult:
                            calls=calls, duration_s=elapsed)
     where = source_of(cls.vmap) if _own_vmap(cls) else source_of(cls.forward)
     return CheckResult(NAME, Outcome.FAILED, f"{rule} differs from the per-sample loop: "
-                       f"{found[0].message}", (*(f.message for f in found[1:]), *skipped),
+                       f"{found[0].message}", tuple(skipped),
                        source=where, tolerance=tolerance, calls=calls, duration_s=elapsed,
                        findings=tuple(found))
 

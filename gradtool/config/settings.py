@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..errors import ConfigError, did_you_mean
-from .registry import BY_NAME, DEFAULT_CHECKS, RULES
+from .registry import BY_NAME, CHECK_NAMES, DEFAULT_CHECKS, RULES  # noqa: F401 - CHECK_NAMES: cli
 
 MODES = ("auto", "full", "probe")
 

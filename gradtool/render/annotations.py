@@ -9,7 +9,7 @@ from pathlib import Path, PurePath
 
 from ..errors import ConfigError, did_you_mean
 from ..results import CaseResult, CheckResult, Outcome, Report, TargetResult
-from .words import block_lines, failures, other_label, rules_text
+from .words import block_lines, failures, finding_lines, other_label, rules_text
 
 ANNOTATION_CHOICES = ("auto", "github", "none")
 
@@ -103,7 +103,7 @@ def annotation_message(target: TargetResult, case: CaseResult, check: CheckResul
     if check.outcome is Outcome.XPASSED:
         reason = f" ({check.expected_failure})" if check.expected_failure else ""
         lines.append(f"declared expected to fail{reason} but passed: remove the declaration")
-    lines += list(check.details[:5])
+    lines += [*check.details, *finding_lines(check)][:5]
     for block in check.blocks:
         if block.mismatched:
             lines += block_lines(block, check.tolerance, other_label(check), max_worst=3)

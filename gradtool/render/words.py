@@ -45,6 +45,7 @@ def check_body(check: CheckResult) -> list[str]:
         if block.mismatched:
             lines += block_lines(block, check.tolerance, other_label(check))
     lines += list(check.details)
+    lines += finding_lines(check)
     if failures(check):
         lines.append(rules_text(check))
     if check.warnings:
@@ -56,6 +57,14 @@ def check_body(check: CheckResult) -> list[str]:
     if check.traceback and "\n" in check.traceback:  # a lone exception line repeats the summary
         lines += ["traceback (user code):", *("  " + t for t in check.traceback.splitlines())]
     return lines
+
+
+def finding_lines(check: CheckResult) -> list[str]:
+    """The failures a check without blocks found beyond its first (which its summary says);
+    a check with blocks says its findings in them."""
+    if check.blocks:
+        return []
+    return [f.message for f in check.failures[1:]]
 
 
 def other_label(check: CheckResult) -> str:

@@ -30,11 +30,9 @@ def with_inner_contracts(result: CheckResult, problem: Problem, config: CheckCon
         return replace(result, findings=(*result.findings, *warnings)) if warnings else result
     if result.outcome is Outcome.PASSED:
         return replace(result, outcome=Outcome.FAILED, summary=failures[0].message,
-                       details=(*[f.message for f in failures[1:]], *result.details),
                        source=failures[0].source, findings=(*failures, *result.findings,
                                                             *warnings))
-    return replace(result, details=(*result.details, *[f.message for f in failures]),
-                   findings=(*result.findings, *failures, *warnings))
+    return replace(result, findings=(*result.findings, *failures, *warnings))
 
 
 def _contract_of(app: Application, config: CheckConfig, freeze_seed: int | None

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from ..config.settings import CheckConfig
 from .. import heartbeat
 from ..errors import GradtoolError, InternalError
-from ..results import CaseResult, CheckResult, Finding, Outcome, Rejected, Report, TargetResult
+from ..results import (CaseResult, CheckResult, Finding, Outcome, Rejected, Report, TargetResult,
+                       headline)
 from ..targets.inputs import InputSpec
 from ..targets.load import Target
 from .reproduce import has_given_values, pin_flags, reproduce_for
@@ -274,10 +275,11 @@ def silence(result: CheckResult, ignore: Sequence[str]) -> CheckResult:
     if result.outcome is Outcome.FAILED and not failures and not result.blocks:
         return replace(result, outcome=Outcome.PASSED, findings=kept, details=(note,),
                        summary=f"passed once the ignored rules are left out ({note})")
-    dropped = {f.message for f in result.findings if f.rule in ignore}
-    details = tuple(d for d in result.details if d not in dropped)
-    summary = failures[0].message if failures and result.summary in dropped else result.summary
-    return replace(result, findings=kept, summary=summary, details=(*details, note))
+    # A check without blocks says its first failure in its summary: say the first one kept.
+    first = headline(result.findings)
+    summary = failures[0].message if failures and not result.blocks and first is not None \
+        and first.rule in ignore else result.summary
+    return replace(result, findings=kept, summary=summary, details=(*result.details, note))
 
 
 def _variant(name: str, case: Case, job: Job, config: CheckConfig) -> Any:
