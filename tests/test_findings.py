@@ -116,3 +116,17 @@ def test_a_new_report_format_is_one_module_plus_one_registry_entry(toy):
     report = gradtool.check(f"{MUL}:MulConstant", ["3x3", "5"], checks=("toy",))
     assert registry.FORMATS["count"].renderer()(report) == "toy toy.odd"
     assert json.loads(registry.FORMATS["json"].renderer()(report))["targets"]
+
+
+def test_a_spec_ignoring_the_gradient_mismatch_is_rejected_naming_the_id_and_why():
+    from gradtool.errors import GradtoolError
+    from gradtool.spec.schema import load_text
+
+    text = ("version: 1\nspecs:\n  - target: mul_constant.py:MulConstant\n"
+            "    inputs: ['3x3', 5]\n    ignore: [gradient.factor, gradient.mismatch]\n")
+    with pytest.raises(GradtoolError, match=r"s\.yaml:5: specs\[0\]\.ignore\[1\]: rule "
+                                            r"gradient\.mismatch cannot be ignored: a wrong "
+                                            r"gradient value is never silenced"):
+        load_text(text, "s.yaml", ROOT / "specs" / "examples")
+    ok = load_text(text.replace(", gradient.mismatch", ""), "s.yaml", ROOT / "specs" / "examples")
+    assert tuple(ok[0].config["ignore"]) == ("gradient.factor",)

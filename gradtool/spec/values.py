@@ -279,7 +279,7 @@ def read_setting(name: str, value: Any, key: str, line: int | None, error: Error
 def _rule_ids(value: Any, key: str, line: int | None, error: ErrorSink
               ) -> tuple[str, ...] | None:
     """ignore: [contract.broadcast_gradient]: rule ids to silence, each a registered one."""
-    from ..config.registry import RULE_IDS
+    from ..config.registry import RULE_IDS, RULES
 
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list):
@@ -289,6 +289,10 @@ def _rule_ids(value: Any, key: str, line: int | None, error: ErrorSink
         if item not in RULE_IDS:
             error(f"unknown rule id {show(item)}; `gradtool list` shows the rule ids",
                   f"{key}[{i}]", line_of(items, i, line), did_you_mean(str(item), RULE_IDS))
+            return None
+        if RULES[item].unsilenceable:
+            error(f"rule {item} cannot be ignored: {RULES[item].unsilenceable}", f"{key}[{i}]",
+                  line_of(items, i, line))
             return None
     return tuple(items)
 
