@@ -34,7 +34,8 @@ def taylor_result(problem: Problem, target: Target, seed: int, dtype: str, why: 
         finer = FINEST_FIRST[max(FINEST_FIRST.index(dtype) - 1, 0)]
         summary = (f"{dtype} rounding dominates the Taylor remainder at every step h: no "
                    f"verdict; {finer} (or a float64 reference) would resolve it")
-    findings = (Finding("gradient.taylor", summary, data={"slope_error": verdict.slope_error}),
+    findings = (Finding("gradient.taylor", summary,
+                        data={"slope_error": float(verdict.slope_error or 0.0)}),
                 ) if outcome is Outcome.FAILED else ()
     return CheckResult("gradient", outcome, summary, (verdict.describe(), reason),
                        mode="taylor", mode_reason=reason, calls=calls_since(problem, before),
