@@ -7,7 +7,7 @@ from dataclasses import replace
 import torch
 
 from ..config.settings import CheckConfig
-from ..diagnosis.classify import Diagnosis
+from ..diagnosis.block import Diagnosis
 from ..numerics.jacobian import Verdict
 from ..numerics.problem import Problem
 from ..numerics.wirtinger import is_complex, parts_sign, realify

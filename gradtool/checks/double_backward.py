@@ -10,7 +10,7 @@ import torch
 
 from ..config.settings import CheckConfig
 from ..numerics.facts import Facts
-from ..diagnosis.classify import Diagnosis
+from ..diagnosis.block import Diagnosis
 from ..numerics.jacobian import Verdict
 from ..numerics.problem import Problem, function_nodes, select_outputs, vjp
 from ..results import Block, CheckResult, Outcome

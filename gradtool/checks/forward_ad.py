@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from ..config.settings import CheckConfig
 from ..numerics.forward import forward_mode
-from ..diagnosis.classify import Diagnosis
+from ..diagnosis.block import Diagnosis
 from ..numerics.jacobian import Verdict
 from ..numerics.problem import Problem
 from ..results import Block, CheckResult, Finding, Outcome

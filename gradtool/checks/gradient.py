@@ -18,7 +18,7 @@ from ..targets.load import Target
 from ._common import Context, calls_since, error_result
 
 if TYPE_CHECKING:
-    from ..diagnosis.classify import Diagnosis
+    from ..diagnosis.block import Diagnosis
 
 Diagnoser = Callable[[Problem, Verdict, Block, int, int, CheckConfig], "Diagnosis | None"]
 Engine = Callable[..., Verdict]  # (problem, config, leaves, outs, seed, reference) -> Verdict
