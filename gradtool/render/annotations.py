@@ -9,7 +9,7 @@ from pathlib import Path, PurePath
 
 from ..errors import ConfigError, did_you_mean
 from ..results import CaseResult, CheckResult, Outcome, Report, TargetResult
-from .words import block_lines, failures, finding_lines, other_label, rules_text
+from .words import block_lines, broken_rules, finding_lines, other_label, rules_text
 
 ANNOTATION_CHOICES = ("auto", "github", "none")
 
@@ -107,7 +107,7 @@ def annotation_message(target: TargetResult, case: CaseResult, check: CheckResul
     for block in check.blocks:
         if block.mismatched:
             lines += block_lines(block, check.tolerance, other_label(check), max_worst=3)
-    if failures(check):
+    if broken_rules(check):
         lines.append(rules_text(check))
     if check.traceback:
         # The last traceback line is the exception itself; the rest is in the log.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..results import Block, CaseResult, CheckResult, Element, Outcome, Severity, TargetResult
+from ..results import Block, CaseResult, CheckResult, Element, Outcome, TargetResult
 
 Line = tuple[str, str]  # (text, rich style name)
 
@@ -25,6 +25,7 @@ def warnings_text(check: CheckResult) -> str:
 
 
 def inputs_lines(case: CaseResult) -> Iterator[Line]:
+    """The case's inputs, how to pin inferred ones, and its notes."""
     if not case.inputs:  # never sampled: its worker died or timed out before they were known
         return
     how = "inferred" if case.inferred else "given"
@@ -46,7 +47,7 @@ def check_body(check: CheckResult) -> list[str]:
             lines += block_lines(block, check.tolerance, other_label(check))
     lines += list(check.details)
     lines += finding_lines(check)
-    if failures(check):
+    if broken_rules(check):
         lines.append(rules_text(check))
     if check.warnings:
         lines.append(warnings_text(check))
@@ -73,14 +74,14 @@ def other_label(check: CheckResult) -> str:
     return "intended" if any(f.data.get("surrogate") for f in check.findings) else "numerical"
 
 
-def failures(check: CheckResult) -> list[str]:
+def broken_rules(check: CheckResult) -> list[str]:
     """The rule ids of a check's failure findings, each once, in order."""
-    return list(dict.fromkeys(f.rule for f in check.findings if f.severity is Severity.FAILURE))
+    return list(dict.fromkeys(f.rule for f in check.failures))
 
 
 def rules_text(check: CheckResult) -> str:
     """'rules broken: gradient.mismatch, gradient.factor' (the ids ignore: and CI filter by)."""
-    return "rules broken: " + ", ".join(failures(check))
+    return "rules broken: " + ", ".join(broken_rules(check))
 
 
 def block_lines(block: Block, tolerance: dict[str, float], label: str = "numerical",
