@@ -87,13 +87,22 @@ def test_every_diagnosis_kind_classify_names_is_a_registered_rule():
     assert set(classify.SECOND_ORDER_KINDS) == kinds
 
 
-def test_ignore_accepts_every_rule_but_the_gradient_mismatch_itself():
+# A wrong value is never silenced, whichever check computed it; every other rule may be ignored.
+WRONG_VALUES = {"gradient.mismatch", "gradient.rounding", "gradient.taylor",
+                "double_backward.mismatch", "forward_ad.mismatch", "forward_ad.reverse_disagrees",
+                "complex.mismatch", "vmap.forward", "vmap.backward", "vmap.grads_batched",
+                "compiled.first_order", "compiled.second_order"}
+
+
+def test_ignore_accepts_every_rule_but_a_wrong_value():
+    assert WRONG_VALUES <= set(RULE_IDS)
     for rule in RULE_IDS:
-        if rule != "gradient.mismatch":
+        if rule not in WRONG_VALUES:
             assert CheckConfig(ignore=(rule,)).ignore == (rule,)
-    with pytest.raises(ConfigError, match=r"'gradient\.mismatch' cannot be ignored: a wrong "
-                                          r"gradient value is never silenced"):
-        CheckConfig(ignore=("gradient.mismatch",))
+    for rule in WRONG_VALUES:
+        with pytest.raises(ConfigError, match=rf"'{rule}' cannot be ignored: a wrong "
+                                              r"gradient value is never silenced"):
+            CheckConfig(ignore=(rule,))
 
 
 def test_the_checks_needing_backward_are_the_registrys():

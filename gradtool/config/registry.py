@@ -89,6 +89,8 @@ SECOND_ORDER_KINDS = (
     ("no_pattern", "elements of the second derivative differ with no simple pattern"),
 )
 OP = ("op",)
+# A wrong value is never silenced, whichever check computed it: ignore: is for rules a user may
+# knowingly break (an engine-summed gradient), a diagnosis kind, or a contract detail.
 NEVER_SILENCED = "a wrong gradient value is never silenced (fix backward, or declare xfail:)"
 
 
@@ -155,26 +157,29 @@ REGISTRY: tuple[CheckInfo, ...] = (
                   Rule("gradient.forward_nonfinite", "failure", "forward returns NaN/Inf on the "
                        "inputs, so no gradient can be compared"),
                   Rule("gradient.rounding", "failure", "below float64: the gradient is further "
-                       "from the float64 reference than rounding explains"),
+                       "from the float64 reference than rounding explains", unsilenceable=NEVER_SILENCED),
                   Rule("gradient.taylor", "failure", "the Taylor remainder does not shrink as "
-                       "h² (the verdict where no float64 run is possible)"),
+                       "h² (the verdict where no float64 run is possible)", unsilenceable=NEVER_SILENCED),
                   unsilenceable=NEVER_SILENCED)),
     CheckInfo("double_backward", "the gradient check applied to backward itself "
                                  "(what gradgradcheck does)",
               rules=_jacobian_rules("double_backward", "the Jacobian of backward against "
-                                    "finite differences", SECOND_ORDER_KINDS)),
+                                    "finite differences", SECOND_ORDER_KINDS,
+                                    unsilenceable=NEVER_SILENCED)),
     CheckInfo("forward_ad", "forward mode: jvp's columns J·u against finite differences, and "
                             "forward against reverse mode (on when the Function defines jvp)",
               targets=("function",),
               rules=_jacobian_rules(
                   "forward_ad", "jvp's Jacobian against finite differences", FIRST_ORDER_KINDS,
                   Rule("forward_ad.reverse_disagrees", "failure", "jvp agrees with finite "
-                       "differences but backward does not agree with jvp: backward is wrong"),
-                  targets=("function",))),
+                       "differences but backward does not agree with jvp: backward is wrong",
+                       unsilenceable=NEVER_SILENCED),
+                  targets=("function",), unsilenceable=NEVER_SILENCED)),
     CheckInfo("vmap", "batched forward and backward under torch.func.vmap equal the per-sample "
                       "loop (on for generate_vmap_rule or a vmap staticmethod)",
               targets=("function",),
-              rules=tuple(Rule(f"vmap.{name}", "failure", text, targets=("function",)) for
+              rules=tuple(Rule(f"vmap.{name}", "failure", text, targets=("function",),
+                               unsilenceable=NEVER_SILENCED) for
                           name, text in (
                   ("forward", "vmap(forward) differs from the per-sample loop"),
                   ("backward", "vmap of the VJP differs from the per-sample loop"),
@@ -185,13 +190,13 @@ REGISTRY: tuple[CheckInfo, ...] = (
               rules=_jacobian_rules(
                   "complex", "the real map's Jacobian against finite differences",
                   (("conj", "backward returns the conjugate of PyTorch's gradient (a missing "
-                            ".conj())"), *FIRST_ORDER_KINDS))),
+                            ".conj())"), *FIRST_ORDER_KINDS), unsilenceable=NEVER_SILENCED)),
     CheckInfo("compiled", "first- and second-order gradients under torch.compile equal eager's "
                           "(opt-in)", default=False,
               rules=(Rule("compiled.first_order", "failure", "first-order gradients under "
-                          "torch.compile differ from eager's"),
+                          "torch.compile differ from eager's", unsilenceable=NEVER_SILENCED),
                      Rule("compiled.second_order", "failure", "second-order gradients under "
-                          "torch.compile differ from eager's"))),
+                          "torch.compile differ from eager's", unsilenceable=NEVER_SILENCED))),
     CheckInfo("op_schema", "custom ops: the schema says what the kernel does (no undeclared "
                            "write to an input, no output aliasing an input)",
               targets=OP, needs_backward=False, rules=_op_rules("op_schema",
