@@ -24,7 +24,7 @@ from gradtool.checks.double_backward import check_double_backward
 from gradtool.checks.gradient import check_gradient
 from gradtool.config.settings import CheckConfig
 from gradtool.targets.inputs import parse_input
-from gradtool.targets.load import make_target
+from gradtool.targets.resolve import make_target
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "bugs.py"

@@ -31,7 +31,7 @@ import lowprec as L
 from gradtool.config.settings import CheckConfig
 from gradtool.targets.cases import build_case
 from gradtool.targets.inputs import parse_input
-from gradtool.targets.load import make_target
+from gradtool.targets.resolve import make_target
 
 # The goals: (one-element error, scale error) per dtype.
 ERRORS = {"float32": (1.001, 1.001), "float16": (1.02, 1.03), "bfloat16": (1.10, 1.03)}

@@ -116,7 +116,7 @@ def _gradcheck(cls: type, inputs: list[str], seed: int, dtype: torch.dtype, **to
     from gradtool.config.settings import CheckConfig
     from gradtool.targets.cases import build_case
     from gradtool.targets.inputs import parse_input
-    from gradtool.targets.load import make_target
+    from gradtool.targets.resolve import make_target
 
     config = CheckConfig(seed=seed, dtype=str(dtype).replace("torch.", ""))
     case = build_case(make_target(cls, "bench"), [parse_input(s) for s in inputs], config, seed)

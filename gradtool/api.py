@@ -10,7 +10,7 @@ from .results import Report
 from .run.collect import collect_one, is_spec_argument
 from .run.runner import CaseSpec, Job, run
 from .targets.inputs import parse_input
-from .targets.ops import make_target
+from .targets.resolve import make_target
 
 
 def _input_specs(inputs: Any, kwargs: dict[str, Any] | None) -> list[Any] | None:
@@ -67,7 +67,8 @@ def check(target: Any, inputs: Any = None, kwargs: dict[str, Any] | None = None,
                         f"{getattr(target, '__qualname__', type(target).__name__)}")
     made = make_target(target, name)
     # An op names itself reproducibly (file.py:ns::name); other unloadable objects say how.
-    reproduce = None if loadable or made.kind == "op" else _python_reproduce(target, config.seed)
+    reproduce = None if loadable or made.kind.named_reproducibly \
+        else _python_reproduce(target, config.seed)
     jobs = [Job(made, [CaseSpec("case 0", specs, config.seed)], config, reproduce=reproduce)]
     return _quietly(run, jobs, config)
 

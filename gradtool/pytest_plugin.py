@@ -135,6 +135,7 @@ class SpecNode(pytest.Collector):
 
         from gradtool.config.settings import CheckConfig
         from gradtool.errors import GradtoolError
+        from gradtool.config.registry import BY_NAME
         from gradtool.run.collect import spec_jobs
 
         try:
@@ -144,8 +145,8 @@ class SpecNode(pytest.Collector):
         single = len(job.cases) == 1 and job.cases[0].label == "case 0"
         for case in job.cases:
             for check in job.config.checks:
-                if check.startswith("op_") and job.target.kind != "op":
-                    continue  # the custom-op checks: no item for a target that is not an op
+                if job.target.kind.applies(BY_NAME[check]):
+                    continue  # a check not for this kind (the op checks): no item
                 name = check if single else f"{check}[{node_name(case.label)}]"
                 one = replace(job, cases=[case], config=job.config.with_(checks=(check,)))
                 yield SpecItem.from_parent(self, name=name, job=one)

@@ -179,9 +179,9 @@ def test_qualified_names_and_file_discovery(ops):
     assert report.targets[0].target.endswith("custom_ops.py:gt_ops_test::scale_mul")
     with pytest.raises(TargetError, match="no op gt_ops_test::nothere is registered"):
         gradtool.check(f"{path}:gt_ops_test::nothere")
-    from gradtool.targets.ops import resolve
+    from gradtool.targets.resolve import resolve
 
-    names = [t.name.split(".py:")[1] for t in resolve(path) if t.kind == "op"]
+    names = [t.name.split(".py:")[1] for t in resolve(path) if t.kind.op]
     assert {"scale_mul", "halve_", "gt_ops_test::flatten_view"} <= set(names)
 
 

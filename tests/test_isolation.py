@@ -186,7 +186,7 @@ def test_ctrl_c_in_process_keeps_finished_results_and_lists_the_rest():
     from gradtool.config.settings import CheckConfig
     from gradtool.run.runner import CaseSpec, Job, run
     from gradtool.targets.inputs import parse_input
-    from gradtool.targets.load import make_target
+    from gradtool.targets.resolve import make_target
 
     def interrupted(x):
         raise KeyboardInterrupt  # what Ctrl-C raises inside a --no-isolate run

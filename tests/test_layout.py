@@ -211,3 +211,96 @@ def test_every_finding_and_diagnosis_written_in_code_names_a_registered_rule():
                 assert text in RULE_IDS, (name, node.lineno, text)
             else:  # f"{name}.mismatch": a rule every check that names it declares
                 assert any(r.endswith(text) for r in RULE_IDS), (name, node.lineno, text)
+
+
+# --- kinds and check names are switched on in one place each ---------------------------------
+# A target's kind is asked of its adapter (targets/kinds.py), a check's traits of its registry
+# entry (config/registry.py): comparing their names anywhere else is the scattering that made a
+# new kind touch twelve modules and a new check four tests.
+KIND_HOME = "targets.kinds"
+NAME_HOME = "config.registry"
+
+
+def _strings(node: ast.AST) -> set[str]:
+    """A string literal's value, or those of a tuple/list/set of literals."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return set().union(*(_strings(e) for e in node.elts)) if node.elts else set()
+    return set()
+
+
+def _is_kind(node: ast.AST) -> bool:
+    """`kind`, `x.kind`, `x["kind"]`, `target_kind`: an expression naming a kind."""
+    if isinstance(node, ast.Name):
+        return node.id == "kind" or node.id.endswith("_kind")
+    if isinstance(node, ast.Attribute):
+        return node.attr == "kind"
+    if isinstance(node, ast.Subscript):
+        return _strings(node.slice) == {"kind"}
+    return False
+
+
+def switches(source: str, kinds: set[str], checks: set[str]) -> list[str]:
+    """Where source compares a kind with a kind's name, or anything with a check's name (or
+    tests a prefix of one, `startswith("op_")`), or spells a set of check names."""
+    prefixes = {name[:k + 1] for name in checks for k, c in enumerate(name) if c == "_"}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        where = f"line {getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            literals = set().union(*(_strings(o) for o in operands))
+            if literals & kinds and any(_is_kind(o) for o in operands):
+                found.append(f"{where}: kind compared with {sorted(literals & kinds)}")
+            if literals & checks:
+                found.append(f"{where}: check name compared: {sorted(literals & checks)}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("startswith", "endswith") and node.args and \
+                _strings(node.args[0]) & (checks | prefixes):
+            found.append(f"{where}: check name tested by {node.func.attr}")
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and \
+                len(_strings(node) & checks) >= 2 and len(_strings(node)) == len(node.elts):
+            found.append(f"{where}: a set of check names {sorted(_strings(node) & checks)}")
+    return found
+
+
+def _vocabulary() -> tuple[set[str], set[str]]:
+    from gradtool.config.registry import CHECK_NAMES
+    from gradtool.targets.kinds import NAMES
+
+    return set(NAMES), set(CHECK_NAMES)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_kinds_and_check_names_are_switched_on_only_at_home(name):
+    kinds, checks = _vocabulary()
+    found = switches(MODULES[name].read_text(), kinds if name != KIND_HOME else set(),
+                     checks if name != NAME_HOME else set())
+    assert not found, f"{name}: ask the kind adapter or the registry instead: {found}"
+
+
+@pytest.mark.parametrize("planted", [
+    'if target.kind == "op": pass',
+    'if job.target.kind in ("module", "callable"): pass',
+    'if entry["kind"] != "function": pass',
+    'x = [c for c in checks if c.name == "contract"]',
+    'if check.startswith("op_"): pass',
+    'NEEDS = ("gradient", "double_backward")\nok = name in NEEDS',
+    'if "double_backward" in config.checks: pass',
+])
+def test_the_switch_rule_finds_a_planted_switch(planted):
+    kinds, checks = _vocabulary()
+    assert switches(planted, kinds, checks)
+
+
+@pytest.mark.parametrize("innocent", [
+    'if target.kind.op: pass',                     # asking the adapter
+    'if domain.kind == "integer": pass',           # another vocabulary's kind
+    'if kind != "forward": pass',
+    'result = CheckResult("gradient", outcome)',   # naming, not switching
+    'info = BY_NAME["op_schema"]',
+])
+def test_the_switch_rule_lets_the_adapter_and_registry_questions_pass(innocent):
+    kinds, checks = _vocabulary()
+    assert not switches(innocent, kinds, checks)

@@ -17,7 +17,8 @@ from gradtool.run.culprit import (annotate, case_from_values, describe, forward_
                              locate_functions)
 from gradtool.numerics.problem import Problem
 from gradtool.results import Outcome
-from gradtool.targets.load import make_target, source_of
+from gradtool.targets.load import source_of
+from gradtool.targets.resolve import make_target
 
 CONFIG = CheckConfig()
 

@@ -152,7 +152,7 @@ def test_data_dependent_control_flow_is_recognised():
     from gradtool.config.settings import CheckConfig
     from gradtool.targets.cases import build_case
     from gradtool.targets.inputs import parse_input
-    from gradtool.targets.load import make_target
+    from gradtool.targets.resolve import make_target
 
     def problem_of(cls, inputs):
         config = CheckConfig(checks=("gradient",))

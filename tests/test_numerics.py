@@ -15,7 +15,7 @@ from gradtool.config.settings import CheckConfig
 from gradtool.targets.inputs import parse_input
 from gradtool.numerics.jacobian import check_full, prime
 from gradtool.numerics.steps import analytical_rows, central, directional, numerical_columns
-from gradtool.targets.load import make_target
+from gradtool.targets.resolve import make_target
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 import bugs  # noqa: E402
@@ -56,8 +56,8 @@ def test_batched_and_looped_differences_agree():
     problem, _, _, _ = primed(bugs.Cube, ["(50,)"])
     dirs = torch.randn(20, 50, dtype=torch.float64)
     batched = central(problem, problem.inputs, 0, dirs, 1e-6)
-    assert problem.vmap_ok is True
-    problem.vmap_ok = False
+    assert problem.cache.vmap_ok is True
+    problem.cache.vmap_ok = False
     looped = central(problem, problem.inputs, 0, dirs, 1e-6)
     assert torch.allclose(batched, looped, atol=1e-8)
 

@@ -17,7 +17,7 @@ from gradtool.config.settings import CheckConfig
 from gradtool.targets.inputs import parse_input
 from gradtool.numerics.jacobian import prime
 from gradtool.numerics.probe import check_probe, screen
-from gradtool.targets.load import make_target
+from gradtool.targets.resolve import make_target
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 import bugs  # noqa: E402

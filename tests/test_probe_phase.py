@@ -10,7 +10,7 @@ from conftest import load_fixture, outcomes
 from gradtool.config.settings import CheckConfig
 from gradtool.targets.cases import build_case
 from gradtool.targets.inputs import parse_input
-from gradtool.targets.load import make_target
+from gradtool.targets.resolve import make_target
 from gradtool.targets.probe import probe
 
 

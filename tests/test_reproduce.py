@@ -14,7 +14,7 @@ from gradtool.cli.main import main
 from gradtool.config.settings import CheckConfig
 from gradtool.run.reproduce import reproduce_command
 from gradtool.targets.inputs import parse_input
-from gradtool.targets.load import make_target
+from gradtool.targets.resolve import make_target
 
 
 def _report(args: list[str]) -> dict:

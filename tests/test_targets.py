@@ -8,7 +8,9 @@ import pytest
 
 from conftest import EXAMPLES, FIXTURES
 from gradtool.errors import TargetError
-from gradtool.targets.load import make_target, resolve, split_target
+from gradtool.targets.kinds import CALLABLE, FUNCTION
+from gradtool.targets.load import split_target
+from gradtool.targets.resolve import make_target, resolve
 
 
 def test_split_target():
@@ -20,7 +22,7 @@ def test_split_target():
 def test_both_function_styles():
     combined, setup = (resolve(f"{EXAMPLES}/linear.py:{n}")[0]
                        for n in ("LinearFunction", "LinearFunctionSetup"))
-    assert combined.kind == setup.kind == "function"
+    assert combined.kind is setup.kind is FUNCTION
     assert combined.arg_names == setup.arg_names == ("input", "weight", "bias")
     assert combined.source.endswith("linear.py:19")  # its backward
 
@@ -32,7 +34,7 @@ def test_file_is_registered_in_sys_modules_before_running(tmp_path):
         "@dataclasses.dataclass\nclass Cfg:\n    k: float = 2.0\n"
         "def double(x):\n    return x * Cfg().k\n")
     target = resolve(f"{module}:double")[0]
-    assert target.kind == "callable"
+    assert target.kind is CALLABLE
     assert "dc_user" in sys.modules
 
 
@@ -49,7 +51,7 @@ def test_once_differentiable_is_detected():
 
 def test_apply_alias_is_its_function(contract_cases):
     target = make_target(contract_cases.Square.apply, "sq")
-    assert target.kind == "function" and target.obj is contract_cases.Square
+    assert target.kind is FUNCTION and target.obj is contract_cases.Square
 
 
 @pytest.mark.parametrize("text, phrase", [

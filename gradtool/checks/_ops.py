@@ -19,10 +19,10 @@ CUSTOM_OP_ALIAS = "may not alias any inputs to this custom operator"
 
 
 def applies(case: Any, context: Any) -> str | None:
-    """None for a custom op target; the reason otherwise."""
-    if context.target.kind != "op":
-        return "not a custom op (torch.library)"
-    return None
+    """None for a custom op target; the reason otherwise (the registry's `kinds`)."""
+    from ..config.registry import BY_NAME
+
+    return context.target.kind.applies(BY_NAME["op_schema"])
 
 
 def interpreted_triton(op: Any) -> str | None:

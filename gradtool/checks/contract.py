@@ -102,7 +102,8 @@ def _backward_caller(problem: Problem, target: Target, leaves: list[torch.Tensor
     tensors = tensor_outputs(result)
     diff_outs = [t for t in tensors if (t.is_floating_point() or t.is_complex()) and t.requires_grad]
     node = diff_outs[0].grad_fn
-    if target.kind == "function" and getattr(type(node), "_forward_cls", None) is target.obj:
+    own_node = getattr(type(node), "_forward_cls", None) is target.obj
+    if target.kind.function_class and own_node:
         raw_call = _raw_backward(problem, node, tensors, diff_outs)
         found += _arity_and_shapes(problem, raw_call, diff_outs)
         if any(f.rule in ENGINE_ERRORS for f in found):
@@ -228,7 +229,7 @@ def _outputs_used(problem: Problem, target: Target, leaves: list[torch.Tensor],
                     f"(None gradient) than when its gradient is zero (by "
                     f"{(a - b).abs().max().item():.3g}): treat None as zero")]
         # An empty output has no gradient to ignore.
-        if target.kind == "function" and diff_outs[k].numel() and \
+        if target.kind.function_class and diff_outs[k].numel() and \
                 _ignored(problem, leaves, diff_outs, g1, k):
             found.append(Finding("contract.ignored_output",
                                  f"backward ignores the gradient of output {k}: mark it with "

@@ -91,7 +91,7 @@ def _derive(problem: Problem, seed: int
             ) -> tuple[Problem | None, tuple[str, str | None] | None]:
     """The derived problem G, or why backward cannot be differentiated."""
     with torch.enable_grad():  # the gradient check's graph forward, when it left one
-        leaves, outs = problem.memo.pop("graph", None) or problem.graph()
+        leaves, outs = problem.cache.take_gradient_graph() or problem.graph()
     single = first_order_only(outs)
     if single is not None:
         return None, single
@@ -104,18 +104,19 @@ def _derive(problem: Problem, seed: int
     g = _Backward(problem, n)
     names = problem.input_names + [_grad_name(name) for name in problem.output_names or
                                    [f"output {k}" for k in range(len(outs))]]
-    derived = Problem(g, [x.detach() for x in leaves] + grads, names,
-                      list(range(n + len(grads))), facts=Facts(seed=problem.freeze_seed),
-                      keep_all_outputs=True)  # a detached gradient is wrong
-    derived.output_labels = [f"grad of {name}" for name in problem.input_names]
-    g.calls = derived.calls
     # No vmap-friendly forward, or one that writes to its inputs (the plain G copies them
     # first): finite differences loop.
-    derived.batched_fn = _batchable_backward(problem, n) \
+    batched = _batchable_backward(problem, n) \
         if problem.batched_fn is not None and not problem.mutates else None
     # The outer backward runs through the inner one: the parameters are bound there too.
-    derived.scope = None if problem.scope is None else \
+    scope = None if problem.scope is None else \
         (lambda args: problem.bind(problem.with_inputs(list(args[:n]))))
+    derived = Problem(g, [x.detach() for x in leaves] + grads, names,
+                      list(range(n + len(grads))),
+                      [f"grad of {name}" for name in problem.input_names], batched,
+                      facts=Facts(seed=problem.freeze_seed), keep_all_outputs=True,
+                      scope=scope)  # keep_all_outputs: a detached gradient is wrong
+    g.calls = derived.calls
     return derived, None
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..config.registry import BY_NAME
 from ..config.settings import CheckConfig
 from ..numerics.jacobian import Reference, Verdict, check_full, choose_mode, prime
 from ..numerics.probe import check_probe
@@ -28,12 +29,13 @@ def check_gradient(case: Case, target: Target, config: CheckConfig,
                    reference: Reference | None = None, surrogate: str | None = None) -> CheckResult:
     """First-order check of every (input, output) pair."""
     return jacobian_result("gradient", case.problem, target, config, case.seed, reference,
-                           surrogate, diagnose_first_order)
+                           surrogate, diagnose_first_order, first_order=True)
 
 
 def jacobian_result(name: str, problem: Problem, target: Target, config: CheckConfig, seed: int,
                     reference: Reference | None, surrogate: str | None,
-                    diagnoser: Diagnoser, engine: Engine | None = None) -> CheckResult:
+                    diagnoser: Diagnoser, engine: Engine | None = None,
+                    first_order: bool = False) -> CheckResult:
     """Run the engine (reverse mode's unless another is given) and turn its Verdict into a
     CheckResult."""
     start = time.perf_counter()
@@ -41,12 +43,12 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
     if not problem.diff:
         return CheckResult(name, Outcome.SKIPPED, "no differentiable inputs to check")
     config = precision_config(config, problem)
-    if name != "gradient" and config.measured:  # the measured tolerance is first order's
+    if not first_order and config.measured:  # the measured tolerance is first order's
         config = config.fixed()
     try:
         leaves, outs = prime(problem)
-        if name == "gradient" and "double_backward" in config.checks:
-            problem.memo["graph"] = (leaves, outs)  # double backward derives G from it
+        if first_order and any(BY_NAME[check].reuses_graph for check in config.checks):
+            problem.cache.gradient_graph = (leaves, outs)  # double backward derives G from it
         if not outs:
             return CheckResult(name, Outcome.SKIPPED, "forward returns no differentiable output")
         if problem.complex:  # real finite differences cannot judge it: the complex check does
@@ -214,7 +216,7 @@ def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: in
 def _zero_cotangent(problem: Problem, i: int) -> Any:
     """Backward's gradient of input i for an all-zero grad_output (None if it raises); one
     forward and backward serve every failing input of the problem."""
-    memo = problem.memo.get("zero_cotangent", ())
+    memo = problem.cache.zero_cotangent
     if not memo:
         try:
             leaves, outs = problem.graph()
@@ -222,7 +224,7 @@ def _zero_cotangent(problem: Problem, i: int) -> Any:
             memo = [as_numpy(g.detach().reshape(-1).double()) for g in grads]
         except Exception:  # noqa: BLE001 - the diagnosis is best effort; the verdict stands
             memo = [None] * len(problem.diff)
-        problem.memo["zero_cotangent"] = memo
+        problem.cache.zero_cotangent = memo
     return memo[i]
 
 

@@ -11,18 +11,12 @@ import torch
 
 from ..numerics.problem import tensor_outputs
 from ..results import CheckResult, Finding
-from ..targets.ops import backward_line, custom_op_def
+from ..targets.ops import NO_RETURNS, backward_line, custom_op_def
+from ..targets.ops import autograd_registered as registered
 from ._ops import applies as _is_op
 from ._ops import clone_args, overload, python_name, registered_at, result
 
-__all__ = ["applies", "gate", "registered", "run"]
-
-# The checks that need the op's backward: skipped, with one reason, when it has none.
-NEEDS_BACKWARD = ("contract", "gradient", "double_backward", "forward_ad", "vmap", "complex",
-                  "compiled", "layout")
-
-
-NO_RETURNS = "the op returns nothing (it writes in place): no output to differentiate"
+__all__ = ["applies", "registered", "run"]
 
 
 def applies(case: Any, context: Any) -> str | None:
@@ -34,30 +28,6 @@ def applies(case: Any, context: Any) -> str | None:
     if not overload(context)._schema.returns:
         return NO_RETURNS
     return None
-
-
-def registered(op: Any, device: str = "cpu") -> bool:
-    """An autograd kernel exists: custom_op's register_autograd, or a kernel at an Autograd key
-    (torch.library.register_autograd, C++) or a composite one (autograd through its parts)."""
-    opdef = custom_op_def(op)
-    if opdef is not None:  # custom_op always installs a kernel; it raises without a formula
-        return getattr(opdef, "_backward_fn", None) is not None
-    key = {"cuda": "AutogradCUDA", "xpu": "AutogradXPU"}.get(torch.device(device).type,
-                                                             "AutogradCPU")
-    return any(torch._C._dispatch_has_kernel_for_dispatch_key(op._schema.name, k)
-               for k in (key, "Autograd", "CompositeImplicitAutograd"))
-
-
-def gate(name: str, case: Any, context: Any) -> str | None:
-    """Why a check that runs backward is skipped on an op without autograd (None: it runs)."""
-    if context.target.kind != "op" or name not in NEEDS_BACKWARD or not case.problem.diff:
-        return None
-    op = overload(context)
-    if not op._schema.returns:
-        return NO_RETURNS
-    if registered(op, context.config.device):
-        return None
-    return f"not run: {op._schema.name} has no autograd formula (see op_autograd)"
 
 
 def run(case: Any, context: Any) -> CheckResult:

@@ -183,8 +183,8 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound) -> Verdict:
                else Outcome.PASSED)
     # A gradient block reads "input 'x' (64, 64) -> gradient (64, 64)"; a forward one
     # "input '(forward)' () -> output (64, 64)".
-    blocks = [Block(name if kind == "gradient" else "(forward)",
-                    shape if kind == "gradient" else (), GRADIENT if kind == "gradient" else name,
+    blocks = [Block(name if kind != "forward" else "(forward)",
+                    shape if kind != "forward" else (), GRADIENT if kind != "forward" else name,
                     shape, n, bad_n, mad, mrd)
               for (kind, name), (shape, n, bad_n, mad, mrd) in stats.items()]
     resolve_with = min(finer, key=FINEST_FIRST.index, default=None) if finer else None
@@ -329,7 +329,7 @@ def run_precision_check(case: Case, target: Target, config: CheckConfig) -> Chec
 
     def float64_check(problem: Problem) -> CheckResult:
         return jacobian_result("gradient", problem, target, config64, case.seed, None, None,
-                               diagnose_first_order)
+                               diagnose_first_order, first_order=True)
 
     return check_precision(case, target, config, reference, float64_check)
 
@@ -337,17 +337,17 @@ def run_precision_check(case: Case, target: Target, config: CheckConfig) -> Chec
 def load_reference(text: str) -> Callable[..., Any]:
     """'module:fn' or 'file.py:fn' -> the callable (a Function class -> its apply)."""
     from ..errors import TargetError
-    from ..targets.load import resolve
+    from ..targets.resolve import resolve
 
     targets = resolve(text)
     if len(targets) != 1:
         raise TargetError(f"--reference {text!r} must name one callable, found {len(targets)}",
                           "give module:function or file.py:function")
     found = targets[0]
-    if found.kind == "module":
+    if found.kind.parameters:
         raise TargetError(f"--reference {text!r} is an nn.Module; give a function of the "
                           "target's arguments (inputs, then parameters)", "wrap it in a function")
-    return found.obj.apply if found.kind == "function" else found.obj
+    return found.kind.plain_call(found)
 
 
 def run(case: Case, context: Any) -> CheckResult:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from ..config.registry import BY_NAME
 from ..config.settings import CheckConfig
 from ..errors import GradtoolError
 from ..results import Rejected
@@ -59,7 +60,7 @@ def _checks_line(job: Job, case) -> str:
     text = f"checks: {', '.join(runs) or 'none'}"
     by_reason: dict[str, list[str]] = {}  # one reason said once ("op_schema, op_fake: ...")
     for name, reason in plan:
-        if reason is not None and not (name.startswith("op_") and job.target.kind != "op"):
+        if reason is not None and not job.target.kind.applies(BY_NAME[name]):
             by_reason.setdefault(reason, []).append(name)
     skipped = [f"{', '.join(names)}: {reason}" for reason, names in by_reason.items()]
     return text + (f"; not applicable: {'; '.join(skipped)}" if skipped else "")

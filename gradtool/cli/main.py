@@ -10,9 +10,11 @@ from typing import Any
 
 import click
 
+from ..config import registry
 from ..config.settings import CHECK_NAMES, DTYPES, MODES
 from ..errors import ExitCode, GradtoolError, NothingToCheck
 from ..targets.inputs import INPUT_HELP
+from .options import file_param
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -51,7 +53,7 @@ def main() -> None:
     """
 
 
-def guarded(fn: Callable[..., int]) -> Callable[..., None]:
+def guarded(fn: Callable[..., ExitCode]) -> Callable[..., None]:
     """Map exceptions to exit codes: user mistakes -> 2 (short message), bugs -> 3."""
     def wrapper(**kwargs: Any) -> None:
         show_tb = kwargs.get("traceback", False)
@@ -68,7 +70,7 @@ def guarded(fn: Callable[..., int]) -> Callable[..., None]:
         except click.exceptions.Exit:
             raise
         except BrokenPipeError:  # `gradtool ... | head`: the reader left; stop quietly
-            from .commands import silence_stdout
+            from .output import silence_stdout
 
             silence_stdout()
             code = ExitCode.OK
@@ -139,13 +141,9 @@ def report_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option("--format", "fmt", type=click.Choice(["terminal", "json"]), default=None,
                      help="Report format on stdout [terminal]."),
-        click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
-                     help="Also write the JSON report to this file."),
-        click.option("--junit-xml", type=click.Path(dir_okay=False), default=None,
-                     help="Write a JUnit XML report to this file."),
-        click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
-                     help="Write a self-contained HTML report (heat maps of failing blocks) to "
-                          "this file."),
+        *(click.option(form.option, file_param(form.name), type=click.Path(dir_okay=False),
+                       default=None, help=f"Write {form.description} to this file.")
+          for form in registry.FORMATS.values()),
         click.option("--annotations", type=click.Choice(["auto", "github", "none"]),
                      default=None,
                      help="GitHub Actions ::error annotations [auto: when GITHUB_ACTIONS=true]."),
@@ -225,15 +223,16 @@ CHECK_EPILOG = "\b\nInputs:\n" + INPUT_HELP
               help="Print the effective settings and where each came from, then exit.")
 @isolation_options
 @guarded
-def check(**kw: Any) -> int:
+def check(**kw: Any) -> ExitCode:
     """Check the gradients of TARGETS: module:Name, path/file.py:Name, a module or file
     alone (every Function, nn.Module and custom op in it), a custom op as ns::name (after
     --import or file.py:), a YAML spec file, or a folder of specs.
 
     With no TARGETS, checks the paths configured in [tool.gradtool] of pyproject.toml."""
     from .commands import run_check
+    from .options import CheckOptions
 
-    return run_check(kw)
+    return run_check(CheckOptions.from_click(kw))
 
 
 @main.command(context_settings=CONTEXT, epilog=CHECK_EPILOG)
@@ -248,13 +247,14 @@ def check(**kw: Any) -> int:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write to this file instead of stdout.")
 @guarded
-def graph(**kw: Any) -> int:
+def graph(**kw: Any) -> ExitCode:
     """Show the autograd graph that TARGET's forward records (what backward will walk).
 
     Exit code 1 with --grads when a gradient turns NaN/Inf or dies (all zero) at some node."""
     from .commands import run_graph
+    from .options import GraphOptions
 
-    return run_graph(kw)
+    return run_graph(GraphOptions.from_click(kw))
 
 
 @main.command("list", context_settings=CONTEXT, epilog=CHECK_EPILOG)
@@ -264,16 +264,17 @@ def graph(**kw: Any) -> int:
               help="List every rule id (check.rule) with its severity, the ids `ignore:` "
                    "takes; with no target, only the rules.")
 @guarded
-def list_(**kw: Any) -> int:
+def list_(**kw: Any) -> ExitCode:
     """List what `gradtool check` would check (targets, specs, inputs) without running checks."""
     from .commands import run_list
+    from .options import ListOptions
 
-    return run_list(kw)
+    return run_list(ListOptions.from_click(kw))
 
 
 @main.command(context_settings=CONTEXT)
 @guarded
-def config() -> int:
+def config() -> ExitCode:
     """Print the effective settings ([tool.gradtool] in pyproject.toml) and their sources."""
     from ..config.pyproject import discover, merge, render_effective
 
@@ -312,19 +313,19 @@ def config() -> int:
 @click.option("--max-rss", type=click.IntRange(min=1), default=None, metavar="BYTES",
               help="Memory each checking worker may allocate [no limit].")
 @guarded
-def trace(**kw: Any) -> int:
+def trace(**kw: Any) -> ExitCode:
     """Run SCRIPT once (its ARGS after --), record every call of a custom autograd.Function or
     custom op with its inputs, and check each distinct call on the inputs it received.
 
     \b
     gradtool trace train.py -- --epochs 1
     gradtool trace -n auto --save traced/ -m mypkg.train -- --steps 5"""
+    from .options import TraceOptions
     from .trace import run_trace
 
-    kw["args"] = tuple(kw.get("args") or ())
-    if kw["args"][:1] == ("--",):
-        kw["args"] = kw["args"][1:]
+    args = tuple(kw.pop("args") or ())
+    if args[:1] == ("--",):
+        args = args[1:]
     else:
-        _warn_misplaced(kw["args"])
-    kw["list"] = kw.pop("list_")
-    return run_trace(kw)
+        _warn_misplaced(args)
+    return run_trace(TraceOptions.from_click({**kw, "args": args}))

@@ -19,6 +19,7 @@ from .. import heartbeat
 from ..config.settings import CheckConfig
 from ..errors import GradtoolError, NothingToCheck
 from ..results import CaseResult, CheckResult, InputInfo, Outcome, Rejected, Report, TargetResult
+from .protocol import Done, JobOutline, Message, Ready, Usage
 from .worker import BEAT_BYTES, serve
 
 TICK_S = 0.1  # how often deadlines and signals are looked at while workers are busy
@@ -54,7 +55,7 @@ class Supervisor:
         # in-process, as by click's test runner), a forked child can deadlock on its threads' locks.
         self.context = multiprocessing.get_context("spawn" if "torch" in sys.modules else "fork")
         self.workers: list[Worker] = []
-        self.facts: dict[str, Any] | None = None
+        self.collected: Ready | None = None  # the first worker's collection
         self.pending: deque[int] = deque()
         self.results: dict[int, TargetResult | Rejected] = {}
         self.stopped_by: str | None = None
@@ -78,13 +79,13 @@ class Supervisor:
     @property
     def total(self) -> int:
         """How many jobs there are (0 until a worker has collected them)."""
-        return len(self.facts["jobs"]) if self.facts else 0
+        return len(self.collected.jobs) if self.collected else 0
 
     def _stop(self, signum: int, _frame: Any) -> None:
         self.stopped_by = signal.Signals(signum).name
 
     def _finished(self) -> bool:
-        return self.facts is not None and not self.pending and \
+        return self.collected is not None and not self.pending and \
             all(w.index is None for w in self.workers)
 
     def _spawn(self) -> None:
@@ -111,7 +112,7 @@ class Supervisor:
             if worker.ready and worker.index is None and self.pending:
                 worker.index, worker.started = self.pending.popleft(), time.monotonic()
                 if self.progress:
-                    self.progress(self._job(worker.index)["name"])
+                    self.progress(self._job(worker.index).name)
                 worker.conn.send(worker.index)
 
     def _read(self, worker: Worker) -> None:
@@ -121,20 +122,19 @@ class Supervisor:
         except (EOFError, OSError):
             pass  # it died; the sentinel says so
 
-    def _handle(self, worker: Worker, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "ready":
-            if self.facts is None:
-                self.facts = message[1]
-                self.pending.extend(range(len(message[1]["jobs"])))
+    def _handle(self, worker: Worker, message: Message) -> None:
+        if isinstance(message, Ready):
+            if self.collected is None:
+                self.collected = message
+                self.pending.extend(range(len(message.jobs)))
             worker.ready = True
-        elif kind == "done":
-            self.results[message[1]] = message[2]
+        elif isinstance(message, Done):
+            self.results[message.index] = message.result
             worker.index = None
-        elif kind == "usage":
-            raise (NothingToCheck if message[1] else GradtoolError)(message[2])
+        elif isinstance(message, Usage):
+            raise (NothingToCheck if message.nothing else GradtoolError)(message.message)
         else:
-            raise RuntimeError(f"a gradtool worker hit a bug in gradtool:\n{message[1]}")
+            raise RuntimeError(f"a gradtool worker hit a bug in gradtool:\n{message.traceback}")
 
     def _died(self, worker: Worker) -> None:
         code = worker.process.exitcode
@@ -142,16 +142,16 @@ class Supervisor:
         if worker.index is not None:
             cause = f"process died: {exit_cause(code)} while running"
             self.results[worker.index] = self._error(worker, cause, heartbeat.describe)
-        elif self.facts is None and not self.workers:
+        elif self.collected is None and not self.workers:
             raise GradtoolError(f"process died: {exit_cause(code)} while importing the targets",
                                 "run with --no-isolate to see where")
-        if self.pending or self.facts is None:
+        if self.pending or self.collected is None:
             self._spawn()
 
     def _enforce_timeouts(self) -> None:
         now = time.monotonic()
         for worker in list(self.workers):
-            limit = self._job(worker.index)["timeout"] if worker.index is not None else 0
+            limit = self._job(worker.index).timeout if worker.index is not None else 0
             if limit and now - worker.started > limit:
                 worker.process.kill()
                 worker.process.join()
@@ -165,27 +165,26 @@ class Supervisor:
         self.workers.remove(worker)
         worker.conn.close()
 
-    def _job(self, index: int) -> dict[str, Any]:
-        assert self.facts is not None
-        return self.facts["jobs"][index]
+    def _job(self, index: int) -> JobOutline:
+        assert self.collected is not None
+        return self.collected.jobs[index]
 
     def _error(self, worker: Worker, cause: str, where: Callable[[dict[str, Any]], str]
                ) -> TargetResult:
         """The target a worker was running when it died or overran: an `error` naming why."""
         job, state = self._job(worker.index), worker.state()
-        if state.get("target") != job["name"]:
-            state = {"target": job["name"]}
-        case = next((c for c in job["cases"] if c[0] == state.get("case")), job["cases"][0])
+        if state.get("target") != job.name:
+            state = {"target": job.name}
+        case = next((c for c in job.cases if c.label == state.get("case")), job.cases[0])
         check = CheckResult(
-            state.get("check") or job["checks"][0], Outcome.ERROR, f"{cause} {where(state)}",
+            state.get("check") or job.checks[0], Outcome.ERROR, f"{cause} {where(state)}",
             ("the worker process running this target was stopped; the other targets ran on "
              "in fresh workers (rerun this one with --no-isolate to debug it in-process)",),
-            source=job["source"], duration_s=time.monotonic() - worker.started)
-        inputs = tuple(InputInfo(name, text, True) for name, text in case[3] or ())
-        result = CaseResult(case[0], case[1], inputs, (check,), case[3] is None,
-                            reproduce=case[2])
-        return TargetResult(job["name"], job["kind"], job["qualname"], job["source"], (result,),
-                            job["spec"])
+            source=job.source, duration_s=time.monotonic() - worker.started)
+        inputs = tuple(InputInfo(name, text, True) for name, text in case.inputs or ())
+        result = CaseResult(case.label, case.seed, inputs, (check,), case.inputs is None,
+                            reproduce=case.reproduce)
+        return TargetResult(job.name, job.kind, job.qualname, job.source, (result,), job.spec)
 
     def _shut_down(self) -> None:
         for worker in self.workers:
@@ -202,15 +201,15 @@ class Supervisor:
                 worker.process.kill()
 
     def _report(self, arguments: list[str], duration: float) -> Report:
-        facts = self.facts or {"jobs": [], "rejected": [], "versions": {}}
+        collected = self.collected or Ready((), (), {})
         ordered = [self.results[i] for i in sorted(self.results)]
-        not_run = tuple(job["name"] for i, job in enumerate(facts["jobs"])
+        not_run = tuple(job.name for i, job in enumerate(collected.jobs)
                         if i not in self.results)
-        if self.facts is None and self.stopped_by:
+        if self.collected is None and self.stopped_by:
             not_run = tuple(arguments)  # stopped while importing: the arguments are all we know
-        rejected = (*facts["rejected"], *(r for r in ordered if isinstance(r, Rejected)))
+        rejected = (*collected.rejected, *(r for r in ordered if isinstance(r, Rejected)))
         return Report(tuple(r for r in ordered if isinstance(r, TargetResult)),
-                      self.config.effective, facts["versions"], rejected, duration,
+                      self.config.effective, collected.versions, rejected, duration,
                       not_run=not_run, interrupted=self.stopped_by)
 
 

@@ -22,8 +22,9 @@ from typing import Any
 
 import click
 
-from ..errors import GradtoolError, NothingToCheck
+from ..errors import ExitCode, GradtoolError, NothingToCheck
 from ..results import Rejected, Report
+from .options import TraceOptions
 from .supervise import TICK_S, exit_cause
 
 LINGER_S = 5.0  # how long a finished script's process may take to exit (its threads, atexit)
@@ -44,21 +45,21 @@ class Recording:
         return self.ending is not None and self.ending[0] != "ok"
 
 
-def run_trace(kw: dict[str, Any]) -> int:
+def run_trace(options: TraceOptions) -> ExitCode:
     from .commands import config_from, settings_from
 
-    spec = _script_spec(kw)
-    settings, _ = settings_from({**kw, "targets": None})
+    spec = _script_spec(options)
+    settings, _ = settings_from(options)
     config = config_from(settings)
-    folder, temporary = _folder(kw.get("save"))
-    spec.update(out_dir=folder, max_calls=kw.get("max_calls") or 1000)
+    folder, temporary = _folder(options.save)
+    spec.update(out_dir=folder, max_calls=options.max_calls or 1000)
     keep = not temporary
     try:
         recording = record(spec, config.timeout)
         _name_entries(recording.entries)
-        if kw.get("list"):
+        if options.list_:
             return _list(recording, spec, saved=not temporary)
-        code, failed = _check(recording, spec, config, settings, kw)
+        code, failed = _check(recording, spec, config, settings, options)
         if failed and temporary and any(e["target"] for e in recording.entries):
             keep = True  # the reproduce lines read these files
             click.echo(f"gradtool: the recorded inputs are kept in {folder} for the reproduce "
@@ -69,9 +70,9 @@ def run_trace(kw: dict[str, Any]) -> int:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _script_spec(kw: dict[str, Any]) -> dict[str, Any]:
+def _script_spec(options: TraceOptions) -> dict[str, Any]:
     """What to run: a script path or a module (-m), and its arguments."""
-    module, script, args = kw.get("module"), kw.get("script"), list(kw.get("args") or ())
+    module, script, args = options.module, options.script, list(options.args)
     if module and script:
         args.insert(0, script)  # `trace -m pkg.train x y`: x is the module's first argument
         script = None
@@ -187,7 +188,7 @@ def _ending_text(recording: Recording, spec: dict[str, Any]) -> str | None:
             + ("are checked" if what != "interrupted" else "are listed, not checked"))
 
 
-def _list(recording: Recording, spec: dict[str, Any], saved: bool) -> int:
+def _list(recording: Recording, spec: dict[str, Any], saved: bool) -> ExitCode:
     """`gradtool trace --list`: what was recorded, without checking."""
     for entry in recording.entries:
         click.echo(entry["name"])
@@ -204,8 +205,8 @@ def _list(recording: Recording, spec: dict[str, Any], saved: bool) -> int:
     ending = _ending_text(recording, spec)
     if ending:
         click.echo(f"gradtool: {ending}", err=True)
-        return 130 if recording.interrupted else 1
-    return 0 if recording.entries else 5
+        return ExitCode.INTERRUPTED if recording.interrupted else ExitCode.CHECKS_FAILED
+    return ExitCode.OK if recording.entries else ExitCode.NOTHING
 
 
 def _tally(recording: Recording) -> str:
@@ -222,9 +223,10 @@ def _tally(recording: Recording) -> str:
 
 
 def _check(recording: Recording, spec: dict[str, Any], config: Any, settings: dict[str, Any],
-           kw: dict[str, Any]) -> tuple[int, bool]:
+           options: TraceOptions) -> tuple[ExitCode, bool]:
     """Check each replayable call in the supervised workers; (exit code, whether it failed)."""
-    from .commands import _emit, _supervise
+    from .commands import supervised
+    from .output import emit
 
     ending = _ending_text(recording, spec)
     usable = [e for e in recording.entries if e["target"]]
@@ -239,18 +241,18 @@ def _check(recording: Recording, spec: dict[str, Any], config: Any, settings: di
     else:
         folders = [str(Path(spec["path"]).resolve().parent)] if spec.get("path") else []
         collect = partial(_jobs, usable, config, [*folders, os.getcwd()])
-        report = _supervise(collect, config, [e["name"] for e in usable], kw) if usable else \
-            Report((), config.effective, _versions(), (), 0.0)
+        report = supervised(collect, config, [e["name"] for e in usable], options) \
+            if usable else Report((), config.effective, _versions(), (), 0.0)
     report = _annotated(report, recording, unusable, ending, spec)
-    _emit(report, settings, kw)
+    emit(report, settings, options)
     if ending and not recording.interrupted:
         click.echo(f"gradtool: {ending.splitlines()[0]}", err=True)
     if report.interrupted:
-        return 130, True
+        return ExitCode.INTERRUPTED, True
     bad = any(t.outcome.is_bad(config.strict) for t in report.targets)
     if recording.failed or bad:
-        return 1, True
-    return (2, True) if report.rejected else (0, False)
+        return ExitCode.CHECKS_FAILED, True
+    return (ExitCode.USAGE, True) if report.rejected else (ExitCode.OK, False)
 
 
 def _jobs(entries: list[dict[str, Any]], config: Any, folders: list[str]) -> Any:

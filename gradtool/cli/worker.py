@@ -10,37 +10,9 @@ from typing import Any
 
 from .. import heartbeat
 from ..errors import GradtoolError, InternalError, NothingToCheck
+from .protocol import Done, Internal, Ready, Usage, outline
 
 BEAT_BYTES = 4096
-
-
-def job_facts(job: Any) -> dict[str, Any]:
-    """What the supervisor needs to describe a job it cannot import: names, cases, timeout."""
-    from ..run.reproduce import reproduce_for
-
-    t = job.target
-    cases = [(c.label, c.seed, reproduce_for(job, c.inputs, c.seed, c.origin) + " --no-isolate",
-              _inputs(c.inputs, job)) for c in job.cases]
-    return {"name": t.name, "kind": t.kind, "qualname": t.qualname, "source": t.source,
-            "spec": job.spec, "cases": cases,
-            "timeout": job.config.timeout, "checks": list(job.config.checks)}
-
-
-def _inputs(specs: list[Any] | None, job: Any) -> list[tuple[str, str]] | None:
-    """(name, description) of given inputs; None when they are inferred (not known yet)."""
-    if specs is None:
-        return None
-    from ..targets.inputs import Keyword
-
-    names = list(job.target.arg_names or ())
-    found = []
-    for k, spec in enumerate(specs):
-        name = spec.name if isinstance(spec, Keyword) else getattr(spec, "name", None)
-        leaf = spec.spec if isinstance(spec, Keyword) else spec
-        describe = getattr(leaf, "describe", None)  # a nested argument: its structure, shortened
-        found.append((name or (names[k] if k < len(names) else f"arg{k}"),
-                      describe(job.config.dtype) if describe else repr(leaf)[:80]))
-    return found
 
 
 def serve(conn: Any, beat: Any, collect: Callable[[], tuple[list[Any], list[Any]]],
@@ -54,13 +26,12 @@ def serve(conn: Any, beat: Any, collect: Callable[[], tuple[list[Any], list[Any]
         from ..run.runner import check_devices, versions
 
         check_devices(jobs)
-        conn.send(("ready", {"jobs": [job_facts(j) for j in jobs], "rejected": rejected,
-                             "versions": versions()}))
+        conn.send(Ready(tuple(outline(j) for j in jobs), tuple(rejected), versions()))
     except GradtoolError as exc:
-        conn.send(("usage", isinstance(exc, NothingToCheck), str(exc)))
+        conn.send(Usage(str(exc), isinstance(exc, NothingToCheck)))
         return
     except BaseException:
-        conn.send(("internal", traceback.format_exc()))
+        conn.send(Internal(traceback.format_exc()))
         return
     heartbeat.install(lambda data: _publish(beat, data))
     if max_rss:
@@ -69,9 +40,9 @@ def serve(conn: Any, beat: Any, collect: Callable[[], tuple[list[Any], list[Any]
 
     while (index := conn.recv()) is not None:
         try:
-            conn.send(("done", index, run_one(jobs[index])))
+            conn.send(Done(index, run_one(jobs[index])))
         except InternalError:  # a bug in gradtool: exit 3 with its traceback, as in-process
-            conn.send(("internal", traceback.format_exc()))
+            conn.send(Internal(traceback.format_exc()))
             return
 
 

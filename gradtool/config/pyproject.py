@@ -12,10 +12,13 @@ from typing import Any
 import tomllib
 
 from ..errors import ConfigError, did_you_mean
+from .registry import FORMATS as REPORT_FILES
 from .registry import RULE_IDS
 from .settings import CHECK_NAMES, DEFAULT_CHECKS, DEFAULT_TOLERANCES, DTYPES, MODES
 
 FORMATS = ("terminal", "json")
+# The report files a project may configure (junit_xml, html): config/registry.py's FORMATS.
+FILE_KEYS = tuple(f.pyproject_key for f in REPORT_FILES.values() if f.pyproject_key)
 ANNOTATIONS = ("auto", "github", "none")
 DEFAULT_SOURCE = "default"
 CLI_SOURCE = "command line"
@@ -37,9 +40,8 @@ DEFAULTS: dict[str, Any] = {
     "max_memory": 2e9,
     "timeout": 600.0,
     "format": "terminal",
-    "junit_xml": None,
+    **dict.fromkeys(FILE_KEYS),  # report files: junit_xml, html (registry.FORMATS)
     "annotations": "auto",
-    "html": None,
     "ignore": [],       # rule ids silenced (contract.broadcast_gradient, ...)
 }
 KEYS = tuple(DEFAULTS)
@@ -99,10 +101,9 @@ def load_config(path: Path | None, cwd: Path | None = None) -> ProjectConfig:
         settings[key] = _validate(key, value, path)
         sources[key] = origin
     settings["paths"] = [resolve_entry(p, path.parent, cwd) for p in settings["paths"]]
-    if settings["junit_xml"] is not None:
-        settings["junit_xml"] = _display(path.parent / settings["junit_xml"], cwd)
-    if settings["html"] is not None:
-        settings["html"] = _display(path.parent / settings["html"], cwd)
+    for key in FILE_KEYS:  # report files: relative to pyproject.toml
+        if settings[key] is not None:
+            settings[key] = _display(path.parent / settings[key], cwd)
     return ProjectConfig(path=path, settings=settings, sources=sources)
 
 
@@ -207,9 +208,9 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "timeout": ("a non-negative number of seconds (0: no limit)",
                 lambda v: _is_number(v) and v >= 0),
     "format": (f"one of {', '.join(FORMATS)}", lambda v: v in FORMATS),
-    "junit_xml": ("a file path string", lambda v: isinstance(v, str) and v != ""),
+    **{key: ("a file path string", lambda v: isinstance(v, str) and v != "")
+       for key in FILE_KEYS},
     "annotations": (f"one of {', '.join(ANNOTATIONS)}", lambda v: v in ANNOTATIONS),
-    "html": ("a file path string", lambda v: isinstance(v, str) and v != ""),
     "ignore": ("a list of rule ids (gradtool list shows them)", lambda v: _str_list(v, RULE_IDS)),
 }
 

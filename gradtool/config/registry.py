@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-TARGET_KINDS = ("function", "module", "callable", "op")  # targets/load.py's and targets/ops.py's
+TARGET_KINDS = ("function", "module", "callable", "op")  # targets/kinds.py's adapters
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,7 @@ class CheckInfo:
     probe_graph: bool = False  # reads the probe phase's graph forward (kept for it)
     targets: tuple[str, ...] = TARGET_KINDS  # the target kinds it can apply to
     needs_backward: bool = True  # skipped where there is no backward (an op without autograd)
+    reuses_graph: bool = False  # derives from the first-order check's graph forward (kept for it)
 
     @property
     def import_path(self) -> str:
@@ -103,6 +104,9 @@ def _jacobian_rules(check: str, what: str, kinds: tuple[tuple[str, str], ...], *
     kinds_ = tuple(Rule(f"{check}.{kind}", "failure", text, targets=targets, diagnosis=True)
                    for kind, text in kinds)
     return (mismatch, *(replace(r, targets=targets) for r in extra), *kinds_)
+
+
+OP = ("op",)
 
 
 def _rules(severity: str, *pairs: tuple[str, str]) -> tuple[Rule, ...]:
@@ -165,7 +169,8 @@ REGISTRY: tuple[CheckInfo, ...] = (
                                  "(what gradgradcheck does)",
               rules=_jacobian_rules("double_backward", "the Jacobian of backward against "
                                     "finite differences", SECOND_ORDER_KINDS,
-                                    unsilenceable=NEVER_SILENCED)),
+                                    unsilenceable=NEVER_SILENCED),
+              reuses_graph=True),
     CheckInfo("forward_ad", "forward mode: jvp's columns J·u against finite differences, and "
                             "forward against reverse mode (on when the Function defines jvp)",
               targets=("function",),

@@ -35,9 +35,9 @@ def jvp_columns(problem: Problem, values: Sequence[torch.Tensor], which: int) ->
     torch.func.vmap where the Function allows it (checked against one plain jvp), else one jvp
     per element."""
     n = values[which].numel()
-    if n > LOOP_MAX and problem.batched_jvp_ok is not False:
+    if n > LOOP_MAX and problem.cache.batched_jvp_ok is not False:
         cols = _batched_columns(problem, values, which)
-        problem.batched_jvp_ok = cols is not None
+        problem.cache.batched_jvp_ok = cols is not None
         if cols is not None:
             return cols
     return torch.stack([jvp_column(problem, values, which, k) for k in range(n)], dim=1)

@@ -70,18 +70,18 @@ def prime(problem: Problem) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
 
     Which outputs are compared is a fact the probe phase learnt; a problem it never saw (one
     gradtool derived, as double backward's) learns it here, from this forward, once."""
-    problem.plan = None
+    problem.cache.plan = None
     known = problem.facts.outputs_known
     first = problem.take_first_graph() if known else None
     if first is not None:  # the probe phase's graph forward (timed there), not yet used
         return first[0], select_outputs(first[1], problem.output_mask)
     start = time.perf_counter()
     leaves, outs = problem.graph()
-    problem.forward_seconds = time.perf_counter() - start  # for plan_full's prediction
+    problem.cache.forward_seconds = time.perf_counter() - start  # for plan_full's prediction
     if known:
         return leaves, outs
-    problem.facts = problem.facts.with_(**output_facts(
-        outs, problem.output_labels, problem.keep_all_outputs, leaves))
+    problem.learn(problem.facts.with_(**output_facts(
+        outs, problem.output_labels, problem.keep_all_outputs, leaves)))
     return leaves, [o for o, keep in zip(outs, problem.facts.output_mask or ()) if keep]
 
 
@@ -93,12 +93,12 @@ def choose_mode(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Te
     size = f"{n_out} x {n_in} Jacobian"
     if config.mode == "probe":
         return "probe", "--mode probe"
-    dense_seconds = problem.forward_seconds * (2 * n_in + n_out)
+    dense_seconds = problem.cache.forward_seconds * (2 * n_in + n_out)
     # --mode full on a small Jacobian needs no plan (and no timing-dependent choice).
     if n_in * n_out <= SMALL and (config.mode == "full"
                                   or dense_seconds <= config.full_budget_s / 4):
         return "full", f"small {size}: full mode predicted well under {config.full_budget_s:g} s"
-    plan = problem.plan = plan_full(problem, leaves, outs)
+    plan = problem.cache.plan = plan_full(problem, leaves, outs)
     if config.mode == "full":
         if plan.memory > config.max_memory:
             raise MemoryError(f"full mode needs ~{_bytes(plan.memory)} for the {size}, "
@@ -124,7 +124,7 @@ def plan_full(problem: Problem, leaves: Sequence[torch.Tensor],
     sparse = float((rows != 0).sum()) / len(sample) * 8 <= sum(in_sizes)
     strides, trials = (find_strides(problem, leaves, outs) if sparse
                        else ([None] * len(outs), {}))
-    per_eval = problem.forward_seconds or per_row
+    per_eval = problem.cache.forward_seconds or per_row
     return _predict(rows, in_sizes, outs, strides, per_row, per_eval, trials)
 
 
@@ -167,7 +167,7 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
                            config.tolerance("rtol"), config.max_worst)
         return _check_reference(problem, config, leaves, outs, reference, tallies, reason)
     tallies = judged_tallies(problem, config, leaves, outs)
-    plan = problem.plan
+    plan = problem.cache.plan
     jac = (analytical_jacobian(problem, leaves, outs, plan.strides, plan.trials)
            if plan is not None else analytical_jacobian(problem, leaves, outs))
     n_out = jac.n_out
@@ -258,7 +258,7 @@ def _zero_block_by_columns(problem: Problem, entries: int, size: int) -> bool:
     ZERO_BLOCK_COLUMNS columns on they are at most 3 % of the columns' cost, and a passing
     block (sort's second derivative, 8000 columns) costs 4 evaluations instead of 16 000. One
     or two columns are never cheaper coloured, batched or not."""
-    looped = problem.batched_fn is None or problem.vmap_ok is False
+    looped = problem.batched_fn is None or problem.cache.vmap_ok is False
     return entries == 0 and (size <= 2 or looped and size < ZERO_BLOCK_COLUMNS)
 
 
@@ -266,7 +266,7 @@ def _affordable(problem: Problem, jac: AnalyticalJacobian) -> bool:
     """Dense blocks on failure: small Jacobians, and few evaluations when they are a loop."""
     evaluations = 2 * jac.n_in
     return (jac.n_out * jac.n_in <= DENSE_LIMIT
-            and evaluations <= (20_000 if problem.vmap_ok else 1_000))
+            and evaluations <= (20_000 if problem.cache.vmap_ok else 1_000))
 
 
 def _check_reference(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],

@@ -18,8 +18,39 @@ from .facts import Facts, output_names  # noqa: F401 - output_names re-exported
 
 
 @dataclass
+class Cache:
+    """A Problem's performance memos: how to evaluate it fast, never what it is. One typed slot
+    per memo, each written by the code that learns it; a later check of the same case reads it."""
+
+    vmap_ok: bool | None = None         # fn batches under vmap (numerics/steps.py, on first use)
+    batched_vjp_ok: bool | None = None  # backward batches under vmap (numerics/steps.py)
+    batched_jvp_ok: bool | None = None  # jvps batch under torch.func.vmap (numerics/forward.py)
+    plan: Any = None                    # what choose_mode learnt, for check_full to reuse
+    forward_seconds: float = 0.0        # the priming forward's time, for predictions
+    # The probe's graph forward, handed out once (to the contract, else the gradient's prime).
+    first_graph: tuple[list[torch.Tensor], Any] | None = None
+    # The gradient check's graph forward, kept when double backward runs: G derives from it.
+    gradient_graph: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+    # backward's gradients at a zero grad_output, per differentiable input (a diagnosis's).
+    zero_cotangent: list[Any] | None = None
+
+    def take_first_graph(self) -> tuple[list[torch.Tensor], Any] | None:
+        first, self.first_graph = self.first_graph, None
+        return first
+
+    def take_gradient_graph(self) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        graph, self.gradient_graph = self.gradient_graph, None
+        return graph
+
+
+@dataclass(frozen=True)
 class Problem:
     """fn(*args) with the differentiable argument positions named; every evaluation is counted.
+
+    Frozen once built: a derived problem (double backward's, the float64 reference, a Function
+    captured inside a model) is a new Problem, made complete by its constructor (or
+    dataclasses.replace). What is learnt later lives in two explicit places: `facts`, replaced
+    whole by learn() (the probe phase), and `cache`, the performance memos.
 
     calls counts evaluations, not Python calls: a batched call over B perturbations adds B, so
     the counts compare directly with gradcheck's (2 n_in forwards, n_out backwards).
@@ -34,18 +65,15 @@ class Problem:
     facts: Facts = field(default_factory=Facts)  # learnt once by the probe phase, then read
     calls: Counter[str] = field(default_factory=Calls)
     keep_all_outputs: bool = False    # compare untracked outputs too (a derived backward's)
-    # Performance memos only: how to evaluate fast, never what the target is.
-    vmap_ok: bool | None = None       # learnt on first use
-    batched_vjp_ok: bool | None = None
-    plan: Any = None                  # what choose_mode learnt, for check_full to reuse
-    forward_seconds: float = 0.0      # the priming forward's time, for predictions
-    batched_jvp_ok: bool | None = None  # jvps under torch.func.vmap (numerics/forward.py)
-    first_graph: tuple[list[torch.Tensor], Any] | None = None  # the probe's graph forward
-    memo: dict[str, Any] = field(default_factory=dict)  # evaluations left for a later reader
-    #                                 (G's derivation, a diagnosis), by name
+    cache: Cache = field(default_factory=Cache)  # performance memos only
     # scope(args): a context binding the target's parameters to args' values (a module's), so
     # that a backward which re-runs forward (checkpointing, adjoints) sees what forward saw.
     scope: Callable[[Sequence[Any]], contextlib.AbstractContextManager[None]] | None = None
+
+    def learn(self, facts: Facts) -> None:
+        """Replace the facts whole (the probe phase, or the first forward of a Problem the
+        probe never saw): the one thing about a Problem learnt after it is built."""
+        object.__setattr__(self, "facts", facts)
 
     # The facts, read where the engine needs them (set only by replacing `facts` whole).
     @property
@@ -79,8 +107,7 @@ class Problem:
 
     def take_first_graph(self) -> tuple[list[torch.Tensor], Any] | None:
         """The probe's graph forward (leaves, raw result), handed out once (to the contract)."""
-        first, self.first_graph = self.first_graph, None
-        return first
+        return self.cache.take_first_graph()
 
     @property
     def inputs(self) -> list[torch.Tensor]:
@@ -120,6 +147,13 @@ class Problem:
             passed = [leaf.clone() for leaf in leaves] if self.mutates else leaves
             outs = select_outputs(self.fn(*self.with_inputs(passed)), self.output_mask)
         return leaves, outs
+
+    def recordable(self) -> tuple[Callable[..., Any], list[Any], list[str]]:
+        """(fn, its arguments with the differentiable ones as leaves requiring grad, their
+        names): a forward for `gradtool graph` to record."""
+        args = [a.detach().requires_grad_(True) if i in self.diff else a
+                for i, a in enumerate(self.args)]
+        return self.fn, args, self.names
 
     def bind(self, args: Sequence[Any]) -> contextlib.AbstractContextManager[None]:
         """The parameters bound to args' values (a no-op for targets without parameters)."""
@@ -278,6 +312,24 @@ def flat_cat(tensors: Sequence[torch.Tensor], batch: bool = False) -> torch.Tens
         flat = [t.reshape(-1) for t in tensors]
     # One tensor: a view, not a copy (callers only read it).
     return flat[0] if len(flat) == 1 else torch.cat(flat, dim=1 if batch else 0)
+
+
+def vjp_rows(problem: Problem, vjp: Callable[[list[Any], list[torch.Tensor]], Sequence[Any]]
+             ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """rows(grad_rows): a Jacobian given as a VJP of the whole argument list (a spec's declared
+    surrogate) in the analytical rows' layout: one row per grad_output row, over the
+    differentiable inputs, zeros where the VJP gives no gradient."""
+    def rows(grad_rows: torch.Tensor) -> torch.Tensor:
+        outs = problem.outputs(problem.inputs)
+        out = []
+        for row in grad_rows:
+            given = vjp(problem.args, split_flat(row, [o.shape for o in outs]))
+            picked = [given[p] if p < len(given) and given[p] is not None
+                      else torch.zeros_like(problem.args[p]) for p in problem.diff]
+            out.append(flat_cat(picked))
+        return torch.stack(out)
+
+    return rows
 
 
 def split_flat(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.Tensor]:

@@ -47,13 +47,13 @@ def vjp_rows(problem: Problem, leaves: Sequence[torch.Tensor], outs: Sequence[to
              grad_rows: torch.Tensor) -> torch.Tensor:
     """vᵀJ for each row v of grad_rows (B, n_out) -> (B, n_in); falls back to a loop."""
     grads = split_flat(grad_rows, [o.shape for o in outs])
-    if problem.batched_vjp_ok is not False and len(grad_rows) > LOOP_MAX // 2:
+    if problem.cache.batched_vjp_ok is not False and len(grad_rows) > LOOP_MAX // 2:
         try:
             out = flat_cat(problem.vjp_batched(leaves, outs, grads), batch=True)
-            problem.batched_vjp_ok = True
+            problem.cache.batched_vjp_ok = True
             return out
         except Exception:
-            problem.batched_vjp_ok = False  # the user's backward is not vmap-friendly
+            problem.cache.batched_vjp_ok = False  # the user's backward is not vmap-friendly
     return torch.stack([flat_cat(problem.vjp(leaves, outs, [g[k] for g in grads]))
                         for k in range(len(grad_rows))])
 
@@ -86,11 +86,11 @@ def central(problem: Problem, values: Sequence[torch.Tensor], which: int,
 def outputs_of(problem: Problem, values: Sequence[torch.Tensor], which: int,
                batch: torch.Tensor) -> torch.Tensor:
     """Flat outputs (B, n_out) for a batch of values of input `which`: vmap, else a loop."""
-    if problem.vmap_ok is not False and len(batch) > LOOP_MAX:
+    if problem.cache.vmap_ok is not False and len(batch) > LOOP_MAX:
         try:
             return batched_outputs(problem, values, which, batch)
         except _NotBatchable:
-            problem.vmap_ok = False
+            problem.cache.vmap_ok = False
     rows = []
     for member in batch:
         work = list(values)
@@ -126,7 +126,7 @@ def batched_outputs(problem: Problem, values: Sequence[torch.Tensor], which: int
     except Exception as exc:  # no vmap support: data-dependent control flow, .item(), ...
         raise _NotBatchable() from exc
     problem.calls["forward"] += size
-    if problem.vmap_ok is None:
+    if problem.cache.vmap_ok is None:
         _verify_batched(problem, values, which, [b[0] for b in batches], outs[0])
     return outs
 
@@ -140,9 +140,9 @@ def _verify_batched(problem: Problem, values: Sequence[torch.Tensor], which: int
     plain = flat_cat(problem.outputs(work))
     scale = plain.abs().max().item() if plain.numel() else 0.0
     if not torch.allclose(plain, batched, rtol=1e-10, atol=1e-12 * (scale + 1.0)):
-        problem.vmap_ok = False
+        problem.cache.vmap_ok = False
         raise _NotBatchable()
-    problem.vmap_ok = True
+    problem.cache.vmap_ok = True
 
 
 # ---------------------------------------------------------------- directional (probes)
@@ -158,7 +158,7 @@ def directional(problem: Problem, values: Sequence[torch.Tensor],
     central difference at 2h. Without f0, 4: at x +- h and x +- 2h."""
     k = len(directions)
     factors = [h, -h, 2 * h] if f0 is not None else [h, -h, 2 * h, -2 * h]
-    batch = problem.vmap_ok is not False and problem.batched_fn is not None
+    batch = problem.cache.vmap_ok is not False and problem.batched_fn is not None
     if batch and 4 * k > LOOP_MAX:
         try:
             out = _directional_batched(problem, values, directions,
@@ -166,7 +166,7 @@ def directional(problem: Problem, values: Sequence[torch.Tensor],
                                                     dtype=values[0].dtype))
             return _differences(out.view(4, k, -1), h)
         except _NotBatchable:
-            problem.vmap_ok = False
+            problem.cache.vmap_ok = False
     diff = None
     for k_dir, u in enumerate(directions):
         outs = [flat_cat(problem.outputs([torch.add(v, d, alpha=f) for v, d in zip(values, u)]))

@@ -23,7 +23,7 @@ def is_complex(problem: Problem) -> bool:
     if problem.facts.complex is None:  # a problem the probe phase never saw
         found = any(v.is_complex() for v in problem.inputs) or any(
             o.is_complex() for o in problem.outputs(problem.inputs))
-        problem.facts = problem.facts.with_(complex=found)
+        problem.learn(problem.facts.with_(complex=found))
     return bool(problem.facts.complex)
 
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..config.settings import CheckConfig
-from ..errors import GradtoolError, InputError, SpecError
+from ..errors import GradtoolError, InputError, NothingToCheck, SpecError
 from ..results import Rejected
 from ..targets.inputs import InputSpec
-from ..targets.load import Target, make_target
-from ..targets.ops import resolve
+from ..targets.load import Target
+from ..targets.resolve import make_target, resolve
 from .runner import CaseSpec, Job
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -21,6 +22,82 @@ def is_spec_argument(arg: str) -> bool:
     """A YAML file or a folder is read as specs; anything else is a target."""
     path = Path(arg)
     return path.suffix in SPEC_SUFFIXES or path.is_dir()
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What the options give besides the targets, as typed: -i texts, --inputs-from, --init,
+    --import and --sweep (parsed where collection runs: in a worker, the user's code)."""
+
+    inputs: tuple[str, ...] = ()
+    inputs_from: str | None = None
+    init: tuple[str, ...] = ()
+    imports: tuple[str, ...] = ()
+    sweeps: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Collection:
+    """A run's collection: arguments (targets, spec files, folders) -> (jobs, rejected).
+
+    Called alike by the CLI (in every worker, or in-process), `gradtool.check` and the
+    pytest plugin; deterministic, and picklable for spawned workers."""
+
+    arguments: tuple[str, ...]
+    config: CheckConfig
+    sources: Sources = field(default_factory=Sources)
+
+    def __call__(self) -> tuple[list[Job], list[Rejected]]:
+        return collect(list(self.arguments), self.config, **self.parsed())
+
+    def parsed(self) -> dict[str, Any]:
+        """The sources parsed: input specs, a factory's cases, constructor arguments, sweeps."""
+        from ..targets.factory import parse_init
+        from ..targets.inputs import parse_input
+        from ..targets.sizes import parse_sweep
+
+        sources, config = self.sources, self.config
+        inputs = [parse_input(text) for text in sources.inputs] if sources.inputs else None
+        cases = None
+        if sources.inputs_from:
+            if inputs is not None:
+                raise GradtoolError("give --input or --inputs-from, not both")
+            from ..targets.factory import load_inputs
+
+            cases = [CaseSpec(label, specs, config.seed, sources.inputs_from)
+                     for label, specs in load_inputs(sources.inputs_from, config.seed,
+                                                     config.dtype, config.device)]
+        return {"inputs": inputs, "cases": cases, "init": parse_init(sources.init),
+                "imports": sources.imports, "sweeps": [parse_sweep(t) for t in sources.sweeps]}
+
+
+def collect(arguments: list[str], config: CheckConfig, inputs: list[Any] | None = None,
+            cases: list[CaseSpec] | None = None, init: dict[str, Any] | None = None,
+            imports: tuple[str, ...] = (), sweeps: list[Any] | None = None
+            ) -> tuple[list[Job], list[Rejected]]:
+    """Every argument's jobs, and the rejections (a bad argument does not stop the others;
+    one bad argument alone is its own short error, exit 2)."""
+    if imports:  # before any target: they register the ops named as ns::name
+        from ..targets.ops import import_all
+
+        import_all(imports)
+    jobs: list[Job] = []
+    rejected: list[Rejected] = []
+    errors = []
+    for arg in arguments:
+        try:
+            found, bad = collect_one(arg, config, inputs, cases, init, imports, sweeps)
+        except GradtoolError as exc:
+            errors.append(exc)
+            rejected.append(Rejected(arg, str(exc)))
+            continue
+        jobs += found
+        rejected += bad
+    if not jobs and errors and len(errors) == len(rejected):
+        raise errors[0]
+    if not jobs and not rejected:
+        raise NothingToCheck(f"nothing to check in {', '.join(arguments)}")
+    return jobs, rejected
 
 
 def collect_one(arg: str, config: CheckConfig, inputs: list[InputSpec] | None = None,
@@ -59,8 +136,8 @@ def target_jobs(arg: str, config: CheckConfig, inputs: list[InputSpec] | None,
     if (inputs is not None or cases or init) and len(targets) > 1:
         raise GradtoolError(f"{arg} holds {len(targets)} targets; {given} applies to one",
                             "name one: " + ", ".join(t.name for t in targets[:4]))
-    if init and (targets[0].kind != "module" or not inspect.isclass(targets[0].obj)):
-        what = "module instance" if targets[0].kind == "module" else targets[0].kind
+    if init and (not targets[0].kind.parameters or not inspect.isclass(targets[0].obj)):
+        what = "module instance" if targets[0].kind.parameters else targets[0].kind
         raise GradtoolError(f"--init applies to an nn.Module class; {arg} is a {what}",
                             "drop --init, or name the class")
     return [Job(t, cases or [CaseSpec("case 0", inputs, config.seed)], config) for t in targets]

@@ -21,7 +21,8 @@ from ..numerics.tangent import projected_tensors
 from ..results import CheckResult, InputInfo, Outcome
 from ..targets.cases import Case, bind
 from ..targets.inputs import InputSpec, LiteralSpec, TensorSpec
-from ..targets.load import Target, display_path, make_target
+from ..targets.load import Target, display_path
+from ..targets.resolve import make_target
 from .replay import anchors_of, replaying
 
 # Every cls.apply(...) runs this one Python frame (unless a class overrides apply): its locals
@@ -237,13 +238,16 @@ def captured_case(app: Application, config: CheckConfig, freeze_seed: int | None
     args, kwargs = _positional(target, app)
     own = _config_for(config, args)
     case = case_from_values(target, args, own, kwargs=kwargs)
-    # a fixed RNG keeps dropout-like masks fixed
-    case.problem.facts = case.problem.facts.with_(mutates=app.mutates, seed=freeze_seed)
+    # What the model's run knew: whether it writes its inputs; a fixed RNG keeps dropout-like
+    # masks fixed.
+    changes: dict[str, Any] = {"facts": case.problem.facts.with_(mutates=app.mutates,
+                                                                 seed=freeze_seed)}
     if app.outer is not None and app.anchors:
         # Some arguments were the forward's own leaves: a closure may hold them, so each
         # evaluation replays the forward rather than calling the Function on copies.
         fn, scope = replaying(app.outer, app.cls, app.ordinal, app.anchors)
-        case.problem.fn, case.problem.scope, case.problem.batched_fn = fn, scope, None
+        changes.update(fn=fn, scope=scope, batched_fn=None)
+    case.problem = replace(case.problem, **changes)  # a Problem is built complete, never edited
     return target, case, own
 
 

@@ -15,14 +15,15 @@ from ..errors import InternalError
 from ..numerics.problem import Problem
 from ..results import CheckResult, Outcome
 from ..targets.load import Target, display_path
-from ..targets.ops import op_target, registration_line
+from ..targets.kinds import OP, op_target
+from ..targets.ops import registration_line
 
 # Namespaces of torch's own operators: not the user's to check.
 TORCH_NAMESPACES = frozenset({"aten", "prim", "prims", "quantized", "_quantized", "profiler",
                               "_c10d_functional", "c10d", "inductor", "higher_order",
                               "debugprims", "mkldnn", "_quantized_decomposed", "torchvision"})
 _PACKAGE = str(Path(__file__).resolve().parents[1]).replace("\\", "/")
-OP_CHECKS = ("op_schema", "op_fake", "op_autograd")
+OP_CHECKS = OP.own_checks()  # the op kind's default checks (the registry's `kinds`)
 
 
 @dataclass
@@ -191,11 +192,11 @@ def with_op_contracts(result: CheckResult, problem: Problem, config: CheckConfig
                       target: Target) -> CheckResult:
     """The contract result in op terms: an op target's, less the Function advice; a model's,
     with each inner custom op's schema, fake and autograd findings added."""
-    if target.kind == "op":
+    if target.kind.op:
         from ..checks.op_schema import without_function_advice
 
         return without_function_advice(result)
-    if target.kind not in ("module", "callable") or not user_ops_exist():
+    if not target.kind.composite or not user_ops_exist():
         return result
     try:
         calls = record_ops(problem)

@@ -9,7 +9,8 @@ from ..config.settings import CheckConfig
 from ..errors import GradtoolError
 from ..results import Rejected, Report
 from ..targets.factory import load_inputs
-from ..targets.ops import make_target, resolve  # load's, knowing custom ops
+from ..targets.kinds import named
+from ..targets.resolve import make_target, resolve
 from .runner import CaseSpec, Job
 
 LABEL = "recorded call"
@@ -59,7 +60,7 @@ def live_jobs(entries: list[dict[str, Any]], owners: dict[int, Any], config: Che
     for entry in entries:
         name = call_name(entry)
         owner = owners.get(entry["index"])
-        obj = OPDEFS.get(owner) if entry["kind"] == "op" else owner
+        obj = OPDEFS.get(owner) if named(entry["kind"]).op else owner
         try:
             if obj is None or entry["problem"] and "saved" in entry["problem"]:
                 raise GradtoolError(entry["problem"] or f"{name}: cannot be replayed")

@@ -91,7 +91,7 @@ def run_job(job: Job) -> TargetResult:
     for spec in job.cases:
         cases.append(_run_case_with_resample(job, spec))
     t = job.target
-    return TargetResult(t.name, t.kind, t.qualname, t.source, tuple(cases), job.spec)
+    return TargetResult(t.name, str(t.kind), t.qualname, t.source, tuple(cases), job.spec)
 
 
 def _run_case_with_resample(job: Job, spec: CaseSpec) -> CaseResult:
@@ -217,8 +217,7 @@ REFUSED_RULES = ("contract.gradient_count", "contract.gradient_shape", "contract
 
 def _engine_rejects(earlier: Sequence[CheckResult]) -> Finding | None:
     """The contract's finding that backward returns a gradient the engine refuses, if any."""
-    return next((f for c in earlier if c.name == "contract" for f in c.findings
-                 if f.rule in REFUSED_RULES), None)
+    return next((f for c in earlier for f in c.findings if f.rule in REFUSED_RULES), None)
 
 
 def _forward_runs(problem: Problem) -> bool:
@@ -241,13 +240,9 @@ def _run_check(name: str, case: Case, job: Job) -> CheckResult | None:
     try:
         check = _variant(name, case, job, config)
         context = _context(job, config)
-        reason = check.applies(case, context) if hasattr(check, "applies") else None
-        if job.target.kind == "op" and not reason:  # no autograd: one finding, not N errors
-            from ..checks.op_autograd import gate
-
-            blocked = gate(name, case, context)
-            if blocked:
-                return skipped(name, blocked)
+        reason, blocked = gate(name, check, case, context)
+        if blocked:  # e.g. an op with no autograd: one finding, not N errors
+            return skipped(name, reason)
         if reason and job.config.checks == DEFAULT_CHECKS:
             return None
         result = skipped(name, reason) if reason else _hooked(name, check.run(case, context),
@@ -321,34 +316,42 @@ def _low_precision(case: Case, job: Job, config: CheckConfig) -> bool:
 
 def _composite(case: Case, job: Job, config: CheckConfig) -> bool:
     """A module or callable: custom Functions inside are checked alone too."""
-    return job.target.kind in ("module", "callable")
+    return job.target.kind.composite
 
 
 # The conditions a registry entry may name for its variants and hooks.
 def _has_ops(case: Case, job: Job, config: CheckConfig) -> bool:
     """An op, or a model that may call custom ops inside."""
-    return job.target.kind in ("op", "module", "callable")
+    return job.target.kind.op or job.target.kind.composite
 
 
 WHEN: dict[str, Callable[[Case, Job, CheckConfig], bool]] = {
     "low_precision": _low_precision, "composite": _composite, "has_ops": _has_ops}
 
 
+def gate(name: str, check: Any, case: Case, context: Context) -> tuple[str | None, bool]:
+    """Why a check does not run on this case (None: it runs), and whether it is blocked
+    rather than inapplicable: a check not for the target's kind (the registry's `targets`) or one
+    whose `applies` says no is left out of the default run; a blocked one (the target's kind
+    says it cannot run here: an op without autograd) is always reported skipped."""
+    from ..config.registry import BY_NAME
+
+    info, kind = BY_NAME[name], context.target.kind
+    reason = kind.applies(info) or (check.applies(case, context)
+                                    if hasattr(check, "applies") else None)
+    if reason:
+        return reason, False
+    blocked = kind.blocked(info, case, context)
+    return blocked, blocked is not None
+
+
 def applicable(job: Job, case: Case) -> list[tuple[str, str | None]]:
     """Each configured check with the reason it would be skipped (None: it runs)."""
     from ..checks._common import load
 
-    out = []
-    for name in job.config.checks:
-        check = load(name)
-        context = _context(job, job.config.with_(**job.check_config.get(name, {})))
-        reason = check.applies(case, context) if hasattr(check, "applies") else None
-        if reason is None and job.target.kind == "op":  # an op without autograd, as run says
-            from ..checks.op_autograd import gate
-
-            reason = gate(name, case, context)
-        out.append((name, reason))
-    return out
+    return [(name, gate(name, load(name), case,
+                        _context(job, job.config.with_(**job.check_config.get(name, {}))))[0])
+            for name in job.config.checks]
 
 
 def _context(job: Job, config: CheckConfig) -> Context:
@@ -356,7 +359,7 @@ def _context(job: Job, config: CheckConfig) -> Context:
 
     surrogate = job.surrogate
     annotate = None
-    if job.target.kind in ("module", "callable") and surrogate is None:
+    if job.target.kind.composite and surrogate is None:
         from .received import annotate  # on a failure only: each custom Function alone
     return Context(job.target, config,
                    (lambda case: _reference(job, case)) if surrogate is not None else None,
@@ -378,24 +381,9 @@ def _apply_xfail(result: CheckResult, reason: str | None) -> CheckResult:
 
 def _reference(job: Job, case: Case) -> Callable[[Any], Any]:
     """Rows of the surrogate's intended Jacobian, in the same layout as the analytical rows."""
-    import torch
+    from ..numerics.problem import vjp_rows
 
-    from ..numerics.problem import flat_cat, split_flat
-
-    problem = case.problem
-
-    def rows(grad_rows: torch.Tensor) -> torch.Tensor:
-        outs = problem.outputs(problem.inputs)
-        out = []
-        for row in grad_rows:
-            grads = split_flat(row, [o.shape for o in outs])
-            intended = job.surrogate.vjp(problem.args, grads)
-            picked = [intended[p] if p < len(intended) and intended[p] is not None
-                      else torch.zeros_like(problem.args[p]) for p in problem.diff]
-            out.append(flat_cat(picked))
-        return torch.stack(out)
-
-    return rows
+    return vjp_rows(case.problem, job.surrogate.vjp)
 
 
 def versions() -> dict[str, str]:

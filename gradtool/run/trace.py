@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.autograd import Function
 
+from ..targets.kinds import named
 from ..targets.load import display_path
 from ..tracebacks import trim
 from .culprit import _user_site
@@ -203,7 +204,7 @@ def describe(tensor: torch.Tensor) -> str:
 
 def target_of(kind: str, owner: Any, label: str, script: str) -> tuple[str | None, str | None]:
     """The target string a check worker (and the reproduce line) loads, or why there is none."""
-    if kind == "op":
+    if named(kind).op:
         return _op_target(owner, label)
     qualname = owner.__qualname__
     if "<locals>" in qualname:

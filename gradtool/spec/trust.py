@@ -24,7 +24,7 @@ def check_trusted(target: Target, spec: Any, run_trusts: bool) -> None:
     reference = spec.target
     if reference.partition(":")[0].endswith(".py"):  # a file in the spec's own folder
         return
-    if target.kind in ("function", "module") or is_torch_operator(target.obj):
+    if target.kind.trusted_anywhere or is_torch_operator(target.obj):
         return
     if spec.trust_callable and run_trusts:
         return

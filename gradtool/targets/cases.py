@@ -88,7 +88,7 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
     if is_structured(list(specs)):
         fn = structured(fn, positional, keywords, n_leaves)
         batched_fn = structured(batched_fn, positional, keywords, n_leaves) \
-            if batched_fn is not None and (target.kind != "function" or not keywords) else None
+            if batched_fn is not None and (target.kind.batched_keywords or not keywords) else None
     for pname, value in params:
         diff.append(len(args))
         args.append(value)
@@ -166,18 +166,10 @@ def bind(target: Target, n_args: int, config: CheckConfig, seed: int) -> Bound:
     scope(args) is a context in which the target's parameters are args' values: Problem enters
     it around every backward too, so a backward that re-runs forward sees the same values.
     """
-    if target.kind == "function":
-        return target.obj.apply, _batchable_forward(target.obj), [], None
-    if target.kind == "module":
-        return _bind_module(target, n_args, config, seed)
-    if target.kind == "op":
-        from .ops import bound
-
-        return bound(target.obj), bound(target.obj), [], None
-    return target.obj, target.obj, [], None
+    return target.kind.bind(target, n_args, config, seed)
 
 
-def _batchable_forward(cls: type) -> Callable[..., Any]:
+def batchable_forward(cls: type) -> Callable[..., Any]:
     """The Function's forward alone: vmap can batch it even without a vmap rule."""
     from torch.autograd import Function
 
@@ -204,7 +196,7 @@ class _ValueCtx:
         pass
 
 
-def _bind_module(target: Target, n_args: int, config: CheckConfig, seed: int) -> Bound:
+def bind_module(target: Target, n_args: int, config: CheckConfig, seed: int) -> Bound:
     from torch.nn.utils.stateless import _reparametrize_module
 
     module = private_copy(target, seed)

@@ -40,13 +40,13 @@ def _load_pt(text: str) -> Any:
 
 
 def _factory(text: str) -> tuple[Any, str]:
-    from .load import _lookup, load_module, source_of, split_target
+    from .load import load_module, lookup, source_of, split_target
 
     location, name = split_target(text)
     if name is None:
         raise InputError(f"--inputs-from {text}: name the factory, e.g. {text}:make_inputs",
                          "a factory is file.py:name or module:name, or a .pt file")
-    fn = _lookup(load_module(location), name, location)
+    fn = lookup(load_module(location), name, location)
     if not callable(fn):
         raise InputError(f"--inputs-from {text}: {name} is a {type(fn).__name__}, not callable")
     return fn, f"input factory {text} ({source_of(fn) or 'source unknown'})"

@@ -26,7 +26,7 @@ NUMBER_GUESS = {int: 2, float: 2.5, bool: True}
 
 def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
     """The first candidate input set that forward accepts; InputError when none does."""
-    if target.kind == "op":  # a schema that leaves a type open: say which argument, not "tried"
+    if target.kind.op:  # a schema that leaves a type open: say which argument, not "tried"
         from .ops import require_inferable
 
         require_inferable(target)
@@ -124,7 +124,7 @@ def eval_number(name: str) -> type:
 
 def _parameter_shapes(target: Target, seed: int) -> list[tuple[int, ...]]:
     """Shapes an nn.Module's parameters suggest: (n,) for a vector, (3, in) for a weight."""
-    if target.kind != "module":
+    if not target.kind.parameters:
         return []
     from .cases import instantiate
 
@@ -205,7 +205,7 @@ def _backward_runs(case: Case) -> bool:
 
 def _prefer_literals(target: Target, case: Case, config: CheckConfig, seed: int) -> Case:
     """A Function whose backward returns None for a tensor we guessed takes a constant there."""
-    if target.kind != "function":
+    if not target.kind.function_class:
         return case
     problem = case.problem
     leaves, outs = problem.graph()

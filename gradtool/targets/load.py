@@ -1,4 +1,4 @@
-"""Resolve "pkg.mod:Name" / "path/file.py:Name" / a module alone into checkable targets."""
+"""The Target record, and loading what a target string names: modules, files, attributes, sources."""
 
 from __future__ import annotations
 
@@ -14,15 +14,14 @@ from typing import Any, Callable
 
 from ..errors import TargetError, did_you_mean
 
-KINDS = ("function", "module", "callable")
-
 
 @dataclass
 class Target:
     """One thing to check: how to call it, what its arguments are called, where its code is."""
 
     name: str                     # as shown and reproduced: "specs/examples/linear.py:LinearFunction"
-    kind: str                     # function | module | callable
+    kind: Any                     # its adapter, a targets/kinds.py Kind (which imports this
+    #                               module): what differs by kind; str(kind) is its name
     obj: Any                      # the Function class, nn.Module (class or instance) or callable
     qualname: str
     arg_names: tuple[str, ...]    # forward's positional arguments (no ctx / self)
@@ -33,24 +32,6 @@ class Target:
     forward_source: str | None = None
     once_differentiable: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def resolve(text: str, init: Any = None) -> list[Target]:
-    """Turn a target string into targets; a module alone yields every Function and Module in it."""
-    location, name = split_target(text)
-    module = load_module(location)
-    display = location
-    if name is None:
-        found = discover(module, display)
-        if not found:
-            from ..errors import NothingToCheck
-
-            raise NothingToCheck(f"{location} defines no torch.autograd.Function or nn.Module "
-                                 f"subclass (nothing to check); name a callable explicitly: "
-                                 f"{location}:NAME")
-        return found
-    obj = _lookup(module, name, location)
-    return [make_target(obj, f"{display}:{name}", init)]
 
 
 def split_target(text: str) -> tuple[str, str | None]:
@@ -131,7 +112,7 @@ def _syntax_error(exc: SyntaxError) -> TargetError:
     return TargetError(f"syntax error in {where}: {exc.msg}" + (f"\n    {line}" if line else ""))
 
 
-def _lookup(module: ModuleType, name: str, location: str) -> Any:
+def lookup(module: ModuleType, name: str, location: str) -> Any:
     obj: Any = module
     for part in name.split("."):
         if not hasattr(obj, part):
@@ -142,97 +123,12 @@ def _lookup(module: ModuleType, name: str, location: str) -> Any:
     return obj
 
 
-def discover(module: ModuleType, display: str) -> list[Target]:
-    """Every Function and nn.Module subclass defined in the module itself (not imported ones)."""
-    import torch
-
-    found = []
-    for attr, obj in vars(module).items():
-        if not inspect.isclass(obj) or obj.__module__ != module.__name__:
-            continue
-        if issubclass(obj, torch.autograd.Function) or issubclass(obj, torch.nn.Module):
-            found.append(make_target(obj, f"{display}:{attr}"))
-    return found
-
-
-def make_target(obj: Any, name: str, init: Any = None) -> Target:
-    """Classify an object as a Function, nn.Module or callable target."""
-    import torch
-
-    owner = getattr(obj, "__self__", None)  # LinearFunction.apply -> LinearFunction
-    if inspect.isclass(owner) and issubclass(owner, torch.autograd.Function):
-        obj = owner
-    if inspect.isclass(obj) and issubclass(obj, torch.autograd.Function):
-        return _function_target(obj, name)
-    if isinstance(obj, torch.nn.Module) or (inspect.isclass(obj) and issubclass(obj, torch.nn.Module)):
-        return _module_target(obj, name, init)
-    if callable(obj) and not inspect.isclass(obj):
-        return _callable_target(obj, name)
-    raise TargetError(f"{name} is a {type(obj).__name__}, not something gradtool can check",
-                      "a target is a torch.autograd.Function subclass, an nn.Module "
-                      "(class or instance) or a callable taking tensors")
-
-
-def _function_target(cls: type, name: str) -> Target:
-    from torch.autograd import Function
-
-    if cls.forward is Function.forward or cls.backward is Function.backward:
-        raise TargetError(f"{name}: Function subclass must define both forward and backward "
-                          "as static methods")
-    combined = _has_combined_forward(cls)
-    signature = inspect.signature(cls.forward)
-    params = list(signature.parameters.values())[1 if combined else 0:]
-    backward = cls.backward
-    return Target(
-        name=name, kind="function", obj=cls, qualname=cls.__qualname__,
-        arg_names=tuple(p.name for p in params if p.kind in _POSITIONAL),
-        signature=signature.replace(parameters=params), function_cls=cls,
-        source=source_of(backward), forward_source=source_of(cls.forward),
-        once_differentiable=is_once_differentiable(backward),
-    )
-
-
-_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-
-
-def _has_combined_forward(cls: type) -> bool:
-    """forward(ctx, ...) unless the class defines setup_context (the PyTorch 2 style)."""
-    from torch.autograd import Function
-
-    return getattr(cls, "setup_context", Function.setup_context) is Function.setup_context
-
-
 def is_once_differentiable(fn: Callable[..., Any]) -> bool:
     """True for a backward wrapped by torch.autograd.function.once_differentiable."""
     wrapped = getattr(fn, "__wrapped__", None)
     code = getattr(fn, "__code__", None)
     return wrapped is not None and code is not None and \
         code.co_filename.replace("\\", "/").endswith("torch/autograd/function.py")
-
-
-def _module_target(obj: Any, name: str, init: Any) -> Target:
-    cls = obj if inspect.isclass(obj) else type(obj)
-    signature = inspect.signature(cls.forward)
-    params = list(signature.parameters.values())[1:]  # drop self
-    return Target(
-        name=name, kind="module", obj=obj, qualname=cls.__qualname__,
-        arg_names=tuple(p.name for p in params if p.kind in _POSITIONAL),
-        signature=signature.replace(parameters=params), init=init,
-        source=source_of(cls.forward), forward_source=source_of(cls.forward),
-    )
-
-
-def _callable_target(fn: Callable[..., Any], name: str) -> Target:
-    try:
-        signature: inspect.Signature | None = inspect.signature(fn)
-    except (TypeError, ValueError):
-        signature = None
-    params = list(signature.parameters.values()) if signature else []
-    return Target(
-        name=name, kind="callable", obj=fn, qualname=getattr(fn, "__qualname__", name),
-        arg_names=tuple(p.name for p in params if p.kind in _POSITIONAL), signature=signature,
-        source=source_of(fn), forward_source=source_of(fn),
-    )
 
 
 def source_of(fn: Any) -> str | None:

@@ -1,4 +1,4 @@
-"""Custom ops as targets: CustomOpDef, OpOverload(Packet), 'ns::name'; schema-derived signatures."""
+"""Custom ops: CustomOpDef, OpOverload(Packet), 'ns::name'; schemas, registrations, autograd."""
 
 from __future__ import annotations
 
@@ -31,66 +31,7 @@ def is_op(obj: Any) -> bool:
     return isinstance(obj, (CustomOpDef, torch._ops.OpOverload, torch._ops.OpOverloadPacket))
 
 
-def resolve(text: str, init: Any = None, imports: Sequence[str] = ()) -> list[Any]:
-    """load.resolve, knowing ops: 'ns::name' (after 'file.py:' or --import) is an op by its
-    registered name, a CustomOpDef or OpOverload is an op target, and a module or file alone
-    yields the ops it defines too."""
-    from ..errors import NothingToCheck
-    from . import load
-
-    if is_qualified(text):
-        return [resolve_qualified(text, imports)]
-    location, name = load.split_target(text)
-    if name is not None:
-        return [as_op(t) for t in load.resolve(text, init)]
-    ops = discover_ops(load.load_module(location), location)
-    try:
-        return load.resolve(text, init) + ops
-    except NothingToCheck:
-        if ops:
-            return ops
-        raise NothingToCheck(f"{location} defines no torch.autograd.Function, nn.Module subclass "
-                             f"or custom op (nothing to check); name a callable explicitly: "
-                             f"{location}:NAME") from None
-
-
-def make_target(obj: Any, name: str, init: Any = None) -> Any:
-    """load.make_target, knowing ops (an op object is named 'file.py:ns::name' when its
-    registration file is known, so the reproduce command runs as printed)."""
-    from . import load
-
-    if not is_op(obj):
-        return load.make_target(obj, name, init)
-    target = op_target(obj, name)
-    where = target.extra["registered_at"]
-    qualname = target.qualname
-    target.name = f"{where.rpartition(':')[0]}:{qualname}" if where else qualname
-    return target
-
-
-def as_op(target: Any) -> Any:
-    """A target load classified as a plain callable, made an op target when it is one."""
-    return op_target(target.obj, target.name) if is_op(target.obj) else target
-
-
-def resolve_qualified(text: str, imports: Sequence[str] = ()) -> Any:
-    """The Target of 'ns::name' once the module registering it is imported (the location before
-    the name, or --import); TargetError naming the fix when torch does not know it."""
-    from .load import load_module
-
-    match = QUALIFIED.match(text)
-    if match is None:
-        raise TargetError(f"{text!r} is not an op name",
-                          "write it as ns::name or ns::name.overload")
-    location = match["location"]
-    for where in ([location] if location else []):
-        load_module(where)
-    overload = _find(match["ns"], match["name"], match["overload"], text, location, imports)
-    name = text if location else _named(text, overload, imports)
-    return op_target(overload, name)
-
-
-def _find(ns: str, name: str, overload: str | None, text: str, location: str | None,
+def find_op(ns: str, name: str, overload: str | None, text: str, location: str | None,
           imports: Sequence[str]) -> Any:
     import torch
 
@@ -125,7 +66,7 @@ def pick_overload(packet: Any, text: str) -> Any:
                       f"e.g. {packet._qualified_op_name}.{names[0]}")
 
 
-def _named(text: str, overload: Any, imports: Sequence[str]) -> str:
+def qualified_name(text: str, overload: Any, imports: Sequence[str]) -> str:
     """'ops.py:ns::name' when one of the imports registered it: the name alone reproduces it."""
     from .load import display_path, source_of
 
@@ -137,29 +78,6 @@ def _named(text: str, overload: Any, imports: Sequence[str]) -> str:
             return f"{location}:{text}"
     builtin = overload.namespace in BUILTIN_NAMESPACES
     return f"{imports[0]}:{text}" if len(imports) == 1 and opdef is None and not builtin else text
-
-
-def op_target(obj: Any, name: str) -> Any:
-    """A Target of kind 'op' for a CustomOpDef, OpOverload or OpOverloadPacket."""
-    import torch
-
-    from .load import Target
-
-    overload = obj
-    if isinstance(obj, torch._ops.OpOverloadPacket):
-        overload = pick_overload(obj, name)
-    elif not isinstance(obj, torch._ops.OpOverload):
-        overload = obj._opoverload  # a CustomOpDef
-    qualname = overload._schema.name
-    suffix = "" if overload._overloadname == "default" else f".{overload._overloadname}"
-    signature = schema_signature(overload._schema)
-    registered_at = registration_line(overload)  # op checks' "look at"; backward: gradients'
-    return Target(
-        name=name, kind="op", obj=overload, qualname=qualname + suffix,
-        arg_names=tuple(p.name for p in signature.parameters.values()
-                        if p.kind is p.POSITIONAL_OR_KEYWORD),
-        signature=signature, source=backward_line(overload) or registered_at,
-        forward_source=registered_at, extra={"op": overload, "registered_at": registered_at})
 
 
 def bound(overload: Any) -> Any:
@@ -184,6 +102,35 @@ def user_function(opdef: Any) -> Any:
         if inspect.isfunction(inner) and not inner.__module__.startswith("torch."):
             return inspect.unwrap(inner)
     return fn
+
+
+NO_RETURNS = "the op returns nothing (it writes in place): no output to differentiate"
+
+
+def autograd_registered(op: Any, device: str = "cpu") -> bool:
+    """An autograd kernel exists: custom_op's register_autograd, or a kernel at an Autograd key
+    (torch.library.register_autograd, C++) or a composite one (autograd through its parts)."""
+    import torch
+
+    opdef = custom_op_def(op)
+    if opdef is not None:  # custom_op always installs a kernel; it raises without a formula
+        return getattr(opdef, "_backward_fn", None) is not None
+    key = {"cuda": "AutogradCUDA", "xpu": "AutogradXPU"}.get(torch.device(device).type,
+                                                             "AutogradCPU")
+    return any(torch._C._dispatch_has_kernel_for_dispatch_key(op._schema.name, k)
+               for k in (key, "Autograd", "CompositeImplicitAutograd"))
+
+
+def no_autograd(op: Any, differentiable: bool, device: str) -> str | None:
+    """Why a check that runs backward is skipped on this op (None: it runs): nothing to
+    differentiate, or no autograd formula (op_autograd's finding says so once)."""
+    if not differentiable:
+        return None
+    if not op._schema.returns:
+        return NO_RETURNS
+    if autograd_registered(op, device):
+        return None
+    return f"not run: {op._schema.name} has no autograd formula (see op_autograd)"
 
 
 def backward_line(overload: Any) -> str | None:
@@ -262,20 +209,9 @@ def _inferable(annotation: Any) -> bool:
         annotation == "Tensor?"
 
 
-def discover_ops(module: ModuleType, display: str) -> list[Any]:
-    """Targets for the CustomOpDefs a module defines at top level (not those it imports)."""
-    from torch._library.custom_ops import CustomOpDef
-
-    found = []
-    for attr, obj in vars(module).items():
-        if isinstance(obj, CustomOpDef) and \
-                getattr(user_function(obj), "__module__", None) == module.__name__:
-            found.append(op_target(obj, f"{display}:{attr}"))
-    return found + _library_ops(module, display)
-
-
-def _library_ops(module: ModuleType, display: str) -> list[Any]:
-    """Ops a module defines with torch.library.Library (their registration line is in it)."""
+def registered_ops(module: ModuleType) -> list[tuple[str, Any]]:
+    """(qualname, overload) of the ops a module defines with torch.library.Library (their
+    registration line is in its file)."""
     import torch
 
     from torch._library.custom_ops import OPDEFS
@@ -294,7 +230,7 @@ def _library_ops(module: ModuleType, display: str) -> list[Any]:
             continue
         line = registration_line(overload)
         if line and line.rpartition(":")[0] == display_path(home):
-            found.append(op_target(overload, f"{display}:{qualname}"))
+            found.append((qualname, overload))
     return found
 
 

@@ -40,7 +40,7 @@ def probe(case: Case, keep_graph: bool = True) -> Facts:
     except (Exception, SystemExit) as exc:
         if isinstance(exc, Exception) and raised_in_gradtool(exc):
             raise InternalError(exc, gradtool_frame(exc)) from exc
-    problem.facts = problem.facts.with_(learnt=True)
+    problem.learn(problem.facts.with_(learnt=True))
     return problem.facts
 
 
@@ -49,19 +49,19 @@ def _learn(case: Case, keep_graph: bool) -> None:
     problem = case.problem
     given = problem.facts  # what a creator already knew (a captured Function's seed, say)
     first, mutates, findings = _purity(problem)
-    problem.facts = given.with_(mutates=given.mutates or mutates, findings=tuple(findings),
-                                precision=_coarsest(problem.args))
+    problem.learn(given.with_(mutates=given.mutates or mutates, findings=tuple(findings),
+                              precision=_coarsest(problem.args)))
     leaves, result = _graph_forward(problem)
     if given.seed is None and not _same(tensor_outputs(first), tensor_outputs(result)):
-        problem.facts = problem.facts.with_(seed=case.seed)
+        problem.learn(problem.facts.with_(seed=case.seed))
         leaves, result = _graph_forward(problem)  # again, under the frozen RNG
     outs = tensor_outputs(result)
     tracked = [o for o in outs if (o.is_floating_point() or o.is_complex()) and o.requires_grad]
-    problem.facts = problem.facts.with_(
+    problem.learn(problem.facts.with_(
         has_functions=any(_users(node) for node in function_nodes(tracked).values()),
         precision=_coarsest([*problem.args, *outs]),
-        **output_facts(outs, problem.output_labels, problem.keep_all_outputs, leaves))
-    problem.first_graph = (leaves, result) if keep_graph else None
+        **output_facts(outs, problem.output_labels, problem.keep_all_outputs, leaves)))
+    problem.cache.first_graph = (leaves, result) if keep_graph else None
 
 
 @calls_user_code
@@ -105,12 +105,12 @@ def _graph_forward(problem: Problem) -> tuple[list[torch.Tensor], Any]:
                 problem.calls["forward"] += 1
                 start = time.perf_counter()
                 result = problem.fn(*problem.with_inputs(passed))
-                problem.forward_seconds = time.perf_counter() - start  # for mode predictions
+                problem.cache.forward_seconds = time.perf_counter() - start  # for mode predictions
                 return leaves, result
         except RuntimeError as exc:
             if LEAF_INPLACE not in str(exc) or attempt:
                 raise
-            problem.facts = problem.facts.with_(mutates=True)
+            problem.learn(problem.facts.with_(mutates=True))
     raise AssertionError("unreachable")
 
 
