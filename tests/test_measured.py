@@ -161,3 +161,40 @@ def test_data_dependent_control_flow_is_recognised():
 
     assert data_dependent(problem_of(S.FixedPoint, ["2x8", "8x8:[-0.02,0.02]"]))
     assert not data_dependent(problem_of(S.GeluTanh, ["4x4"]))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_element_of_a_failing_block_is_judged_by_one_tolerance(seed):
+    # Issue 33: a truncated constant puts every nonzero element 4e-6..3e-5 off; whether one of
+    # them is also beyond gradcheck's fixed tolerance depends on the seed, and the count,
+    # the worst element, the diagnosis and the heat map must not.
+    assert gradient(S.GeluTanh, ["3x4"], seed=seed).outcome.value == "passed"
+    check = gradient(S.GeluTanhConstant, ["3x4"], seed=seed)
+    assert check.outcome.value == "failed"
+    (block,) = check.blocks
+    assert (block.mismatched, block.checked) == (12, 144)
+    assert "12 of 144 elements" in check.summary
+    assert block.diagnosis.startswith("no simple pattern: 12 of 144 elements differ")
+    assert all(e.input_index == e.output_index for e in block.worst)  # the diagonal
+    assert sum(map(sum, block.grid.mismatched)) == 12
+    assert not any("no need to measure" in d for d in check.details)
+
+
+def test_gradchecks_tolerance_set_explicitly_judges_every_element_by_itself():
+    check = gradient(S.GeluTanhConstant, ["3x4"], seed=0, atol=1e-5, rtol=1e-3)
+    (block,) = check.blocks
+    assert check.outcome.value == "failed" and block.mismatched == 1
+    assert block.diagnosis.startswith("1 of 144 elements wrong, the rest agree")
+    assert sum(map(sum, block.grid.mismatched)) == 1
+
+
+def test_a_common_scale_error_is_named_whichever_bound_its_elements_exceed():
+    # 1e-3 too large: the large derivatives are beyond gradcheck's rtol, the small ones only
+    # beyond the measured tolerance; one judgement names the factor.
+    class Scaled(S.GeluTanh):
+        factor = 1 + 2e-3
+
+    check = gradient(Scaled, ["3x4"], seed=0)
+    (block,) = check.blocks
+    assert block.mismatched == 12
+    assert "× numerical" in block.diagnosis and "1.002" in block.diagnosis

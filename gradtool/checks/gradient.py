@@ -175,7 +175,8 @@ def with_grid(problem: Problem, verdict: Verdict, block: Block, k: int,
     from ..numerics.grid import error_grid
 
     analytical, numerical = verdict.dense[(i, o)]
-    grid = error_grid(analytical, numerical, config.tolerance("atol"), config.tolerance("rtol"))
+    grid = error_grid(analytical, numerical, config.tolerance("atol"), config.tolerance("rtol"),
+                      bad=verdict.mismatch.get((i, o)))
     return Block(**{**block.__dict__, "grid": grid})
 
 
@@ -210,7 +211,14 @@ def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: in
         as_numpy(analytical), as_numpy(numerical), input_name=block.input,
         input_shape=block.input_shape, output_shape=block.output_shape,
         input_values=as_numpy(problem.inputs[i].detach().reshape(-1)),
-        atol=atol, rtol=rtol, other_inputs=others, other_analytical=theirs)
+        atol=atol, rtol=rtol, other_inputs=others, other_analytical=theirs,
+        mismatched=_judged(verdict, i, o))
+
+
+def _judged(verdict: Verdict, i: int, o: int) -> Any:
+    """The elements the verdict judged wrong (numpy), so the diagnosis counts what it counted."""
+    mask = verdict.mismatch.get((i, o))
+    return None if mask is None else mask.numpy()
 
 
 def _zero_cotangent(problem: Problem, i: int) -> Any:

@@ -61,11 +61,13 @@ class Block:
     x: np.ndarray | None = None
     others: Mapping[str, np.ndarray] = field(default_factory=dict)
     others_analytical: Mapping[str, np.ndarray] = field(default_factory=dict)
+    judged: np.ndarray | None = None  # the caller's verdict per element (a measured tolerance)
     mis: np.ndarray = field(init=False)
     sig: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        self.mis = ~close(self.a, self.n, self.atol, self.rtol)
+        self.mis = (~close(self.a, self.n, self.atol, self.rtol) if self.judged is None
+                    else np.asarray(self.judged, dtype=bool))
         # "nonzero" means above atol: finite-difference noise on structural zeros sits far below it.
         self.sig = np.abs(self.n) > self.atol
 

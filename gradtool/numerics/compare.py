@@ -34,6 +34,9 @@ class BlockTally:
     # for the measured tolerance's second step (numerics/measured.py); None: not recorded.
     flagged: list[tuple[torch.Tensor, ...]] | None = None
     recorded: int = 0
+    # (rows, cols) of the elements the measured tolerance judged wrong (numerics/measured.py):
+    # the count, the diagnosis and the heat map all read this one judgement; None: not measured
+    standing: tuple[torch.Tensor, torch.Tensor] | None = None
     # The tolerance of the kink test (finite differences disagreeing across steps); the fixed
     # one even when the verdict's tolerance is measured: one-sided differences are O(h).
     kink_atol: float | None = None
@@ -95,6 +98,17 @@ class BlockTally:
             elements = tuple(self.element(r, c, a, n) for _, r, c, a, n in self.worst)
         return Block(self.input, self.input_shape, self.output, self.output_shape, self.checked,
                      self.mismatched, self.max_abs, self.max_rel, elements, diagnosis, exhaustive)
+
+
+def judged_mask(tally: BlockTally, analytical: torch.Tensor,
+                numerical: torch.Tensor) -> torch.Tensor:
+    """The block's mismatched elements as its tally judged them: the measured verdict's
+    standing elements, else |a - n| > atol + rtol |n| at the tally's own tolerance."""
+    if tally.standing is not None:
+        mask = torch.zeros(analytical.shape, dtype=torch.bool)
+        mask[tally.standing] = True
+        return mask
+    return ~((analytical - numerical).abs() <= tally.atol + tally.rtol * numerical.abs())
 
 
 def unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -12,16 +12,17 @@ MAX_CELLS = 64  # per side: a 64 x 64 map shows a pattern and keeps a page small
 
 
 def error_grid(analytical: torch.Tensor, numerical: torch.Tensor, atol: float, rtol: float,
-               max_cells: int = MAX_CELLS) -> ErrorGrid:
+               max_cells: int = MAX_CELLS, bad: torch.Tensor | None = None) -> ErrorGrid:
     """The (n_out, n_in) block's errors, max-pooled over tiles so at most max_cells a side
-    remain: a single wrong element still shows in its cell (a mean would dilute it)."""
+    remain: a single wrong element still shows in its cell (a mean would dilute it). `bad`:
+    the elements the verdict judged wrong (else those beyond atol + rtol |n|)."""
     a = analytical.detach().to(torch.float64).cpu()
     n = numerical.detach().to(torch.float64).cpu()
     diff = (a - n).abs()
     diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
     # Relative to |numerical|, floored at atol: exact zeros (most of a sparse block) stay 0.
     rel = diff / n.abs().clamp_min(max(atol, 1e-300))
-    bad = (diff > atol + rtol * n.abs()).to(torch.float64)
+    bad = (diff > atol + rtol * n.abs() if bad is None else bad).to(torch.float64)
     n_rows, n_cols = diff.shape
     row_tile, col_tile = math.ceil(n_rows / max_cells), math.ceil(n_cols / max_cells)
     return ErrorGrid(n_rows, n_cols, row_tile, col_tile,

@@ -12,7 +12,7 @@ import torch
 from ..config.settings import CheckConfig
 from ..results import Block, Outcome
 from .columns import Sweep, sweep_coloured, sweep_dense
-from .compare import BlockTally
+from .compare import BlockTally, judged_mask
 from .facts import output_facts
 from .problem import Problem, flat_cat, select_outputs
 from .sparsity import (
@@ -42,6 +42,8 @@ class Verdict:
     mode_reason: str
     details: list[str] = field(default_factory=list)
     dense: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # per dense block: the elements the verdict judged wrong (the diagnosis and heat map read it)
+    mismatch: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     tolerance: dict[str, float] = field(default_factory=dict)  # measured: how it judged
     limit: str | None = None   # measured: what noise keeps from being seen
 
@@ -204,13 +206,14 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
         dense = _dense_blocks(problem, config, jac, leaves, bounds, kept, failing)
         fresh = _tallies(problem, leaves, outs, *_fixed(config), config.max_worst)
         for (i, o), (analytical, numerical) in dense.items():
-            if measurement is not None and not measurement.fixed_settled:
-                continue  # the counts are the measured verdict's
+            if measurement is not None:
+                continue  # the counts are the measured verdict's: one judgement per element
             fresh[i][o].add(analytical, numerical)
             tallies[i][o] = fresh[i][o]
     verdict = _finish(problem, config, tallies, False, "full", reason,
                       Evaluations(flat_cat(outs).detach(), kept))
     verdict.dense = dense
+    verdict.mismatch = {k: judged_mask(tallies[k[0]][k[1]], *pair) for k, pair in dense.items()}
     if config.measured:
         from .measured import describe
 

@@ -56,7 +56,7 @@ class Measurement:
     columns: int = 0           # columns evaluated at 2h and 3h
     max_tolerance: float = 0.0  # the largest K x error + floor over them
     max_relative: float = 0.0   # the typical tolerance relative to |D| (where |D| is large)
-    unmeasured: int = 0        # beyond the first bound, not measured (the verdict was settled)
+    unmeasured: int = 0        # beyond the first bound, not judged (too many columns)
     fixed_settled: bool = False  # some element is beyond the fixed tolerance: today's verdict
     fixed: tuple[float, float] = (0.0, 0.0)
     measured_only: int = 0     # standing elements within gradcheck's fixed tolerance
@@ -70,9 +70,11 @@ class Measurement:
         if not self.measured:
             return (f"tolerance measured: every element within the first bound {first} "
                     "(finite-difference rounding and truncation), so no second step")
+        also = (", the others beyond gradcheck's fixed tolerance too" if self.fixed_settled
+                else "")
         return (f"tolerance measured: finite-difference error <= {self.max_tolerance:.2g} here "
                 f"({K:g} x the error measured at steps h, 2h, 3h, at {self.measured} element(s) "
-                f"beyond the first bound {first})")
+                f"beyond the first bound {first}{also})")
 
     def limit(self) -> str | None:
         if self.max_relative <= NOISY:
@@ -151,21 +153,20 @@ def _measure_input(problem: Problem, values: Sequence[torch.Tensor], i: int,
                    flags: tuple[torch.Tensor, ...], f0: torch.Tensor, h: float,
                    fixed: tuple[float, float], kept: dict, found: Measurement,
                    bounds: Sequence[int]) -> _Result:
-    """Columns worst first, BATCH at a time, until one element stands or all are measured."""
+    """Every flagged element judged by one tolerance: an element beyond gradcheck's fixed
+    tolerance stands as it is (the measured one is never more lenient), so only the columns
+    holding a flagged element within it are measured, worst first, BATCH at a time."""
     rows, cols, a, n = flags
     diff = (a - n).abs().nan_to_num(nan=math.inf)
     fixed_tol = fixed[0] + fixed[1] * n.abs()
-    if bool((diff > fixed_tol).any()):
-        # Beyond the fixed tolerance already: today's verdict, at today's cost, no measuring.
-        found.fixed_settled = True
-        return _Result(diff > fixed_tol, torch.ones(len(rows), dtype=torch.bool), fixed_tol,
-                       any_standing=True)
+    beyond = diff > fixed_tol
+    found.fixed_settled |= bool(beyond.any())
+    result = _Result(beyond.clone(), torch.zeros(len(rows), dtype=torch.bool),
+                     torch.where(beyond, fixed_tol, torch.full_like(fixed_tol, math.inf)),
+                     any_standing=bool(beyond.any()))
     excess = diff - (found.first_atol + found.first_rtol * n.abs())
-    order = torch.argsort(excess, descending=True)
-    columns = list(dict.fromkeys(cols[order].tolist()))
-    result = _Result(torch.zeros(len(rows), dtype=torch.bool),
-                     torch.zeros(len(rows), dtype=torch.bool),
-                     torch.full((len(rows),), math.inf, dtype=torch.float64))
+    order = torch.argsort(torch.where(beyond, -math.inf, excess), descending=True)
+    columns = list(dict.fromkeys(cols[order[~beyond[order]]].tolist()))
     pooled_sum = torch.zeros_like(f0, dtype=torch.float64)
     pooled_n = 0
     for start in range(0, min(len(columns), MAX_COLUMNS), BATCH):
@@ -185,27 +186,32 @@ def _measure_input(problem: Problem, values: Sequence[torch.Tensor], i: int,
         result.stands[pick], result.tolerance[pick] = stands, tol
         result.measured[pick] = True
         found.columns += len(batch)
-        found.measured_only += int(stands.sum())
-        if bool(stands.any()):
-            result.any_standing = True
-            break
-    result.complete = bool(result.measured.all()) or result.any_standing
+        found.measured_only += int((stands & ~beyond[pick]).sum())
+        result.any_standing |= bool(stands.any())
+    result.complete = bool((result.measured | beyond).all())
+    _note_measured(result, rows, n, bounds, found)
+    return result
+
+
+def _note_measured(result: _Result, rows: torch.Tensor, n: torch.Tensor,
+                   bounds: Sequence[int], found: Measurement) -> None:
+    """What the measured columns showed: how many, the largest tolerance, the typical one."""
     measured_tol = result.tolerance[result.measured]
     finite = measured_tol[torch.isfinite(measured_tol)]
     found.measured += int(result.measured.sum())
-    if finite.numel():
-        found.max_tolerance = max(found.max_tolerance, float(finite.max()))
-        # per output: the typical relative tolerance among its larger derivatives
-        ok = result.measured & torch.isfinite(result.tolerance)
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
-            mine = ok & (rows >= lo) & (rows < hi)
-            d = n[mine].abs()
-            if not d.numel() or not float(d.max()) > 0:
-                continue
-            big = d >= 0.1 * float(d.max())
-            typical = float((result.tolerance[mine][big] / d[big]).median())
-            found.max_relative = max(found.max_relative, typical)
-    return result
+    if not finite.numel():
+        return
+    found.max_tolerance = max(found.max_tolerance, float(finite.max()))
+    # per output: the typical relative tolerance among its larger derivatives
+    ok = result.measured & torch.isfinite(result.tolerance)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        mine = ok & (rows >= lo) & (rows < hi)
+        d = n[mine].abs()
+        if not d.numel() or not float(d.max()) > 0:
+            continue
+        big = d >= 0.1 * float(d.max())
+        typical = float((result.tolerance[mine][big] / d[big]).median())
+        found.max_relative = max(found.max_relative, typical)
 
 
 def _evaluate(problem: Problem, values: Sequence[torch.Tensor], i: int, cols: list[int],
@@ -262,14 +268,16 @@ def _judge(p: torch.Tensor, f_abs: torch.Tensor, sigma: torch.Tensor, x_abs: tor
 def _rewrite(row: list[BlockTally], flags: tuple[torch.Tensor, ...], result: _Result,
              bounds: Sequence[int], found: Measurement, unvalued: Sequence[int]) -> None:
     """Each output's tally keeps the standing elements (worst by excess over their measured
-    tolerance) and, after an early settle, the unmeasured flags counted as mismatches."""
+    tolerance) and the flags left unjudged (past MAX_COLUMNS, beside a standing element)
+    counted as mismatches, conservatively."""
     rows, cols, a, n = flags
-    unmeasured = ~result.measured
-    found.unmeasured += int(unmeasured.sum()) + sum(unvalued)
-    keep = result.stands | unmeasured
+    unjudged = ~(result.measured | result.stands)
+    found.unmeasured += int(unjudged.sum()) + sum(unvalued)
+    keep = result.stands | unjudged
     for o, tally in enumerate(row):
         mine = keep & (rows >= bounds[o]) & (rows < bounds[o + 1])
         tally.mismatched = int(mine.sum()) + unvalued[o]
+        tally.standing = (rows[mine] - bounds[o], cols[mine])  # the judged mismatches
         diff = (a - n).abs()
         tol = torch.where(torch.isfinite(result.tolerance), result.tolerance,
                           torch.zeros_like(result.tolerance))
@@ -334,7 +342,8 @@ def describe(verdict: Any, tallies: list[list[BlockTally]],
     verdict.details.append(found.describe())
     if found.unmeasured:
         verdict.details.append(f"{found.unmeasured} more element(s) beyond the first bound "
-                               "were not measured: the verdict was already settled")
+                               "could not be measured (too many columns, or no exact value) "
+                               "and are counted as mismatches")
     limit = found.limit()
     if limit:
         verdict.details.append(limit)
