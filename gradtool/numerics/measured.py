@@ -33,6 +33,7 @@ FIRST_RTOL = 1e-7      # first bound's truncation allowance (smooth float64: ~1e
 ROUND_C = 32.0         # first bound's rounding allowance: ROUND_C u max|f| / h
 FLOOR_REL = 1e-9       # the verdict's floor, relative to |D|
 BATCH = 64             # columns measured per round, worst first
+SAMPLE = 2             # columns measured once the verdict stands, evaluated one by one
 MAX_COLUMNS = 4096     # beyond this, unsettled flags fall back on the fixed tolerance
 NOISY = 1e-6           # a measured relative tolerance above this is reported as a limit
 STEPS = (-3, -2, -1, 1, 2, 3)
@@ -60,6 +61,8 @@ class Measurement:
     fixed_settled: bool = False  # some element is beyond the fixed tolerance: today's verdict
     fixed: tuple[float, float] = (0.0, 0.0)
     measured_only: int = 0     # standing elements within gradcheck's fixed tolerance
+    sampled: int = 0           # judged by the measured sample's tolerance (columns not re-run)
+    sample_tolerance: tuple[float, float] = (0.0, 0.0)   # its (absolute, relative) parts
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
@@ -145,6 +148,7 @@ class _Result:
     stands: torch.Tensor      # per flagged element: beyond its measured tolerance (or fixed)
     measured: torch.Tensor    # per flagged element: measured (its column was evaluated)
     tolerance: torch.Tensor   # per flagged element: the tolerance it was judged by (inf: none)
+    sampled: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
     any_standing: bool = False
     complete: bool = True
 
@@ -163,14 +167,21 @@ def _measure_input(problem: Problem, values: Sequence[torch.Tensor], i: int,
     found.fixed_settled |= bool(beyond.any())
     result = _Result(beyond.clone(), torch.zeros(len(rows), dtype=torch.bool),
                      torch.where(beyond, fixed_tol, torch.full_like(fixed_tol, math.inf)),
-                     any_standing=bool(beyond.any()))
+                     torch.zeros(len(rows), dtype=torch.bool), any_standing=bool(beyond.any()))
     excess = diff - (found.first_atol + found.first_rtol * n.abs())
     order = torch.argsort(torch.where(beyond, -math.inf, excess), descending=True)
-    columns = list(dict.fromkeys(cols[order[~beyond[order]]].tolist()))
+    columns = list(dict.fromkeys(cols[order[~beyond[order]]].tolist()))[:MAX_COLUMNS]
     pooled_sum = torch.zeros_like(f0, dtype=torch.float64)
-    pooled_n = 0
-    for start in range(0, min(len(columns), MAX_COLUMNS), BATCH):
-        batch = columns[start:start + BATCH]
+    pooled_n = start = 0
+    while start < len(columns):
+        # Until one element stands the verdict depends on every column (BATCH at a time, as
+        # a passing run measures them); after, the count does: all of them where evaluations
+        # are batched, else a sample whose tolerance judges the rest (_by_sample).
+        if result.any_standing and problem.vmap_ok is not True and start >= SAMPLE:
+            break
+        size = BATCH if not result.any_standing or problem.vmap_ok else SAMPLE - start
+        batch = columns[start:start + size]
+        start += len(batch)
         points = _evaluate(problem, values, i, batch, h, kept, f0)       # (7, len(batch), n_out)
         sigma2 = _fourth_differences(points)                         # (len(batch), n_out)
         pooled_sum += sigma2.sum(0)
@@ -188,9 +199,34 @@ def _measure_input(problem: Problem, values: Sequence[torch.Tensor], i: int,
         found.columns += len(batch)
         found.measured_only += int((stands & ~beyond[pick]).sum())
         result.any_standing |= bool(stands.any())
-    result.complete = bool((result.measured | beyond).all())
+    if start < len(columns) and result.any_standing:
+        _by_sample(result, diff, n, beyond, found)
+    result.complete = bool((result.measured | beyond | result.sampled).all())
     _note_measured(result, rows, n, bounds, found)
     return result
+
+
+def _by_sample(result: _Result, diff: torch.Tensor, n: torch.Tensor, beyond: torch.Tensor,
+               found: Measurement) -> None:
+    """The flags of unmeasured columns, once the verdict stands, judged by the measured
+    sample's tolerance, an affine bound floor + rel |n| over it: rel the largest relative one
+    among its larger derivatives, floor the least that then covers every measured element
+    (an element beyond gradcheck's tolerance stands whatever this says)."""
+    rest = ~(result.measured | beyond)
+    tol = result.tolerance[result.measured]
+    d = n[result.measured].abs()
+    ok = torch.isfinite(tol)
+    if not bool(ok.any()):
+        return  # nothing finite measured: those flags stay unjudged (counted, and said so)
+    big = ok & (d >= 0.1 * float(d[ok].max())) & (d > 0)
+    rel = float((tol[big] / d[big]).max()) if bool(big.any()) else 0.0
+    floor = float((tol[ok] - rel * d[ok]).clamp_min(0.0).max())  # covers every measured one
+    block = floor + rel * n[rest].abs()
+    result.stands[rest] = diff[rest] > block
+    result.tolerance[rest] = block
+    result.sampled[rest] = True
+    found.sampled += int(rest.sum())
+    found.sample_tolerance = (floor, rel)
 
 
 def _note_measured(result: _Result, rows: torch.Tensor, n: torch.Tensor,
@@ -271,7 +307,7 @@ def _rewrite(row: list[BlockTally], flags: tuple[torch.Tensor, ...], result: _Re
     tolerance) and the flags left unjudged (past MAX_COLUMNS, beside a standing element)
     counted as mismatches, conservatively."""
     rows, cols, a, n = flags
-    unjudged = ~(result.measured | result.stands)
+    unjudged = ~(result.measured | result.stands | result.sampled)
     found.unmeasured += int(unjudged.sum()) + sum(unvalued)
     keep = result.stands | unjudged
     for o, tally in enumerate(row):
@@ -340,6 +376,12 @@ def describe(verdict: Any, tallies: list[list[BlockTally]],
         measurement = Measurement(first.atol if first else 0.0, first.rtol if first else 0.0)
     found = measurement
     verdict.details.append(found.describe())
+    if found.sampled:
+        floor, rel = found.sample_tolerance
+        verdict.details.append(
+            f"{found.sampled} more element(s) beyond the first bound judged by the measured "
+            f"elements' tolerance, {floor:.2g} + {rel:.2g} |n| (their columns not evaluated "
+            "again: the verdict already stood)")
     if found.unmeasured:
         verdict.details.append(f"{found.unmeasured} more element(s) beyond the first bound "
                                "could not be measured (too many columns, or no exact value) "
