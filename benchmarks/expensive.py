@@ -40,6 +40,9 @@ INPUTS = {"ODE (RK4 loop)": ["(8,)", "(8,)"], "fixed point": ["(12,)"],
 FAMILIES = {**expensive.FAMILIES, **expensive.HANDWRITTEN}
 
 
+MODE = ["auto"]  # --mode: auto (the default a user gets) or full (counts free of timing)
+
+
 def gradtool_all(cls: type, inputs: list[str]) -> tuple[h.Run, Counter, list[str]]:
     """Every default check, the whole library call; evaluations counted at the Function."""
     import gradtool
@@ -47,7 +50,7 @@ def gradtool_all(cls: type, inputs: list[str]) -> tuple[h.Run, Counter, list[str
     counter: Counter = Counter()
     counted = h.counting(cls, counter)
     start = time.perf_counter()
-    report = gradtool.check(counted, inputs, mode="auto")
+    report = gradtool.check(counted, inputs, mode=MODE[0])
     seconds = time.perf_counter() - start
     checks = [c for _, _, c in report.checks()]
     failed = [c.name for c in checks if c.outcome.value not in ("passed", "skipped")]
@@ -139,11 +142,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="one round, the hand-written families only")
     parser.add_argument("--family", action="append", choices=list(FAMILIES),
                         help="only these families (repeatable)")
+    parser.add_argument("--mode", choices=("auto", "full"), default="auto",
+                        help="gradtool's mode (auto chooses by timing: under load a check may "
+                             "go to probe mode; full: counts that do not depend on the load)")
     args = parser.parse_args(argv)
+    MODE[0] = args.mode
     torch.set_num_threads(1)
     families = args.family or (list(expensive.HANDWRITTEN) if args.quick else list(FAMILIES))
     repeats = 1 if args.quick else args.repeats
-    print(f"torch {torch.__version__}, one thread, {repeats} interleaved round(s); "
+    print(f"torch {torch.__version__}, one thread, gradtool --mode {args.mode}, {repeats} "
+          f"interleaved round(s); "
           f"at the start: {load()}")
     rows = []
     for family in families:

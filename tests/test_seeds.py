@@ -32,6 +32,10 @@ CORRECT = [  # (fixture file, class, inputs): every correct twin the broken fixt
     ("wolf", "CrossCovariance", ["5x3", "5x3"]),
     ("wolf", "SinJvp", ["3x4"]),
     ("wolf", "renormed", ["8x5"]),
+    ("expensive", "AdjointOde", ["(6,)", "(6,)"]),
+    ("expensive", "ShiftedSolve", ["5x5", "(5,)"]),
+    ("expensive", "BroydenRoot", ["(8,)", "8x8:[-0.15,0.15]"]),
+    ("expensive", "Scan", ["8x5", "(5,)", "5x5:[-0.4,0.4]"]),
 ]
 
 

@@ -42,7 +42,7 @@ def check_double_backward(case: Case, target: Target, config: CheckConfig) -> Ch
     if problem is None:
         return CheckResult("double_backward", Outcome.SKIPPED, "no differentiable output")
     result = jacobian_result("double_backward", problem, target, config, case.seed, None, None,
-                             _diagnose)
+                             _diagnose, _engine(case.problem))
     case.problem.calls.update(problem.calls)
     if result.outcome is Outcome.ERROR and ONCE in (result.traceback or ""):
         return CheckResult("double_backward", Outcome.SKIPPED,
@@ -55,6 +55,25 @@ def check_double_backward(case: Case, target: Target, config: CheckConfig) -> Ch
                            (_UNSUPPORTED_NOTE,), calls=result.calls,
                            duration_s=result.duration_s)
     return result
+
+
+# Second order of a backward already known wrong: the report needs one confirmed failure, the
+# user's next step is the first-order fix, and after it a full run checks every input again.
+STOP = ("backward is already wrong at first order (the gradient check failed), so double "
+        "backward stopped at its first input with a confirmed failure; `--check "
+        "double_backward` alone checks every input")
+
+
+def _engine(problem: Problem) -> Any:
+    """Reverse mode, told to stop at the first failing input when the gradient check of this
+    run failed (a second order that passes is still checked whole: no verdict changes)."""
+    if problem.memo.get("first_order") is not Outcome.FAILED:
+        return None
+    from functools import partial
+
+    from .gradient import reverse_mode
+
+    return partial(reverse_mode, stop=STOP)
 
 
 def _not_implemented(result: CheckResult) -> str | None:

@@ -128,11 +128,13 @@ def _where(block: Block) -> str:
 
 
 def reverse_mode(problem: Problem, config: CheckConfig, leaves: list[torch.Tensor],
-                 outs: list[torch.Tensor], seed: int, reference: Reference | None) -> Verdict:
-    """backward's Jacobian against finite differences (or a surrogate), full or probe mode."""
+                 outs: list[torch.Tensor], seed: int, reference: Reference | None,
+                 stop: str | None = None) -> Verdict:
+    """backward's Jacobian against finite differences (or a surrogate), full or probe mode;
+    `stop`: why full mode may stop at the first input with a confirmed failure."""
     mode, reason = choose_mode(problem, config, leaves, outs)
     if mode == "full":
-        return check_full(problem, config, leaves, outs, reference, reason)
+        return check_full(problem, config, leaves, outs, reference, reason, stop)
     return check_probe(problem, config, leaves, outs, reference, reason, seed)
 
 
@@ -279,6 +281,7 @@ def run(case: Case, context: Context) -> CheckResult:
         return complex_
     reference = context.reference(case) if context.reference is not None else None
     result = check_gradient(case, context.target, context.config, reference, context.surrogate)
+    case.problem.memo["first_order"] = result.outcome  # double backward reads it (its cost)
     if case.problem.complex:  # complex outputs, learnt by the priming forward
         return complex_
     if context.annotate is not None and context.surrogate is None:

@@ -161,9 +161,11 @@ def _bytes(n: float) -> str:
 
 
 def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
-               outs: Sequence[torch.Tensor], reference: Reference | None, reason: str) -> Verdict:
+               outs: Sequence[torch.Tensor], reference: Reference | None, reason: str,
+               stop: str | None = None) -> Verdict:
     """Every element: the analytical Jacobian (grouped rows where possible), then each input's
-    numerical columns (coloured where the pattern allows) compared chunk by chunk."""
+    numerical columns (coloured where the pattern allows) compared chunk by chunk. `stop`
+    (why): inputs after the first one with a confirmed failure are not swept, and said so."""
     if reference is not None:
         tallies = _tallies(problem, leaves, outs, config.tolerance("atol"),
                            config.tolerance("rtol"), config.max_worst)
@@ -176,7 +178,9 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
     bounds = [0]
     for o in outs:
         bounds.append(bounds[-1] + o.numel())
-    offset, kept = 0, []
+    offset, kept, skipped = 0, [], []
+    done: dict = {}  # (input, output) -> the kink test's answer, when `stop` asked early
+    f0 = flat_cat(outs).detach()
     keep = 2 * n_out * jac.n_in <= DENSE_LIMIT  # evaluations kept for the failing path
     affordable = _affordable(problem, jac)  # as known before the sweep learns vmap_ok
     for i, leaf in enumerate(leaves):
@@ -191,6 +195,12 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
         else:
             sweep_dense(sweep, jac)
         offset += size
+        if stop and i + 1 < len(leaves) and _confirmed(
+                problem, config, tallies, i,
+                Evaluations(f0, kept + [{}] * (len(leaves) - len(kept)), done)):
+            skipped = problem.input_names[i + 1:len(leaves)]
+            break
+    kept += [{} for _ in range(len(leaves) - len(kept))]  # inputs `stop` left unswept
     measurement = None
     if config.measured and any(t.mismatched for row in tallies for t in row):
         from .measured import remeasure
@@ -211,8 +221,11 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
             fresh[i][o].add(analytical, numerical)
             tallies[i][o] = fresh[i][o]
     verdict = _finish(problem, config, tallies, False, "full", reason,
-                      Evaluations(flat_cat(outs).detach(), kept))
+                      Evaluations(f0, kept, done))
     verdict.dense = dense
+    if skipped:
+        verdict.details.append(
+            f"not checked: input(s) {', '.join(repr(n) for n in skipped)}, for cost: {stop}")
     verdict.mismatch = {k: judged_mask(tallies[k[0]][k[1]], *pair) for k, pair in dense.items()}
     if config.measured:
         from .measured import describe
@@ -340,6 +353,7 @@ class Evaluations:
 
     f0: torch.Tensor
     kept: Sequence[dict[int, tuple[torch.Tensor, torch.Tensor]]]
+    confirmed: dict = field(default_factory=dict)  # (input, output) -> _confirm's answer
 
 
 def _finish(problem: Problem, config: CheckConfig, tallies: list[list[BlockTally]],
@@ -353,8 +367,10 @@ def _finish(problem: Problem, config: CheckConfig, tallies: list[list[BlockTally
                 blocks.append(tally.to_block())
                 continue
             offset = sum(math.prod(t.output_shape) for t in row[:o])
-            elements, inconclusive = _confirm(problem, config, tally, i, offset, has_reference,
-                                              done)
+            elements, inconclusive = (done.confirmed.get((i, o)) if done is not None
+                                      and (i, o) in done.confirmed else
+                                      _confirm(problem, config, tally, i, offset,
+                                               has_reference, done))
             blocks.append(tally.to_block(tuple(elements)))
             outcomes.append(Outcome.INCONCLUSIVE if inconclusive else Outcome.FAILED)
             if inconclusive:
@@ -392,6 +408,21 @@ def _confirm(problem: Problem, config: CheckConfig, tally: BlockTally, i: int, o
         if not shaky:  # a standing element settles the verdict: failed
             return elements + exact[k + 1:], False
     return elements, True
+
+
+def _confirmed(problem: Problem, config: CheckConfig, tallies: list[list[BlockTally]], i: int,
+               evaluated: Evaluations) -> bool:
+    """Whether input i's sweep found a failure the kink test confirms (remembered in
+    `evaluated.confirmed`, so the verdict does not test it twice)."""
+    offset = 0
+    for o, tally in enumerate(tallies[i]):
+        if tally.mismatched:
+            answer = _confirm(problem, config, tally, i, offset, False, evaluated)
+            evaluated.confirmed[(i, o)] = answer
+            if not answer[1]:
+                return True
+        offset += math.prod(tally.output_shape)
+    return False
 
 
 def _whole_tensor(worst: Sequence[tuple[float, int, int, float, float]]) -> bool:
