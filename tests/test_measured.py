@@ -198,3 +198,26 @@ def test_a_common_scale_error_is_named_whichever_bound_its_elements_exceed():
     (block,) = check.blocks
     assert block.mismatched == 12
     assert "× numerical" in block.diagnosis and "1.002" in block.diagnosis
+
+
+def test_a_looped_function_judges_the_rest_of_a_failing_block_by_one_measured_column():
+    # vmap refuses this forward (it goes through numpy), so each evaluation is a call: once an
+    # element beyond gradcheck's tolerance settles the verdict (seed 0), one column is
+    # evaluated at ±10h, where the kink test looks anyway, and its error judges the rest.
+    class Looped(S.GeluTanhConstant):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            import torch
+
+            return torch.from_numpy(S.gelu(x).detach().numpy().copy())
+
+    check = gradient(Looped, ["3x4"], seed=0)
+    (block,) = check.blocks
+    assert check.outcome.value == "failed" and block.mismatched == 12
+    assert block.diagnosis.startswith("no simple pattern: 12 of 144 elements differ")
+    assert any("judged by the error measured in one column" in d for d in check.details)
+    # the sweep (one colour's 4, its columns recomputed whole: 24) and the two at ±10h that
+    # the kink test reuses: what the fixed tolerance's verdict cost before, nothing more
+    assert check.calls["forward"] <= 4 + 2 * 12 + 2
+    assert gradient(S.GeluTanh, ["3x4"], seed=0).outcome.value == "passed"

@@ -179,6 +179,7 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
     for o in outs:
         bounds.append(bounds[-1] + o.numel())
     offset, kept, skipped = 0, [], []
+    far: list[dict] = [{} for _ in leaves]  # col -> f(x ± 10h e_col): measured's, the kink test's
     done: dict = {}  # (input, output) -> the kink test's answer, when `stop` asked early
     f0 = flat_cat(outs).detach()
     keep = 2 * n_out * jac.n_in <= DENSE_LIMIT  # evaluations kept for the failing path
@@ -197,7 +198,7 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
         offset += size
         if stop and i + 1 < len(leaves) and _confirmed(
                 problem, config, tallies, i,
-                Evaluations(f0, kept + [{}] * (len(leaves) - len(kept)), done)):
+                Evaluations(f0, kept + [{}] * (len(leaves) - len(kept)), done, far)):
             skipped = problem.input_names[i + 1:len(leaves)]
             break
     kept += [{} for _ in range(len(leaves) - len(kept))]  # inputs `stop` left unswept
@@ -206,7 +207,7 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
         from .measured import remeasure
 
         measurement = remeasure(problem, problem.inputs, tallies, flat_cat(outs).detach(),
-                                config.tolerance("eps"), _fixed(config), kept, bounds)
+                                config.tolerance("eps"), _fixed(config), kept, bounds, far)
         if measurement is None:  # flags it cannot measure, none standing: the fixed tolerance
             return _fallback(problem, config, leaves, outs, reason)
     dense = {}
@@ -221,7 +222,7 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
             fresh[i][o].add(analytical, numerical)
             tallies[i][o] = fresh[i][o]
     verdict = _finish(problem, config, tallies, False, "full", reason,
-                      Evaluations(f0, kept, done))
+                      Evaluations(f0, kept, done, far))
     verdict.dense = dense
     if skipped:
         verdict.details.append(
@@ -354,6 +355,7 @@ class Evaluations:
     f0: torch.Tensor
     kept: Sequence[dict[int, tuple[torch.Tensor, torch.Tensor]]]
     confirmed: dict = field(default_factory=dict)  # (input, output) -> _confirm's answer
+    far: Sequence[dict] = ()  # per input: col -> f(x ± 10h e_col), evaluated by measured.py
 
 
 def _finish(problem: Problem, config: CheckConfig, tallies: list[list[BlockTally]],
@@ -396,17 +398,21 @@ def _confirm(problem: Problem, config: CheckConfig, tally: BlockTally, i: int, o
         return [], False
     h = config.tolerance("eps")
     cache: dict[int, dict[str, torch.Tensor]] = {}
-    elements = []
-    for k, (_, r, c, a, n) in enumerate(tally.worst):
+    elements = list(exact)
+    # columns already evaluated at ±10h (the measured tolerance's sample) are tried first
+    far = done.far[i] if done is not None and i < len(done.far) else {}
+    order = sorted(range(len(tally.worst)), key=lambda k: tally.worst[k][2] not in far)
+    for step, k in enumerate(order):
+        _, r, c, a, n = tally.worst[k]
         if c not in cache:  # a common ratio: one-sided estimates already kept show a tie
-            near = k == 0 and _whole_tensor(tally.worst)
+            near = step == 0 and _whole_tensor(tally.worst)
             cache[c] = _estimates(problem, i, c, h, done, near)
         estimates = [e[out_offset + r].item() for e in cache[c].values()]
         spread = max(estimates) - min(estimates)
         shaky = not math.isfinite(spread) or spread > tally.kink_tolerance(n)
-        elements.append(tally.element(r, c, a, n, inconclusive=shaky))
+        elements[k] = tally.element(r, c, a, n, inconclusive=shaky)
         if not shaky:  # a standing element settles the verdict: failed
-            return elements + exact[k + 1:], False
+            return elements, False
     return elements, True
 
 
@@ -445,13 +451,14 @@ def _estimates(problem: Problem, i: int, col: int, h: float, done: Evaluations |
                  "central": (plus - minus) / (2 * h)}
     if near:
         return near_only
-    work = [v.detach().clone() for v in problem.inputs]
-    flat = work[i].view(-1)
-    original = flat[col].item()
-    far = []
-    for delta in (10 * h, -10 * h):
-        flat[col] = original + delta
-        far.append(flat_cat(problem.outputs(work)))
+    far = list(done.far[i][col]) if i < len(done.far) and col in done.far[i] else []
+    if not far:
+        work = [v.detach().clone() for v in problem.inputs]
+        flat = work[i].view(-1)
+        original = flat[col].item()
+        for delta in (10 * h, -10 * h):
+            flat[col] = original + delta
+            far.append(flat_cat(problem.outputs(work)))
     return {**near_only, "central x10": (far[0] - far[1]) / (20 * h)}
 
 

@@ -33,7 +33,6 @@ FIRST_RTOL = 1e-7      # first bound's truncation allowance (smooth float64: ~1e
 ROUND_C = 32.0         # first bound's rounding allowance: ROUND_C u max|f| / h
 FLOOR_REL = 1e-9       # the verdict's floor, relative to |D|
 BATCH = 64             # columns measured per round, worst first
-SAMPLE = 2             # columns measured once the verdict stands, evaluated one by one
 MAX_COLUMNS = 4096     # beyond this, unsettled flags fall back on the fixed tolerance
 NOISY = 1e-6           # a measured relative tolerance above this is reported as a limit
 STEPS = (-3, -2, -1, 1, 2, 3)
@@ -55,6 +54,7 @@ class Measurement:
     first_rtol: float
     measured: int = 0          # elements judged by their measured error
     columns: int = 0           # columns evaluated at 2h and 3h
+    far: int = 0               # columns evaluated at 10h only (a sample, the kink test's)
     max_tolerance: float = 0.0  # the largest K x error + floor over them
     max_relative: float = 0.0   # the typical tolerance relative to |D| (where |D| is large)
     unmeasured: int = 0        # beyond the first bound, not judged (too many columns)
@@ -75,8 +75,12 @@ class Measurement:
                     "(finite-difference rounding and truncation), so no second step")
         also = (", the others beyond gradcheck's fixed tolerance too" if self.fixed_settled
                 else "")
+        steps = " and ".join(
+            words for words, count in (("at steps h, 2h, 3h", self.columns),
+                                       (f"between steps h and 10h in {self.far} column(s)",
+                                        self.far)) if count)
         return (f"tolerance measured: finite-difference error <= {self.max_tolerance:.2g} here "
-                f"({K:g} x the error measured at steps h, 2h, 3h, at {self.measured} element(s) "
+                f"({K:g} x the error measured {steps}, at {self.measured} element(s) "
                 f"beyond the first bound {first}{also})")
 
     def limit(self) -> str | None:
@@ -89,7 +93,7 @@ class Measurement:
 def remeasure(problem: Problem, values: Sequence[torch.Tensor], tallies: list[list[BlockTally]],
               f0: torch.Tensor, h: float, fixed: tuple[float, float],
               kept: Sequence[dict[int, tuple[torch.Tensor, torch.Tensor]]],
-              bounds: Sequence[int]) -> Measurement | None:
+              bounds: Sequence[int], far: Sequence[dict] | None = None) -> Measurement | None:
     """Judge every element beyond the first bound by its measured error; the tallies are
     rewritten with the elements that stand. None when some flags cannot be measured (no exact
     value, or too many columns) and none stands: the caller falls back on the fixed tolerance."""
@@ -109,7 +113,7 @@ def remeasure(problem: Problem, values: Sequence[torch.Tensor], tallies: list[li
             complete &= not any(unvalued)
             continue
         result = _measure_input(problem, values, i, flags, f0, h, fixed, kept[i], found,
-                                bounds)
+                                bounds, far[i] if far is not None else {})
         standing |= result.any_standing
         complete &= result.complete and not any(unvalued)
         _rewrite(row, flags, result, bounds, found, unvalued)
@@ -149,6 +153,7 @@ class _Result:
     measured: torch.Tensor    # per flagged element: measured (its column was evaluated)
     tolerance: torch.Tensor   # per flagged element: the tolerance it was judged by (inf: none)
     sampled: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
+    model: tuple[float, float, float] | None = None  # _judge_far's, for the other columns
     any_standing: bool = False
     complete: bool = True
 
@@ -156,7 +161,7 @@ class _Result:
 def _measure_input(problem: Problem, values: Sequence[torch.Tensor], i: int,
                    flags: tuple[torch.Tensor, ...], f0: torch.Tensor, h: float,
                    fixed: tuple[float, float], kept: dict, found: Measurement,
-                   bounds: Sequence[int]) -> _Result:
+                   bounds: Sequence[int], far: dict) -> _Result:
     """Every flagged element judged by one tolerance: an element beyond gradcheck's fixed
     tolerance stands as it is (the measured one is never more lenient), so only the columns
     holding a flagged element within it are measured, worst first, BATCH at a time."""
@@ -171,57 +176,148 @@ def _measure_input(problem: Problem, values: Sequence[torch.Tensor], i: int,
     excess = diff - (found.first_atol + found.first_rtol * n.abs())
     order = torch.argsort(torch.where(beyond, -math.inf, excess), descending=True)
     columns = list(dict.fromkeys(cols[order[~beyond[order]]].tolist()))[:MAX_COLUMNS]
-    pooled_sum = torch.zeros_like(f0, dtype=torch.float64)
-    pooled_n = start = 0
+    pooled, start = None, 0
     while start < len(columns):
         # Until one element stands the verdict depends on every column (BATCH at a time, as
         # a passing run measures them); after, the count does: all of them where evaluations
-        # are batched, else a sample whose tolerance judges the rest (_by_sample).
-        if result.any_standing and problem.vmap_ok is not True and start >= SAMPLE:
+        # are batched, else one column at ±10h whose tolerance judges the rest (_by_sample),
+        # evaluated where the kink test will look anyway.
+        if result.any_standing and problem.vmap_ok is not True:
+            if not _sample_far(problem, values, i, flags, diff, beyond, f0, h, kept, far,
+                               result, bounds, found):
+                _measure(problem, values, i, flags, columns[start:start + 1], h, kept, f0,
+                         fixed, beyond, result, found)
             break
-        size = BATCH if not result.any_standing or problem.vmap_ok else SAMPLE - start
-        batch = columns[start:start + size]
+        batch = columns[start:start + BATCH]
         start += len(batch)
-        points = _evaluate(problem, values, i, batch, h, kept, f0)       # (7, len(batch), n_out)
-        sigma2 = _fourth_differences(points)                         # (len(batch), n_out)
-        pooled_sum += sigma2.sum(0)
-        pooled_n += len(batch)
-        where = {c: k for k, c in enumerate(batch)}
-        mine = torch.tensor([where.get(c, -1) for c in cols.tolist()])
-        pick = mine >= 0
-        k, r = mine[pick], rows[pick]
-        sigma = torch.maximum(sigma2[k, r], pooled_sum[r] / pooled_n).sqrt()
-        x = values[i].detach().reshape(-1)[cols[pick]].abs().double()
-        stands, tol = _judge(points[:, k, r], f0[r].abs().double(), sigma, x, a[pick], h,
-                             fixed)
-        result.stands[pick], result.tolerance[pick] = stands, tol
-        result.measured[pick] = True
-        found.columns += len(batch)
-        found.measured_only += int((stands & ~beyond[pick]).sum())
-        result.any_standing |= bool(stands.any())
+        pooled = _measure(problem, values, i, flags, batch, h, kept, f0, fixed, beyond, result,
+                          found, pooled)
     if start < len(columns) and result.any_standing:
-        _by_sample(result, diff, n, beyond, found)
+        _by_sample(result, flags, diff, beyond, values, i, f0, h, found)
     result.complete = bool((result.measured | beyond | result.sampled).all())
     _note_measured(result, rows, n, bounds, found)
     return result
 
 
-def _by_sample(result: _Result, diff: torch.Tensor, n: torch.Tensor, beyond: torch.Tensor,
-               found: Measurement) -> None:
+FAR = 10   # the kink test's step multiple (numerics/jacobian.py:_estimates reuses these)
+
+
+def _measure(problem: Problem, values: Sequence[torch.Tensor], i: int,
+             flags: tuple[torch.Tensor, ...], batch: list[int], h: float, kept: dict,
+             f0: torch.Tensor, fixed: tuple[float, float], beyond: torch.Tensor,
+             result: _Result, found: Measurement,
+             pooled: tuple[torch.Tensor, int] | None = None) -> tuple[torch.Tensor, int]:
+    """The flagged elements of these columns judged by their error measured at h, 2h, 3h
+    (noise pooled with the columns measured before); returns the pooled noise."""
+    rows, cols, a, _ = flags
+    points = _evaluate(problem, values, i, batch, h, kept, f0)       # (7, len(batch), n_out)
+    sigma2 = _fourth_differences(points)                         # (len(batch), n_out)
+    pooled_sum, pooled_n = pooled or (torch.zeros_like(f0, dtype=torch.float64), 0)
+    pooled_sum, pooled_n = pooled_sum + sigma2.sum(0), pooled_n + len(batch)
+    where = {c: k for k, c in enumerate(batch)}
+    mine = torch.tensor([where.get(c, -1) for c in cols.tolist()])
+    pick = mine >= 0
+    k, r = mine[pick], rows[pick]
+    sigma = torch.maximum(sigma2[k, r], pooled_sum[r] / pooled_n).sqrt()
+    x = values[i].detach().reshape(-1)[cols[pick]].abs().double()
+    stands, tol = _judge(points[:, k, r], f0[r].abs().double(), sigma, x, a[pick], h, fixed)
+    result.stands[pick], result.tolerance[pick] = stands, tol
+    result.measured[pick] = True
+    found.columns += len(batch)
+    found.measured_only += int((stands & ~beyond[pick]).sum())
+    result.any_standing |= bool(stands.any())
+    return pooled_sum, pooled_n
+
+
+def _sample_far(problem: Problem, values: Sequence[torch.Tensor], i: int,
+                flags: tuple[torch.Tensor, ...], diff: torch.Tensor, beyond: torch.Tensor,
+                f0: torch.Tensor, h: float, kept: dict, far: dict, result: _Result,
+                bounds: Sequence[int], found: Measurement) -> bool:
+    """Once the verdict stands on a Function evaluated call by call: f(x ± 10h e_c) at the
+    column the kink test will re-estimate first (the largest error of the first failing
+    output), shared with it through `far`; each flagged element of that column judged by the
+    error measured between steps h and 10h, and by rounding."""
+    rows, cols, a, n = flags
+    standing = result.stands
+    first = int(rows[standing].min())
+    o = max(k for k in range(len(bounds) - 1) if bounds[k] <= first)
+    mine = standing & (rows >= bounds[o]) & (rows < bounds[o + 1])
+    col = int(cols[mine][torch.argmax(torch.where(mine, diff, -math.inf)[mine])])
+    if col not in kept or col in far:
+        return False  # no exact f(x ± h) there: the caller measures a column at 2h, 3h
+    base = values[i].detach().reshape(-1)
+    batch = base.repeat(2, 1)
+    batch[0, col] += FAR * h
+    batch[1, col] -= FAR * h
+    out = outputs_of(problem, values, i, batch.view(-1, *values[i].shape))
+    far[col] = (out[0], out[1])
+    found.far += 1
+    p = torch.stack([out[1], kept[col][1], f0, kept[col][0], out[0]]).double()  # -10h..10h
+    pick = cols == col
+    r = rows[pick]
+    stands, tol, result.model = _judge_far(p[:, r], f0[r].abs().double(),
+                                           float(base[col].abs()), a[pick], h)
+    result.stands[pick] |= stands
+    result.tolerance[pick] = tol
+    result.measured[pick] = True
+    return True
+
+
+def _judge_far(p: torch.Tensor, f_abs: torch.Tensor, x_abs: float, a: torch.Tensor,
+               h: float) -> tuple[torch.Tensor, torch.Tensor, tuple[float, float, float]]:
+    """Per element (p: (5, E) values at -10h, -h, 0, h, 10h): beyond K x the error measured
+    between steps h and 10h (truncation by Richardson, noise by the fourth divided difference
+    over the five points, pooled over the column), and its tolerance; with the model that
+    judges other columns: (noise, truncation where |D| is small, truncation relative to |D|)."""
+    t = torch.tensor([-FAR, -1.0, 0.0, 1.0, FAR], dtype=torch.float64)
+    w = torch.stack([1 / torch.prod(t[k] - t[torch.arange(5) != k]) for k in range(5)])
+    sigma = (torch.tensordot(w, p, dims=1).abs() / w.norm()).nan_to_num(nan=math.inf)
+    sigma = torch.maximum(sigma, sigma.square().mean().sqrt())
+    d1 = (p[3] - p[1]) / (2 * h)
+    trunc = ((p[4] - p[0]) / (2 * FAR * h) - d1).abs() / (FAR * FAR - 1)
+    noise = sigma / (math.sqrt(2) * h)
+    error = trunc + noise + _rounding(f_abs, x_abs, d1, h)
+    tol = K * error + FLOOR_REL * d1.abs()
+    d = d1.abs()
+    big = d >= 0.1 * float(d.max()) if d.numel() else d > 0
+    big &= d > 0
+    model = (float(noise.max()) if noise.numel() else 0.0,
+             float(trunc[~big].max()) if bool((~big).any()) else 0.0,
+             float((trunc[big] / d[big]).max()) if bool(big.any()) else 0.0)
+    return ~((a - d1).abs() <= tol), tol, model
+
+
+def _rounding(f_abs: torch.Tensor, x_abs: Any, d: torch.Tensor, h: float) -> torch.Tensor:
+    """Rounding of a central difference at step h: of f, and of the step itself."""
+    return FINITE_MACHINE[torch.float64] * (2 * f_abs + 2 * x_abs * d.abs()) / h
+
+
+def _by_sample(result: _Result, flags: tuple[torch.Tensor, ...], diff: torch.Tensor,
+               beyond: torch.Tensor, values: Sequence[torch.Tensor], i: int, f0: torch.Tensor,
+               h: float, found: Measurement) -> None:
     """The flags of unmeasured columns, once the verdict stands, judged by the measured
-    sample's tolerance, an affine bound floor + rel |n| over it: rel the largest relative one
-    among its larger derivatives, floor the least that then covers every measured element
-    (an element beyond gradcheck's tolerance stands whatever this says)."""
+    column's error model: each element's own rounding, plus the column's noise and truncation
+    at their largest (absolute where |D| is small, relative to |D| where large); without one,
+    an affine bound over the measured tolerances. An element beyond gradcheck's tolerance
+    stands whatever this says."""
+    rows, cols, _, n = flags
     rest = ~(result.measured | beyond)
-    tol = result.tolerance[result.measured]
-    d = n[result.measured].abs()
-    ok = torch.isfinite(tol)
-    if not bool(ok.any()):
-        return  # nothing finite measured: those flags stay unjudged (counted, and said so)
-    big = ok & (d >= 0.1 * float(d[ok].max())) & (d > 0)
-    rel = float((tol[big] / d[big]).max()) if bool(big.any()) else 0.0
-    floor = float((tol[ok] - rel * d[ok]).clamp_min(0.0).max())  # covers every measured one
-    block = floor + rel * n[rest].abs()
+    if result.model is not None:
+        noise, trunc_abs, trunc_rel = result.model
+        x = values[i].detach().reshape(-1)[cols[rest]].abs().double()
+        d = n[rest].abs()
+        block = (K * (_rounding(f0[rows[rest]].abs().double(), x, d, h) + noise + trunc_abs
+                      + trunc_rel * d) + FLOOR_REL * d)
+        floor, rel = K * (noise + trunc_abs), K * trunc_rel + FLOOR_REL
+    else:
+        tol, d = result.tolerance[result.measured], n[result.measured].abs()
+        ok = torch.isfinite(tol)
+        if not bool(ok.any()):
+            return  # nothing finite measured: those flags stay unjudged (counted, and said so)
+        big = ok & (d >= 0.1 * float(d[ok].max())) & (d > 0)
+        rel = float((tol[big] / d[big]).max()) if bool(big.any()) else 0.0
+        floor = float((tol[ok] - rel * d[ok]).clamp_min(0.0).max())  # covers each measured one
+        block = floor + rel * n[rest].abs()
     result.stands[rest] = diff[rest] > block
     result.tolerance[rest] = block
     result.sampled[rest] = True
@@ -238,6 +334,8 @@ def _note_measured(result: _Result, rows: torch.Tensor, n: torch.Tensor,
     if not finite.numel():
         return
     found.max_tolerance = max(found.max_tolerance, float(finite.max()))
+    if result.model is not None:
+        return  # one column at 10h: no typical relative error (the verdict stood before it)
     # per output: the typical relative tolerance among its larger derivatives
     ok = result.measured & torch.isfinite(result.tolerance)
     for lo, hi in zip(bounds[:-1], bounds[1:]):
@@ -283,14 +381,13 @@ def _judge(p: torch.Tensor, f_abs: torch.Tensor, sigma: torch.Tensor, x_abs: tor
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per element (p: (7, E) values at -3h..3h): whether it stands, and its tolerance at h.
     Where the measurement is not finite (a step left the domain), the fixed tolerance judges."""
-    u = FINITE_MACHINE[torch.float64]
     d = {m: (p[3 + m] - p[3 - m]) / (2 * m * h) for m in (1, 2, 3)}
     trunc = (d[1] - d[2]).abs() / 3
     stands = torch.ones_like(a, dtype=torch.bool)
     tol_h = None
     for m, dm in d.items():
-        error = (m * m * trunc + sigma / (math.sqrt(2) * m * h)
-                 + u * (2 * f_abs + 2 * x_abs * dm.abs()) / (m * h))
+        error = m * m * trunc + sigma / (math.sqrt(2) * m * h) + _rounding(f_abs, x_abs, dm,
+                                                                           m * h)
         tol = K * error + FLOOR_REL * dm.abs()
         tol_h = tol if tol_h is None else tol_h
         stands &= ~((a - dm).abs() <= tol)
@@ -379,9 +476,9 @@ def describe(verdict: Any, tallies: list[list[BlockTally]],
     if found.sampled:
         floor, rel = found.sample_tolerance
         verdict.details.append(
-            f"{found.sampled} more element(s) beyond the first bound judged by the measured "
-            f"elements' tolerance, {floor:.2g} + {rel:.2g} |n| (their columns not evaluated "
-            "again: the verdict already stood)")
+            f"{found.sampled} more element(s) beyond the first bound judged by the error "
+            f"measured in one column, {floor:.2g} + {rel:.2g} |n| besides their own rounding "
+            "(their columns not evaluated again: the verdict already stood)")
     if found.unmeasured:
         verdict.details.append(f"{found.unmeasured} more element(s) beyond the first bound "
                                "could not be measured (too many columns, or no exact value) "
