@@ -56,3 +56,48 @@ def test_a_second_order_failure_is_still_found_when_the_first_order_passes():
     second = result(report, "double_backward")
     assert second.outcome.value == "failed"
     assert not any(d.startswith("not checked") for d in second.details)
+
+
+class _Slow(E.Function):
+    """x * 2 with a forward that takes 60 ms (the probe times it); backward's factor set below."""
+
+    factor = 2.0
+
+    @staticmethod
+    def forward(ctx, x):
+        import time
+
+        time.sleep(0.06)
+        return x * 2
+
+    @classmethod
+    def backward(cls, ctx, grad):
+        return grad * cls.factor
+
+
+class _SlowWrong(_Slow):
+    factor = 3.0
+
+
+def test_an_expensive_forward_whose_gradient_failed_skips_layouts_and_says_how_to_run_them():
+    failed = gradtool.check(_SlowWrong, ["(2,)"])
+    assert result(failed, "gradient").outcome.value == "failed"
+    layout = result(failed, "layout")
+    assert layout.outcome.value == "skipped"
+    assert layout.summary.startswith("skipped for cost: each forward takes")
+    assert "--check layout runs it" in layout.summary
+    asked = result(gradtool.check(_SlowWrong, ["(2,)"], checks=("gradient", "layout")), "layout")
+    assert asked.outcome.value != "skipped"
+    correct = gradtool.check(_Slow, ["(2,)"])
+    assert result(correct, "layout").outcome.value == "passed"
+
+
+def test_the_probe_times_the_forward():
+    from gradtool.targets.cases import build_case
+    from gradtool.config.settings import CheckConfig
+    from gradtool.targets.inputs import parse_input
+    from gradtool.targets.load import make_target
+    from gradtool.targets.probe import probe
+
+    case = build_case(make_target(_Slow, "slow"), [parse_input("(2,)")], CheckConfig(), 0)
+    assert probe(case).forward_seconds >= 0.05

@@ -31,6 +31,7 @@ class Facts:
     #                                   (a torch.library op's generated Function is not one)
     precision: str | None = None      # the least precise floating dtype among inputs, outputs
     findings: tuple[Finding, ...] = ()  # rules the probe saw broken (forward's purity)
+    forward_seconds: float | None = None  # the cheaper of the probe's forwards: the cost model
 
     @property
     def stochastic(self) -> bool:

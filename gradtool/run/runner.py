@@ -138,7 +138,8 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     checks: list[CheckResult] = []
     errors: list[tuple[str | None, str | None]] = []  # each result's error identity, as raised
     for name in config.checks:
-        result = _run_check(name, case, job)
+        costly = for_cost(name, case, checks, job)
+        result = _skipped(name, costly) if costly else _run_check(name, case, job)
         if result is not None:
             errors.append(_error_id(result))
             checks.append(_once(result, checks, case.problem))
@@ -162,6 +163,36 @@ def _probe(case: Case, config: CheckConfig) -> None:
     # A death or timeout here is reported under the first check (its result would say it).
     heartbeat.enter(check=config.checks[0] if config.checks else "")
     probe(case, keep_graph=any(BY_NAME[name].probe_graph for name in config.checks))
+
+
+# The cost model: a forward this slow (the probe timed it) makes every evaluation count.
+EXPENSIVE_S = 0.05
+# Checks whose evaluations cannot change a verdict the gradient check already failed, on an
+# expensive forward: layouts re-run forward and backward per layout (re-tracing a scan each
+# time) to compare a backward known wrong with itself.
+AFTER_A_FAILURE = ("layout",)
+
+
+def for_cost(name: str, case: Any, earlier: Sequence[CheckResult], job: Job) -> str | None:
+    """Why the default run skips this check for cost, or None: on an expensive forward, once
+    the gradient check failed, the checks of AFTER_A_FAILURE wait for the first-order fix; a
+    check asked for by name always runs."""
+    from ..config.registry import DEFAULT_CHECKS
+
+    seconds = case.facts.forward_seconds
+    if (name not in AFTER_A_FAILURE or job.config.checks != DEFAULT_CHECKS or seconds is None
+            or seconds < EXPENSIVE_S):
+        return None
+    if not any(c.name == "gradient" and c.outcome is Outcome.FAILED for c in earlier):
+        return None
+    return (f"skipped for cost: each forward takes {seconds:.2g} s and backward is already "
+            f"wrong at first order (the gradient check failed); --check {name} runs it")
+
+
+def _skipped(name: str, reason: str) -> CheckResult:
+    from ..checks._common import skipped
+
+    return skipped(name, reason)
 
 
 def _once(result: CheckResult, earlier: Sequence[CheckResult], problem: Problem) -> CheckResult:

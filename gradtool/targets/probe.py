@@ -48,10 +48,14 @@ def _learn(case: Case, keep_graph: bool) -> None:
     """Each fact is recorded as soon as it is known, so a later forward raising keeps it."""
     problem = case.problem
     given = problem.facts  # what a creator already knew (a captured Function's seed, say)
+    start = time.perf_counter()
     first, mutates, findings = _purity(problem)
+    seconds = time.perf_counter() - start
     problem.learn(given.with_(mutates=given.mutates or mutates, findings=tuple(findings),
-                              precision=_coarsest(problem.args)))
+                              precision=_coarsest(problem.args), forward_seconds=seconds))
     leaves, result = _graph_forward(problem)
+    problem.learn(problem.facts.with_(
+        forward_seconds=min(seconds, problem.cache.forward_seconds or seconds)))
     if given.seed is None and not _same(tensor_outputs(first), tensor_outputs(result)):
         problem.learn(problem.facts.with_(seed=case.seed))
         leaves, result = _graph_forward(problem)  # again, under the frozen RNG
