@@ -147,7 +147,7 @@ def test_a_solver_stopped_at_a_loose_tolerance_is_not_failed_within_gradchecks_t
 
 
 def test_data_dependent_control_flow_is_recognised():
-    from gradtool.numerics.measured import data_dependent
+    from gradtool.numerics.measured_words import data_dependent
 
     from gradtool.config.settings import CheckConfig
     from gradtool.targets.cases import build_case

@@ -13,6 +13,7 @@ from ..config.settings import CheckConfig
 from ..results import Block, Outcome
 from .columns import Sweep, sweep_coloured, sweep_dense
 from .compare import BlockTally, judged_mask
+from .confirm import Evaluations, confirm, confirmed, kink_note
 from .facts import output_facts
 from .problem import Problem, flat_cat, select_outputs
 from .sparsity import (
@@ -23,7 +24,7 @@ from .sparsity import (
     colour_columns,
     find_strides,
 )
-from .steps import analytical_rows, numerical_columns, one_sided
+from .steps import analytical_rows, numerical_columns
 
 # A reference gives the intended VJP rows (B, n_out) -> (B, n_in) instead of finite differences.
 Reference = Callable[[torch.Tensor], torch.Tensor]
@@ -196,7 +197,7 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
         else:
             sweep_dense(sweep, jac)
         offset += size
-        if stop and i + 1 < len(leaves) and _confirmed(
+        if stop and i + 1 < len(leaves) and confirmed(
                 problem, config, tallies, i,
                 Evaluations(f0, kept + [{}] * (len(leaves) - len(kept)), done, far)):
             skipped = problem.input_names[i + 1:len(leaves)]
@@ -229,7 +230,7 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
             f"not checked: input(s) {', '.join(repr(n) for n in skipped)}, for cost: {stop}")
     verdict.mismatch = {k: judged_mask(tallies[k[0]][k[1]], *pair) for k, pair in dense.items()}
     if config.measured:
-        from .measured import describe
+        from .measured_words import describe
 
         describe(verdict, tallies, measurement, problem)
     return verdict
@@ -348,16 +349,6 @@ def _tallies(problem: Problem, leaves: Sequence[torch.Tensor], outs: Sequence[to
             for name, v in zip(problem.input_names, leaves)]
 
 
-@dataclass
-class Evaluations:
-    """What the sweep already evaluated: f(x), and f(x ± h e_col) per input (col -> pair)."""
-
-    f0: torch.Tensor
-    kept: Sequence[dict[int, tuple[torch.Tensor, torch.Tensor]]]
-    confirmed: dict = field(default_factory=dict)  # (input, output) -> _confirm's answer
-    far: Sequence[dict] = ()  # per input: col -> f(x ± 10h e_col), evaluated by measured.py
-
-
 def _finish(problem: Problem, config: CheckConfig, tallies: list[list[BlockTally]],
             has_reference: bool, mode: str, reason: str,
             done: Evaluations | None = None) -> Verdict:
@@ -371,98 +362,13 @@ def _finish(problem: Problem, config: CheckConfig, tallies: list[list[BlockTally
             offset = sum(math.prod(t.output_shape) for t in row[:o])
             elements, inconclusive = (done.confirmed.get((i, o)) if done is not None
                                       and (i, o) in done.confirmed else
-                                      _confirm(problem, config, tally, i, offset,
-                                               has_reference, done))
+                                      confirm(problem, config, tally, i, offset,
+                                              has_reference, done))
             blocks.append(tally.to_block(tuple(elements)))
             outcomes.append(Outcome.INCONCLUSIVE if inconclusive else Outcome.FAILED)
             if inconclusive:
-                details.append(_kink_note(tally, elements))
+                details.append(kink_note(tally, elements))
     outcome = Outcome.PASSED
     if outcomes:
         outcome = Outcome.FAILED if Outcome.FAILED in outcomes else Outcome.INCONCLUSIVE
     return Verdict(outcome, blocks, mode, reason, details)
-
-
-def _confirm(problem: Problem, config: CheckConfig, tally: BlockTally, i: int, out_offset: int,
-             has_reference: bool, done: Evaluations | None = None) -> tuple[list, bool]:
-    """Worst elements, each marked inconclusive when finite differences disagree there.
-
-    Economy: a whole-tensor mistake (one ratio analytical / numerical over several columns: a
-    factor, a sign, a detached term) is no kink and needs no re-estimate; otherwise elements
-    are re-estimated worst first until one stands (the verdict is then settled), from the
-    evaluations the sweep kept plus two at ten times the step."""
-    exact = [tally.element(r, c, a, n) for _, r, c, a, n in tally.worst]
-    if has_reference:  # a declared surrogate is exact: nothing to re-estimate
-        return exact, False
-    if not tally.worst:  # failures counted past the budget of exact columns: no values
-        return [], False
-    h = config.tolerance("eps")
-    cache: dict[int, dict[str, torch.Tensor]] = {}
-    elements = list(exact)
-    # columns already evaluated at ±10h (the measured tolerance's sample) are tried first
-    far = done.far[i] if done is not None and i < len(done.far) else {}
-    order = sorted(range(len(tally.worst)), key=lambda k: tally.worst[k][2] not in far)
-    for step, k in enumerate(order):
-        _, r, c, a, n = tally.worst[k]
-        if c not in cache:  # a common ratio: one-sided estimates already kept show a tie
-            near = step == 0 and _whole_tensor(tally.worst)
-            cache[c] = _estimates(problem, i, c, h, done, near)
-        estimates = [e[out_offset + r].item() for e in cache[c].values()]
-        spread = max(estimates) - min(estimates)
-        shaky = not math.isfinite(spread) or spread > tally.kink_tolerance(n)
-        elements[k] = tally.element(r, c, a, n, inconclusive=shaky)
-        if not shaky:  # a standing element settles the verdict: failed
-            return elements, False
-    return elements, True
-
-
-def _confirmed(problem: Problem, config: CheckConfig, tallies: list[list[BlockTally]], i: int,
-               evaluated: Evaluations) -> bool:
-    """Whether input i's sweep found a failure the kink test confirms (remembered in
-    `evaluated.confirmed`, so the verdict does not test it twice)."""
-    offset = 0
-    for o, tally in enumerate(tallies[i]):
-        if tally.mismatched:
-            answer = _confirm(problem, config, tally, i, offset, False, evaluated)
-            evaluated.confirmed[(i, o)] = answer
-            if not answer[1]:
-                return True
-        offset += math.prod(tally.output_shape)
-    return False
-
-
-def _whole_tensor(worst: Sequence[tuple[float, int, int, float, float]]) -> bool:
-    """Three or more worst elements over two or more columns share one ratio a / n."""
-    ratios = [a / n for _, _, _, a, n in worst if n != 0 and math.isfinite(a / n)]
-    if len(ratios) < 3 or len(ratios) < len(worst) or len({c for _, _, c, _, _ in worst}) < 2:
-        return False
-    return max(ratios) - min(ratios) <= 1e-3 * max(1.0, max(abs(x) for x in ratios))
-
-
-def _estimates(problem: Problem, i: int, col: int, h: float, done: Evaluations | None,
-               near: bool = False) -> dict[str, torch.Tensor]:
-    """steps.one_sided's estimates, reusing f(x) and f(x ± h e_col) where already evaluated
-    (near: only those, no new evaluation)."""
-    if done is None or col not in done.kept[i]:
-        return one_sided(problem, problem.inputs, i, col, h)
-    plus, minus = done.kept[i][col]
-    f0 = done.f0
-    near_only = {"right": (plus - f0) / h, "left": (f0 - minus) / h,
-                 "central": (plus - minus) / (2 * h)}
-    if near:
-        return near_only
-    far = list(done.far[i][col]) if i < len(done.far) and col in done.far[i] else []
-    if not far:
-        work = [v.detach().clone() for v in problem.inputs]
-        flat = work[i].view(-1)
-        original = flat[col].item()
-        for delta in (10 * h, -10 * h):
-            flat[col] = original + delta
-            far.append(flat_cat(problem.outputs(work)))
-    return {**near_only, "central x10": (far[0] - far[1]) / (20 * h)}
-
-
-def _kink_note(tally: BlockTally, elements: Sequence) -> str:
-    where = ", ".join(f"{tally.input}{list(e.input_index)}" for e in elements[:3])
-    return (f"inconclusive: finite differences disagree across step sizes at {where} — "
-            f"a non-differentiable point (kink, tie) near the input; try --resample")

@@ -20,7 +20,7 @@ from ..results import Outcome
 from .compare import BlockTally
 from .jacobian import Reference, Verdict, _tallies, check_full, judged_tallies
 from .localise import Locator, Test, Tests
-from .measured import data_dependent
+from .measured_words import data_dependent
 from .problem import Problem, flat_cat
 from .steps import FINITE_MACHINE, directional, vjp_rows
 
@@ -55,7 +55,7 @@ def check_probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Te
         verdict = Verdict(Outcome.PASSED, [t.to_block(exhaustive=False) for row in tallies
                                            for t in row], "probe", reason)
         if config.measured:
-            from .measured import describe_probe
+            from .measured_words import describe_probe
 
             describe_probe(verdict, tallies[0][0])
         return verdict

@@ -1,0 +1,110 @@
+"""The failing path's second look: re-estimates at other steps that tell a mistake in backward
+from a non-differentiable point (kink, tie) of forward, reusing what the sweep evaluated."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config.settings import CheckConfig
+from .compare import BlockTally
+from .problem import Problem, flat_cat
+from .steps import one_sided
+
+
+@dataclass
+class Evaluations:
+    """What the sweep already evaluated: f(x), and f(x ± h e_col) per input (col -> pair)."""
+
+    f0: torch.Tensor
+    kept: Sequence[dict[int, tuple[torch.Tensor, torch.Tensor]]]
+    confirmed: dict = field(default_factory=dict)  # (input, output) -> confirm's answer
+    far: Sequence[dict] = ()  # per input: col -> f(x ± 10h e_col), evaluated by measured.py
+
+
+def confirm(problem: Problem, config: CheckConfig, tally: BlockTally, i: int, out_offset: int,
+            has_reference: bool, done: Evaluations | None = None) -> tuple[list, bool]:
+    """Worst elements, each marked inconclusive when finite differences disagree there.
+
+    Economy: a whole-tensor mistake (one ratio analytical / numerical over several columns: a
+    factor, a sign, a detached term) is no kink and needs no re-estimate; otherwise elements
+    are re-estimated worst first until one stands (the verdict is then settled), from the
+    evaluations the sweep kept plus two at ten times the step."""
+    exact = [tally.element(r, c, a, n) for _, r, c, a, n in tally.worst]
+    if has_reference:  # a declared surrogate is exact: nothing to re-estimate
+        return exact, False
+    if not tally.worst:  # failures counted past the budget of exact columns: no values
+        return [], False
+    h = config.tolerance("eps")
+    cache: dict[int, dict[str, torch.Tensor]] = {}
+    elements = list(exact)
+    # columns already evaluated at ±10h (the measured tolerance's sample) are tried first
+    far = done.far[i] if done is not None and i < len(done.far) else {}
+    order = sorted(range(len(tally.worst)), key=lambda k: tally.worst[k][2] not in far)
+    for step, k in enumerate(order):
+        _, r, c, a, n = tally.worst[k]
+        if c not in cache:  # a common ratio: one-sided estimates already kept show a tie
+            near = step == 0 and _whole_tensor(tally.worst)
+            cache[c] = _estimates(problem, i, c, h, done, near)
+        estimates = [e[out_offset + r].item() for e in cache[c].values()]
+        spread = max(estimates) - min(estimates)
+        shaky = not math.isfinite(spread) or spread > tally.kink_tolerance(n)
+        elements[k] = tally.element(r, c, a, n, inconclusive=shaky)
+        if not shaky:  # a standing element settles the verdict: failed
+            return elements, False
+    return elements, True
+
+
+def confirmed(problem: Problem, config: CheckConfig, tallies: list[list[BlockTally]], i: int,
+               evaluated: Evaluations) -> bool:
+    """Whether input i's sweep found a failure the kink test confirms (remembered in
+    `evaluated.confirmed`, so the verdict does not test it twice)."""
+    offset = 0
+    for o, tally in enumerate(tallies[i]):
+        if tally.mismatched:
+            answer = confirm(problem, config, tally, i, offset, False, evaluated)
+            evaluated.confirmed[(i, o)] = answer
+            if not answer[1]:
+                return True
+        offset += math.prod(tally.output_shape)
+    return False
+
+
+def _whole_tensor(worst: Sequence[tuple[float, int, int, float, float]]) -> bool:
+    """Three or more worst elements over two or more columns share one ratio a / n."""
+    ratios = [a / n for _, _, _, a, n in worst if n != 0 and math.isfinite(a / n)]
+    if len(ratios) < 3 or len(ratios) < len(worst) or len({c for _, _, c, _, _ in worst}) < 2:
+        return False
+    return max(ratios) - min(ratios) <= 1e-3 * max(1.0, max(abs(x) for x in ratios))
+
+
+def _estimates(problem: Problem, i: int, col: int, h: float, done: Evaluations | None,
+               near: bool = False) -> dict[str, torch.Tensor]:
+    """steps.one_sided's estimates, reusing f(x) and f(x ± h e_col) where already evaluated
+    (near: only those, no new evaluation)."""
+    if done is None or col not in done.kept[i]:
+        return one_sided(problem, problem.inputs, i, col, h)
+    plus, minus = done.kept[i][col]
+    f0 = done.f0
+    near_only = {"right": (plus - f0) / h, "left": (f0 - minus) / h,
+                 "central": (plus - minus) / (2 * h)}
+    if near:
+        return near_only
+    far = list(done.far[i][col]) if i < len(done.far) and col in done.far[i] else []
+    if not far:
+        work = [v.detach().clone() for v in problem.inputs]
+        flat = work[i].view(-1)
+        original = flat[col].item()
+        for delta in (10 * h, -10 * h):
+            flat[col] = original + delta
+            far.append(flat_cat(problem.outputs(work)))
+    return {**near_only, "central x10": (far[0] - far[1]) / (20 * h)}
+
+
+def kink_note(tally: BlockTally, elements: Sequence) -> str:
+    where = ", ".join(f"{tally.input}{list(e.input_index)}" for e in elements[:3])
+    return (f"inconclusive: finite differences disagree across step sizes at {where} — "
+            f"a non-differentiable point (kink, tie) near the input; try --resample")
