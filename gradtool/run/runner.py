@@ -166,7 +166,7 @@ def _probe(case: Case, config: CheckConfig) -> None:
 
 
 # The cost model: a forward this slow (the probe timed it) makes every evaluation count.
-EXPENSIVE_S = 0.05
+EXPENSIVE_S = 0.1
 # Checks whose evaluations cannot change a verdict the gradient check already failed, on an
 # expensive forward: layouts re-run forward and backward per layout (re-tracing a scan each
 # time) to compare a backward known wrong with itself.
