@@ -85,6 +85,7 @@ def test_an_expensive_forward_whose_gradient_failed_skips_layouts_and_says_how_t
     layout = result(failed, "layout")
     assert layout.outcome.value == "skipped"
     assert layout.summary.startswith("skipped for cost: each forward takes")
+    assert "the gradient check failed" in layout.summary
     assert "--check layout runs it" in layout.summary
     asked = result(gradtool.check(_SlowWrong, ["(2,)"], checks=("gradient", "layout")), "layout")
     assert asked.outcome.value != "skipped"

@@ -67,7 +67,7 @@ STOP = ("backward is already wrong at first order (the gradient check failed), s
 def _engine(problem: Problem) -> Any:
     """Reverse mode, told to stop at the first failing input when the gradient check of this
     run failed (a second order that passes is still checked whole: no verdict changes)."""
-    if problem.memo.get("first_order") is not Outcome.FAILED:
+    if problem.cache.first_order is not Outcome.FAILED:
         return None
     from functools import partial
 

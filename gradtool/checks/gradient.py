@@ -281,7 +281,7 @@ def run(case: Case, context: Context) -> CheckResult:
         return complex_
     reference = context.reference(case) if context.reference is not None else None
     result = check_gradient(case, context.target, context.config, reference, context.surrogate)
-    case.problem.memo["first_order"] = result.outcome  # double backward reads it (its cost)
+    case.problem.cache.first_order = result.outcome  # double backward reads it (its cost)
     if case.problem.complex:  # complex outputs, learnt by the priming forward
         return complex_
     if context.annotate is not None and context.surrogate is None:

@@ -53,6 +53,9 @@ class CheckInfo:
     targets: tuple[str, ...] = TARGET_KINDS  # the target kinds it can apply to
     needs_backward: bool = True  # skipped where there is no backward (an op without autograd)
     reuses_graph: bool = False  # derives from the first-order check's graph forward (kept for it)
+    # The cost model (run/runner.py:for_cost): skipped on an expensive forward once this check
+    # failed in the same run (it waits for that fix; asked for by name, it runs)
+    waits_for: str | None = None
 
     @property
     def import_path(self) -> str:
@@ -246,7 +249,8 @@ REGISTRY: tuple[CheckInfo, ...] = (
                      Rule("layout.input_raises", "failure", "forward or backward raises on a "
                           "non-contiguous input (view instead of reshape)"),
                      Rule("layout.input_values", "warning", "forward's values change with its "
-                          "input's layout (storage-addressing code may mean it)"))),
+                          "input's layout (storage-addressing code may mean it)")),
+              waits_for="gradient"),
 )
 
 BY_NAME = {info.name: info for info in REGISTRY}

@@ -218,8 +218,9 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
         dense = _dense_blocks(problem, config, jac, leaves, bounds, kept, failing)
         fresh = _tallies(problem, leaves, outs, *_fixed(config), config.max_worst)
         for (i, o), (analytical, numerical) in dense.items():
-            if measurement is not None:
+            if measurement is not None and (measurement.measured or measurement.sampled):
                 continue  # the counts are the measured verdict's: one judgement per element
+            # (every flag beyond gradcheck's tolerance: the fixed one judged them all, as here)
             fresh[i][o].add(analytical, numerical)
             tallies[i][o] = fresh[i][o]
     verdict = _finish(problem, config, tallies, False, "full", reason,

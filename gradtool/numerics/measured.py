@@ -182,7 +182,7 @@ def _measure_input(problem: Problem, values: Sequence[torch.Tensor], i: int,
         # a passing run measures them); after, the count does: all of them where evaluations
         # are batched, else one column at ±10h whose tolerance judges the rest (_by_sample),
         # evaluated where the kink test will look anyway.
-        if result.any_standing and problem.vmap_ok is not True:
+        if result.any_standing and problem.cache.vmap_ok is not True:
             if not _sample_far(problem, values, i, flags, diff, beyond, f0, h, kept, far,
                                result, bounds, found):
                 _measure(problem, values, i, flags, columns[start:start + 1], h, kept, f0,

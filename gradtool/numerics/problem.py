@@ -33,6 +33,9 @@ class Cache:
     gradient_graph: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
     # backward's gradients at a zero grad_output, per differentiable input (a diagnosis's).
     zero_cotangent: list[Any] | None = None
+    # The gradient check's outcome in this run: double backward of a backward already wrong
+    # at first order stops at its first failing input (checks/double_backward.py).
+    first_order: Any = None
 
     def take_first_graph(self) -> tuple[list[torch.Tensor], Any] | None:
         first, self.first_graph = self.first_graph, None

@@ -167,26 +167,23 @@ def _probe(case: Case, config: CheckConfig) -> None:
 
 # The cost model: a forward this slow (the probe timed it) makes every evaluation count.
 EXPENSIVE_S = 0.1
-# Checks whose evaluations cannot change a verdict the gradient check already failed, on an
-# expensive forward: layouts re-run forward and backward per layout (re-tracing a scan each
-# time) to compare a backward known wrong with itself.
-AFTER_A_FAILURE = ("layout",)
 
 
 def for_cost(name: str, case: Any, earlier: Sequence[CheckResult], job: Job) -> str | None:
-    """Why the default run skips this check for cost, or None: on an expensive forward, once
-    the gradient check failed, the checks of AFTER_A_FAILURE wait for the first-order fix; a
-    check asked for by name always runs."""
-    from ..config.registry import DEFAULT_CHECKS
+    """Why the default run skips this check for cost, or None: on an expensive forward, a
+    check registered to wait for another (`CheckInfo.waits_for`: layouts re-run forward and
+    backward per layout to compare a backward known wrong with itself) waits for its fix once
+    that one failed; a check asked for by name always runs."""
+    from ..config.registry import BY_NAME, DEFAULT_CHECKS
 
-    seconds = case.facts.forward_seconds
-    if (name not in AFTER_A_FAILURE or job.config.checks != DEFAULT_CHECKS or seconds is None
+    seconds, first = case.facts.forward_seconds, BY_NAME[name].waits_for
+    if (first is None or job.config.checks != DEFAULT_CHECKS or seconds is None
             or seconds < EXPENSIVE_S):
         return None
-    if not any(c.name == "gradient" and c.outcome is Outcome.FAILED for c in earlier):
+    if not any(c.name == first and c.outcome is Outcome.FAILED for c in earlier):
         return None
-    return (f"skipped for cost: each forward takes {seconds:.2g} s and backward is already "
-            f"wrong at first order (the gradient check failed); --check {name} runs it")
+    return (f"skipped for cost: each forward takes {seconds:.2g} s and the {first} check "
+            f"failed (backward is already wrong); --check {name} runs it")
 
 
 def _skipped(name: str, reason: str) -> CheckResult:
