@@ -94,11 +94,11 @@ def test_an_expensive_forward_whose_gradient_failed_skips_layouts_and_says_how_t
 
 
 def test_the_probe_times_the_forward():
-    from gradtool.targets.cases import build_case
     from gradtool.config.settings import CheckConfig
+    from gradtool.targets.cases import build_case
     from gradtool.targets.inputs import parse_input
-    from gradtool.targets.load import make_target
     from gradtool.targets.probe import probe
+    from gradtool.targets.resolve import make_target
 
     case = build_case(make_target(_Slow, "slow"), [parse_input("(2,)")], CheckConfig(), 0)
     assert probe(case).forward_seconds >= 0.1
