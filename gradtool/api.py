@@ -7,10 +7,8 @@ from typing import Any
 from .config.settings import CheckConfig
 from .errors import GradtoolError
 from .results import Report
-from .run.collect import collect_one, is_spec_argument
-from .run.runner import CaseSpec, Job, run
+from .run.collect import Run, Sources, is_spec_argument
 from .targets.inputs import parse_input
-from .targets.resolve import make_target
 
 
 def _input_specs(inputs: Any, kwargs: dict[str, Any] | None) -> list[Any] | None:
@@ -57,20 +55,11 @@ def check(target: Any, inputs: Any = None, kwargs: dict[str, Any] | None = None,
     specs = _input_specs(inputs, kwargs)
     settings = _given_dtype(specs, settings)
     config = CheckConfig(**{k: (tuple(v) if k == "checks" else v) for k, v in settings.items()})
-    if isinstance(target, str):
-        if is_spec_argument(target) and specs is not None:
-            raise GradtoolError(f"{target} is a spec: its inputs come from the file")
-        jobs, rejected = collect_one(target, config, specs)  # the CLI's own collection
-        return _quietly(run, jobs, config, rejected)
-    loadable = _loadable_name(target)
-    name = loadable or (f"{getattr(target, '__module__', '?')}:"
-                        f"{getattr(target, '__qualname__', type(target).__name__)}")
-    made = make_target(target, name)
-    # An op names itself reproducibly (file.py:ns::name); other unloadable objects say how.
-    reproduce = None if loadable or made.kind.named_reproducibly \
-        else _python_reproduce(target, config.seed)
-    jobs = [Job(made, [CaseSpec("case 0", specs, config.seed)], config, reproduce=reproduce)]
-    return _quietly(run, jobs, config)
+    if isinstance(target, str) and is_spec_argument(target) and specs is not None:
+        raise GradtoolError(f"{target} is a spec: its inputs come from the file")
+    given = Sources(given=None if specs is None else tuple(specs))
+    # The CLI's own run; an argument naming nothing (an empty spec folder) is an empty Report.
+    return _quietly(Run((target,), config, given, empty_ok=True).report)
 
 
 def _quietly(fn: Any, *args: Any) -> Report:
@@ -83,43 +72,6 @@ def _quietly(fn: Any, *args: Any) -> Report:
         return fn(*args)
     finally:
         silence_vmap_fallback(True)
-
-
-def _loadable_name(target: Any) -> str | None:
-    """'module:Name' that the command line loads back to this very object (torch:sin,
-    pkg.mod:MyFunction), or None: a lambda, a local function, an instance, __main__."""
-    import importlib
-
-    module = getattr(target, "__module__", None)
-    if not isinstance(module, str) or module == "__main__":
-        return None
-    for name in (getattr(target, "__qualname__", None), getattr(target, "__name__", None)):
-        if not isinstance(name, str) or "<" in name:
-            continue
-        try:
-            found: Any = importlib.import_module(module)
-            for part in name.split("."):
-                found = getattr(found, part)
-        except Exception:  # noqa: BLE001 - not importable by that name: try the next
-            continue
-        if found is target:
-            return f"{module}:{name}"
-    return None
-
-
-def _python_reproduce(target: Any, seed: int) -> str:
-    """How to reproduce a target no command line can load: the call, in Python."""
-    import inspect
-
-    qualname = getattr(target, "__qualname__", "") or ""
-    what = "lambda" if "<lambda>" in qualname else (
-        "local function" if "<locals>" in qualname else
-        "class" if inspect.isclass(target) else type(target).__name__)
-    code = getattr(target, "__code__", None)
-    where = f" at {code.co_filename}:{code.co_firstlineno}" if code is not None else ""
-    return (f"gradtool.check(<the {what}{where}>, <the same inputs>, seed={seed}) in Python "
-            "(it has no module:Name a command line can load; give it a module-level name for "
-            "one)")
 
 
 def assert_gradients(target: Any, inputs: Any = None, kwargs: dict[str, Any] | None = None,

@@ -133,13 +133,13 @@ class SpecNode(pytest.Collector):
     def collect(self) -> Iterator[SpecItem]:
         from dataclasses import replace
 
+        from gradtool.config.registry import BY_NAME
         from gradtool.config.settings import CheckConfig
         from gradtool.errors import GradtoolError
-        from gradtool.config.registry import BY_NAME
-        from gradtool.run.collect import spec_jobs
+        from gradtool.run.collect import Run
 
         try:
-            [job] = spec_jobs(self.spec, CheckConfig(**project_settings(self.config)))
+            [job], _ = Run((self.spec,), CheckConfig(**project_settings(self.config)))()
         except GradtoolError as exc:
             raise self.CollectError(str(exc)) from None
         single = len(job.cases) == 1 and job.cases[0].label == "case 0"
@@ -163,13 +163,12 @@ class SpecItem(pytest.Item):
         self.job = job
 
     def runtest(self) -> None:
-        from gradtool.errors import GradtoolError
-        from gradtool.run.runner import run_job
+        from gradtool.results import Rejected
+        from gradtool.run.runner import run_one
 
-        try:
-            target = run_job(self.job)
-        except GradtoolError as exc:  # e.g. inputs that cannot be built for this case
-            raise CheckFailed(f"ERROR {self.job.target.name}\n  {exc}") from None
+        target = run_one(self.job)  # as a CLI worker runs a job
+        if isinstance(target, Rejected):  # e.g. inputs that cannot be built for this case
+            raise CheckFailed(f"ERROR {self.job.target.name}\n  {target.message}")
         case = target.cases[0]
         settle(target, case, case.checks[0], self.job.config.strict)
 

@@ -17,7 +17,7 @@ from .options import (CheckOptions, GraphOptions, IsolationOptions, ListOptions,
 from .output import LateProgress, console, emit, silence_stdout, write_file
 
 if TYPE_CHECKING:
-    from ..run.collect import Collection
+    from ..run.collect import Run
 
 
 def settings_from(options: Options) -> tuple[dict[str, Any], dict[str, str]]:
@@ -35,14 +35,13 @@ def config_from(settings: dict[str, Any], resample: int | None = None) -> CheckC
     return CheckConfig(**kwargs, resample=resample or 0)
 
 
-def collection(arguments: list[str], config: CheckConfig, options: TargetOptions) -> Collection:
+def collection(arguments: list[str], config: CheckConfig, options: TargetOptions) -> Run:
     """The run's collection from the command line's target options (in a worker, when
     isolated: a factory given with --inputs-from is the user's code too)."""
-    from ..run.collect import Collection, Sources
+    from ..run.collect import Run, Sources
 
-    return Collection(tuple(arguments), config,
-                      Sources(options.inputs, options.inputs_from, options.init, options.imports,
-                              options.sweeps))
+    return Run(tuple(arguments), config, Sources(options.inputs, options.inputs_from,
+                                                 options.init, options.imports, options.sweeps))
 
 
 def run_check(options: CheckOptions) -> ExitCode:

@@ -1,4 +1,4 @@
-"""Collection: command-line arguments (targets, spec files, folders) -> jobs, or rejections."""
+"""The run: one description (Run) of what to check, collected into jobs (or rejections) and run."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any
 
 from ..config.settings import CheckConfig
 from ..errors import GradtoolError, InputError, NothingToCheck, SpecError
-from ..results import Rejected
+from ..results import Rejected, Report
 from ..targets.inputs import InputSpec
 from ..targets.load import Target
 from ..targets.resolve import make_target, resolve
-from .runner import CaseSpec, Job
+from .runner import CaseSpec, Job, run
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 
@@ -27,28 +27,42 @@ def is_spec_argument(arg: str) -> bool:
 @dataclass(frozen=True)
 class Sources:
     """What the options give besides the targets, as typed: -i texts, --inputs-from, --init,
-    --import and --sweep (parsed where collection runs: in a worker, the user's code)."""
+    --import and --sweep (parsed where collection runs: in a worker, the user's code), or the
+    library's inputs already made into specs (`given`: the user's own values)."""
 
     inputs: tuple[str, ...] = ()
     inputs_from: str | None = None
     init: tuple[str, ...] = ()
     imports: tuple[str, ...] = ()
     sweeps: tuple[str, ...] = ()
+    given: tuple[Any, ...] | None = None
 
 
 @dataclass(frozen=True)
-class Collection:
-    """A run's collection: arguments (targets, spec files, folders) -> (jobs, rejected).
+class Run:
+    """One run: what to check, where its cases come from, and its CheckConfig.
 
-    Called alike by the CLI (in every worker, or in-process), `gradtool.check` and the
-    pytest plugin; deterministic, and picklable for spawned workers."""
+    The one description `gradtool check`/`list`/`graph` (in every worker: picklable, and
+    deterministic), `gradtool.check` and the pytest plugin build. Its arguments are target
+    strings, spec files or folders, objects (the library's) and loaded Specs (the plugin's).
+    Where callers differ, a field says so: `empty_ok` makes an argument naming nothing (an
+    empty spec folder) an empty Report, as the library wants, not the CLI's NothingToCheck."""
 
-    arguments: tuple[str, ...]
+    arguments: tuple[Any, ...]
     config: CheckConfig
     sources: Sources = field(default_factory=Sources)
+    empty_ok: bool = False
 
     def __call__(self) -> tuple[list[Job], list[Rejected]]:
-        return collect(list(self.arguments), self.config, **self.parsed())
+        """The collection: (jobs, rejected)."""
+        return collect(list(self.arguments), self.config, empty_ok=self.empty_ok,
+                       **self.parsed())
+
+    def report(self) -> Report:
+        """Collect, then run every job in this process (runner.run: a failure never stops the
+        others)."""
+        jobs, rejected = self()
+        return run(jobs, self.config, rejected)
 
     def parsed(self) -> dict[str, Any]:
         """The sources parsed: input specs, a factory's cases, constructor arguments, sweeps."""
@@ -57,7 +71,8 @@ class Collection:
         from ..targets.sizes import parse_sweep
 
         sources, config = self.sources, self.config
-        inputs = [parse_input(text) for text in sources.inputs] if sources.inputs else None
+        inputs = list(sources.given) if sources.given is not None else \
+            [parse_input(text) for text in sources.inputs] if sources.inputs else None
         cases = None
         if sources.inputs_from:
             if inputs is not None:
@@ -73,10 +88,11 @@ class Collection:
 
 def collect(arguments: list[str], config: CheckConfig, inputs: list[Any] | None = None,
             cases: list[CaseSpec] | None = None, init: dict[str, Any] | None = None,
-            imports: tuple[str, ...] = (), sweeps: list[Any] | None = None
-            ) -> tuple[list[Job], list[Rejected]]:
+            imports: tuple[str, ...] = (), sweeps: list[Any] | None = None,
+            empty_ok: bool = False) -> tuple[list[Job], list[Rejected]]:
     """Every argument's jobs, and the rejections (a bad argument does not stop the others;
-    one bad argument alone is its own short error, exit 2)."""
+    one bad argument alone is its own short error, exit 2; nothing at all is NothingToCheck
+    unless empty_ok)."""
     if imports:  # before any target: they register the ops named as ns::name
         from ..targets.ops import import_all
 
@@ -89,33 +105,45 @@ def collect(arguments: list[str], config: CheckConfig, inputs: list[Any] | None 
             found, bad = collect_one(arg, config, inputs, cases, init, imports, sweeps)
         except GradtoolError as exc:
             errors.append(exc)
-            rejected.append(Rejected(arg, str(exc)))
+            rejected.append(Rejected(str(arg), str(exc)))
             continue
         jobs += found
         rejected += bad
     if not jobs and errors and len(errors) == len(rejected):
         raise errors[0]
-    if not jobs and not rejected:
-        raise NothingToCheck(f"nothing to check in {', '.join(arguments)}")
+    if not jobs and not rejected and not empty_ok:
+        raise NothingToCheck(f"nothing to check in {', '.join(map(str, arguments))}")
     return jobs, rejected
 
 
-def collect_one(arg: str, config: CheckConfig, inputs: list[InputSpec] | None = None,
+def collect_one(arg: Any, config: CheckConfig, inputs: list[InputSpec] | None = None,
                 cases: list[CaseSpec] | None = None, init: dict[str, Any] | None = None,
                 imports: tuple[str, ...] = (), sweeps: list[Any] | None = None
                 ) -> tuple[list[Job], list[Rejected]]:
-    """The jobs one argument names; invalid spec files become Rejected entries.
+    """The jobs one argument (a target string, spec path, object or Spec) names; invalid spec
+    files become Rejected entries.
 
-    Raises GradtoolError when a target string cannot be resolved at all."""
-    if is_spec_argument(arg):
+    Raises GradtoolError when a target cannot be resolved at all."""
+    text = isinstance(arg, str)
+    if not text and _is_spec(arg):  # loaded already (the plugin's specs)
+        return spec_jobs(arg, config), []
+    if text and is_spec_argument(arg):
         if sweeps:
             raise InputError(f"--sweep applies to -i shapes; {arg} is a spec",
                              "give the spec its own sweep: {D: [15, 16, 17]}")
         return collect_specs(arg, config)
     if inputs is not None or sweeps:
         cases = swept_cases(inputs or [], sweeps or [], config.seed) or cases
-    return target_jobs(arg, config, inputs if cases is None else None, cases, init,
-                       imports), []
+    given = inputs if cases is None else None
+    if not text:  # the library's object
+        return object_jobs(arg, config, given, cases), []
+    return target_jobs(arg, config, given, cases, init, imports), []
+
+
+def _is_spec(arg: Any) -> bool:
+    from ..spec.schema import Spec  # imported only for an object: a string needs no spec/
+
+    return isinstance(arg, Spec)
 
 
 def swept_cases(inputs: list[Any], sweeps: list[Any], seed: int, base: str = "",
@@ -141,6 +169,55 @@ def target_jobs(arg: str, config: CheckConfig, inputs: list[InputSpec] | None,
         raise GradtoolError(f"--init applies to an nn.Module class; {arg} is a {what}",
                             "drop --init, or name the class")
     return [Job(t, cases or [CaseSpec("case 0", inputs, config.seed)], config) for t in targets]
+
+
+def object_jobs(obj: Any, config: CheckConfig, inputs: list[InputSpec] | None,
+                cases: list[CaseSpec] | None = None) -> list[Job]:
+    """The job of an object given to the library, named as a command line would load it."""
+    loadable = _loadable_name(obj)
+    name = loadable or (f"{getattr(obj, '__module__', '?')}:"
+                        f"{getattr(obj, '__qualname__', type(obj).__name__)}")
+    target = make_target(obj, name)
+    # An op names itself reproducibly (file.py:ns::name); other unloadable objects say how.
+    reproduce = None if loadable or target.kind.named_reproducibly \
+        else _python_reproduce(obj, config.seed)
+    return [Job(target, cases or [CaseSpec("case 0", inputs, config.seed)], config,
+                reproduce=reproduce)]
+
+
+def _loadable_name(obj: Any) -> str | None:
+    """'module:Name' that the command line loads back to this very object (torch:sin,
+    pkg.mod:MyFunction), or None: a lambda, a local function, an instance, __main__."""
+    import importlib
+
+    module = getattr(obj, "__module__", None)
+    if not isinstance(module, str) or module == "__main__":
+        return None
+    for name in (getattr(obj, "__qualname__", None), getattr(obj, "__name__", None)):
+        if not isinstance(name, str) or "<" in name:
+            continue
+        try:
+            found: Any = importlib.import_module(module)
+            for part in name.split("."):
+                found = getattr(found, part)
+        except Exception:  # noqa: BLE001 - not importable by that name: try the next
+            continue
+        if found is obj:
+            return f"{module}:{name}"
+    return None
+
+
+def _python_reproduce(obj: Any, seed: int) -> str:
+    """How to reproduce an object no command line can load: the call, in Python."""
+    qualname = getattr(obj, "__qualname__", "") or ""
+    what = "lambda" if "<lambda>" in qualname else (
+        "local function" if "<locals>" in qualname else
+        "class" if inspect.isclass(obj) else type(obj).__name__)
+    code = getattr(obj, "__code__", None)
+    where = f" at {code.co_filename}:{code.co_firstlineno}" if code is not None else ""
+    return (f"gradtool.check(<the {what}{where}>, <the same inputs>, seed={seed}) in Python "
+            "(it has no module:Name a command line can load; give it a module-level name for "
+            "one)")
 
 
 def collect_specs(arg: str, config: CheckConfig) -> tuple[list[Job], list[Rejected]]:
