@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as a package (a 3.10-only dependency)
+    import tomli as tomllib
 
 from ..errors import ConfigError, did_you_mean
 from .registry import FORMATS as REPORT_FILES
