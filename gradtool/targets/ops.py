@@ -219,6 +219,10 @@ def registered_ops(module: ModuleType) -> list[tuple[str, Any]]:
     from .load import display_path
 
     home = getattr(module, "__file__", None)
+    # torch before 2.7 records a Python registration at /dev/null: the module's own Library
+    # objects name the ops it defines there.
+    held = {qualname for obj in vars(module).values() if isinstance(obj, torch.library.Library)
+            for qualname in getattr(obj, "_op_defs", ())}
     found = []
     for qualname in sorted(torch.library._defs):
         ns, _, name = qualname.partition("::")
@@ -229,7 +233,7 @@ def registered_ops(module: ModuleType) -> list[tuple[str, Any]]:
         except (AttributeError, RuntimeError, TargetError):
             continue
         line = registration_line(overload)
-        if line and line.rpartition(":")[0] == display_path(home):
+        if qualname in held or line and line.rpartition(":")[0] == display_path(home):
             found.append((qualname, overload))
     return found
 
