@@ -25,8 +25,8 @@ torch.library.wrap_triton(kernel)
 
 @pytest.fixture(scope="module", autouse=True)
 def interpreter_accepted():
-    # Some torch versions (2.6) wrap only compiled kernels: under the interpreter (no GPU) wrap_triton
-    # refuses the kernel, so there is nothing to check.
+    # Some torch versions (2.6) wrap only compiled kernels: under the interpreter (no GPU)
+    # wrap_triton refuses the kernel, so there is nothing to check.
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     probe = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env)
     if "wrap_triton only works" in probe.stderr:

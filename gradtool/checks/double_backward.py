@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -91,7 +92,10 @@ def backward_problem(problem: Problem, seed: int) -> Problem | None:
 
 def first_order_only(outs: list[torch.Tensor]) -> tuple[str, str | None] | None:
     """(why, where) a Function in the graph cannot be differentiated twice, or None."""
-    from torch.utils.checkpoint import CheckpointFunction
+    # Only a graph that used checkpoint holds its Function, and then it is imported; importing
+    # it here would pull sympy in on torch before 2.7 (the cold start stays free of it).
+    checkpoint = sys.modules.get("torch.utils.checkpoint")
+    checkpoint_function = getattr(checkpoint, "CheckpointFunction", None)
 
     from ..targets.load import is_once_differentiable, source_of
 
@@ -100,7 +104,7 @@ def first_order_only(outs: list[torch.Tensor]) -> tuple[str, str | None] | None:
         if is_once_differentiable(cls.backward):
             where = source_of(cls.backward)
             return f"{cls.__qualname__}.backward is decorated with @{ONCE} (at {where})", where
-        if cls is CheckpointFunction:  # it differentiates its block with .backward(), no graph
+        if checkpoint_function is not None and cls is checkpoint_function:  # it differentiates its block with .backward(), no graph
             return ("torch.utils.checkpoint(use_reentrant=True) computes gradients without "
                     "a graph (use use_reentrant=False for double backward)", None)
     return None

@@ -10,7 +10,7 @@ import torch
 
 from ..numerics.compare import unravel
 from ..numerics.problem import Problem, quiet_batching, select_outputs, vjp
-from ..numerics.transforms import grads_batched, vmap_of_vjp
+from ..numerics.transforms import grads_batched, vmap, vmap_of_vjp
 from ..results import CheckResult, Finding, Outcome
 from ..targets.cases import Case
 from ..targets.load import source_of
@@ -111,7 +111,7 @@ def _forward(problem: Problem, samples: list[list[torch.Tensor]], batched: list[
     dims = tuple(0 if k in batched else None for k in range(len(stacked)))
     with torch.no_grad():
         expected = [_call(problem, s) for s in per_sample]
-        got = torch.func.vmap(lambda *xs: tuple(_call(problem, xs)), in_dims=dims)(*stacked)
+        got = vmap(lambda *xs: tuple(_call(problem, xs)), in_dims=dims)(*stacked)
     problem.calls["forward"] += SAMPLES - 1  # the vmapped call evaluates every sample
     names = [problem.input_names[k] for k in batched]
     what = f"forward with {', '.join(repr(n) for n in names)} batched"

@@ -12,6 +12,7 @@ from ..results import Outcome
 from .jacobian import SMALL, Verdict, _finish, _tallies
 from .problem import Problem, flat_cat, quiet_batching, select_outputs
 from .steps import FINITE_MACHINE, LOOP_MAX, directional, numerical_columns
+from .transforms import vmap
 
 
 def jvp(problem: Problem, values: Sequence[torch.Tensor],
@@ -59,7 +60,7 @@ def _batched_columns(problem: Problem, values: Sequence[torch.Tensor],
 
     try:
         with problem.rng(), quiet_batching():
-            cols = torch.func.vmap(column)(eye).T
+            cols = vmap(column)(eye).T
     except Exception:  # a classic ctx Function, .item(), ...: no functorch here, loop instead
         return None
     problem.calls["jvp"] += len(eye)

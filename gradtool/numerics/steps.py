@@ -8,6 +8,7 @@ import torch
 
 from ..tracebacks import calls_user_code
 from .problem import Problem, flat_cat, quiet_batching, select_outputs, split_flat
+from .transforms import vmap
 
 # Per batched call. Kept under glibc's 32 MB mmap ceiling: bigger buffers are mmapped afresh on
 # every call and their page faults cost more than the arithmetic (measured: 0.6 GB/s vs 10).
@@ -122,7 +123,7 @@ def batched_outputs(problem: Problem, values: Sequence[torch.Tensor], which: int
     size = int(batches[0].shape[0])
     try:
         with torch.no_grad(), problem.rng(), quiet_batching():
-            outs = flat_cat(torch.func.vmap(run, in_dims=in_dims)(*args), batch=True)
+            outs = flat_cat(vmap(run, in_dims=in_dims)(*args), batch=True)
     except Exception as exc:  # no vmap support: data-dependent control flow, .item(), ...
         raise _NotBatchable() from exc
     problem.calls["forward"] += size

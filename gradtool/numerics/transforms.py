@@ -6,10 +6,13 @@
 # off. autograd.grad's grad_outputs validation imports sympy for symbolic shapes. Here the
 # same pullback runs with the switch made at the C level (torch._C._dynamo, which is loaded
 # with torch), and grad_outputs go straight to the engine, as numerics/problem.py's vjp does.
+# torch.func.vmap itself imports torch._dynamo on torch 2.6 and older, only to ask whether it is
+# being compiled: vmap() below calls what it wraps.
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -65,6 +68,19 @@ def _light_pullbacks() -> Iterator[None]:
         eager_transforms._autograd_grad = original
 
 
+def vmap(fn: Callable[..., Any], in_dims: Any = 0) -> Callable[..., Any]:
+    """torch.func.vmap(fn, in_dims): its implementation called directly while torch._dynamo is
+    not loaded (nothing is being compiled), so older torch does not import it."""
+    if "torch._dynamo" not in sys.modules:
+        try:
+            from torch._functorch.vmap import vmap_impl
+        except ImportError:  # a torch that moved it: the public vmap
+            pass
+        else:
+            return functools.partial(vmap_impl, fn, in_dims, 0, "error", None)
+    return torch.func.vmap(fn, in_dims=in_dims)
+
+
 def func_vjp(fn: Callable[..., tuple[torch.Tensor, ...]], primals: Sequence[torch.Tensor],
              cotangents: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """vᵀJ(x) by torch.func.vjp: autograd at functorch's own level, which torch.func.vmap can
@@ -83,7 +99,7 @@ def vmap_of_vjp(fn: Callable[..., tuple[torch.Tensor, ...]], primals: Sequence[t
         return tuple(pullback(tuple(gs)))
 
     with _light_pullbacks():
-        return torch.func.vmap(one)(list(primals), list(cotangents))
+        return vmap(one)(list(primals), list(cotangents))
 
 
 def grads_batched(outs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor],
