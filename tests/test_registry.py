@@ -1,4 +1,4 @@
-"""The check registry is the one place check names come from: CLI, specs, schema, README, runner."""
+"""The check registry is the one place check names come from: CLI, specs, schema, docs, runner."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from gradtool.config.registry import CHECK_NAMES, DEFAULT_CHECKS, REGISTRY
 from gradtool.config.settings import CheckConfig
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+CHECKS_DOC = Path(__file__).resolve().parent.parent / "docs" / "checks.md"
 
 
 def test_the_default_run_is_every_check_that_is_not_opt_in():
@@ -37,8 +37,9 @@ def test_the_report_schema_names_exactly_the_registered_checks():
 
 
 @pytest.mark.parametrize("name", CHECK_NAMES)
-def test_readme_describes_every_check(name):
-    assert re.search(rf"^- \*\*{name}\*\* — ", README.read_text(encoding="utf-8"), re.MULTILINE), name
+def test_docs_describe_every_check(name):
+    assert re.search(rf"^- \*\*{name}\*\* — ", CHECKS_DOC.read_text(encoding="utf-8"),
+                     re.MULTILINE), name
 
 
 def test_check_option_and_config_reject_unknown_names_with_the_registered_ones():

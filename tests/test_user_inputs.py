@@ -256,8 +256,8 @@ def test_readme_input_examples_run(tmp_path, monkeypatch):
 
     from conftest import ROOT
 
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"### Your own inputs.*?```bash\n(.*?)```", readme, re.S).group(1)
+    readme = (ROOT / "docs" / "inputs.md").read_text()
+    block = re.search(r"## Your own inputs.*?```bash\n(.*?)```", readme, re.S).group(1)
     commands = [shlex.split(line) for line in block.splitlines() if line.startswith("gradtool")]
     assert len(commands) == 7
     monkeypatch.chdir(ROOT)
