@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from ..errors import TargetError, did_you_mean
+from .needs import torch_needed
 
 
 @dataclass
@@ -64,7 +65,8 @@ def load_module(location: str) -> ModuleType:
     except SyntaxError as exc:
         raise _syntax_error(exc) from None
     except Exception as exc:  # user code raising at import time is a bad target, not a gradtool bug
-        raise TargetError(f"importing {location!r} raised {type(exc).__name__}: {exc}") from exc
+        raise TargetError(f"importing {location!r} raised {type(exc).__name__}: {exc}",
+                          torch_needed(exc)) from exc
 
 
 def _load_path(path: Path) -> ModuleType:
@@ -94,7 +96,8 @@ def _load_path(path: Path) -> ModuleType:
         raise _syntax_error(exc) from None
     except Exception as exc:
         del sys.modules[name]
-        raise TargetError(f"importing {path} raised {type(exc).__name__}: {exc}") from exc
+        raise TargetError(f"importing {path} raised {type(exc).__name__}: {exc}",
+                          torch_needed(exc)) from exc
     return module
 
 
