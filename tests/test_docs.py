@@ -85,21 +85,34 @@ def test_no_paragraph_is_written_twice():
     assert not repeated, repeated
 
 
+def heading_paths(text: str) -> list[tuple[str, ...]]:
+    """Each heading with the headings above it: CHANGELOG's '### Added' under two releases are
+    two paths, a section pasted twice is one path twice."""
+    fenced, stack, paths = False, [], []
+    for line in text.splitlines():
+        fenced ^= line.startswith("```")
+        if not fenced and (found := re.match(r"(#+) (.*)", line)):
+            level = len(found[1])
+            stack = [*(h for h in stack if h[0] < level), (level, found[2].strip())]
+            paths.append(tuple(title for _, title in stack))
+    return paths
+
+
 @pytest.mark.parametrize("path", MARKDOWN, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_heading_is_repeated_in_a_file(path):
-    fenced, headings = False, []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        fenced ^= line.startswith("```")
-        if not fenced and re.match(r"#+ ", line):
-            headings.append(line.strip())
-    repeated = sorted({h for h in headings if headings.count(h) > 1})
+    paths = heading_paths(path.read_text(encoding="utf-8"))
+    repeated = sorted({p for p in paths if paths.count(p) > 1})
     assert not repeated, repeated
 
 
-def test_the_duplicate_detector_finds_a_copy():
-    text = "# a\n\nsome paragraph long enough to count as one, repeated word for word.\n\n" * 2
-    blocks = paragraphs(text)
+def test_the_duplicate_detectors_find_a_copy():
+    text = "# a\n\nsome paragraph long enough to count as one, repeated word for word.\n\n"
+    blocks = paragraphs(text * 2)
     assert blocks.count(blocks[1]) == 2
+    assert heading_paths("# a\n## b\n## c\n## b\n") == [("a",), ("a", "b"), ("a", "c"),
+                                                          ("a", "b")]
+    assert heading_paths("# x\n## 1\n### Added\n## 2\n### Added\n")[3:] == [("x", "2"),
+                                                                              ("x", "2", "Added")]
 
 
 @pytest.mark.parametrize("path", MARKDOWN, ids=lambda p: str(p.relative_to(ROOT)))
