@@ -29,12 +29,18 @@ def unavailable() -> str | None:
     return None
 
 
+def full_name(op: Any) -> str:
+    """name.variant, as OpInfo.full_name says (torch 2.4's OpInfo lacks the attribute)."""
+    return getattr(op, "full_name", None) or \
+        (f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name)
+
+
 @functools.cache
 def autograd_ops() -> dict[str, Any]:
     """Every OpInfo with backward support in float64 on CPU, by its full name."""
     from torch.testing._internal.common_methods_invocations import op_db
 
-    return {op.full_name: op for op in op_db
+    return {full_name(op): op for op in op_db
             if op.supports_autograd and op.supports_dtype(DTYPE, "cpu")
             and DTYPE in op.supported_backward_dtypes("cpu")}
 
@@ -133,7 +139,7 @@ def _as_gradcheck_sees_it(op: Any, sample: Any) -> tuple[Callable[..., Any], lis
         out = op.gradcheck_wrapper(variant, first, *args, **kwargs)
         return sample.output_process_fn_grad(out) if sample.output_process_fn_grad else out
 
-    fn.__qualname__ = fn.__name__ = op.full_name.replace(".", "_")
+    fn.__qualname__ = fn.__name__ = full_name(op).replace(".", "_")
     return fn, [v.detach() for v in values]
 
 

@@ -97,6 +97,10 @@ def test_input_that_needs_no_grad_is_not_checked(fx):
 
 
 def test_keyword_argument_moved_to_its_position(fx):
+    try:  # torch 2.4 and 2.6 refuse keywords in a classic Function's apply: nothing to locate
+        fx.keyword_call(torch.ones(4, 3), torch.ones(2, 3))
+    except TypeError as exc:
+        pytest.skip(f"this torch's Function.apply refuses keyword arguments: {exc}")
     findings = locate_functions(problem_for(fx.keyword_call, ["4x3", "2x3"]), CONFIG)
     assert [(f.qualname, f.wrong_inputs) for f in findings] == \
         [("WrongLinearFunction", ("weight",))]
