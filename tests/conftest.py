@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from slow_tests import SLOW_FILES, SLOW_TESTS
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 EXAMPLES = ROOT / "specs" / "examples"
@@ -37,3 +39,11 @@ def result(report, name: str):
 @pytest.fixture
 def contract_cases():
     return load_fixture("contract_cases")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests tests/slow_tests.py lists `slow` (the quick tier deselects them)."""
+    for item in items:
+        name = getattr(item, "originalname", item.name)
+        if item.path.name in SLOW_FILES or name in SLOW_TESTS.get(item.path.name, ()):
+            item.add_marker(pytest.mark.slow)

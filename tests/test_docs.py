@@ -136,3 +136,14 @@ def test_readme_is_short_and_names_both_test_tiers():
 def test_ci_runs_the_readme_full_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "pytest -n auto" in ci and "gradtool check specs/" in ci and "torch==2.13.0" in ci
+
+
+def test_the_slow_list_names_existing_files_and_tests():
+    from slow_tests import SLOW_FILES, SLOW_TESTS
+
+    tests = ROOT / "tests"
+    assert all((tests / name).is_file() for name in SLOW_FILES), SLOW_FILES
+    for name, functions in SLOW_TESTS.items():
+        source = (tests / name).read_text(encoding="utf-8")
+        missing = [f for f in functions if not re.search(rf"^def {f}\(", source, re.M)]
+        assert not missing, (name, missing)
