@@ -33,6 +33,8 @@ def test_readme_failure_example_is_the_tools_output(monkeypatch):
     for line in shown.group(2).splitlines():
         if "mode:" in line or " in " in line and "target(s)" in line:
             continue  # timing-dependent wording
+        if line.startswith("PASS"):  # a passing check's rounding noise varies by process
+            line = line.split(" — ")[0]
         assert line.rstrip() in result.output, line
     assert result.output.count("PASS") == shown.group(2).count("PASS")
 
