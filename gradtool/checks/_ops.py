@@ -65,7 +65,9 @@ def fake_kernel(op: Any) -> Any:
     from torch._library.simple_registry import singleton
 
     entry = singleton.find(op._schema.name)
-    kernel = entry.fake_impl.kernel
+    # torch 2.4 names it abstract_impl (register_fake was impl_abstract there)
+    holder = getattr(entry, "fake_impl", None) or entry.abstract_impl
+    kernel = holder.kernel
     return getattr(kernel, "func", kernel) if kernel is not None else None
 
 
