@@ -147,6 +147,9 @@ CONTRACT_RULES = _rules(
     ("inner_unchecked", "gradtool could not re-run a custom Function inside a model alone"),
     ("inner_raised", "a custom Function inside a model raised when gradtool re-ran it alone "
                      "(the model's own run did not)"),
+    ("rerun_differs", "a custom Function inside a model broke a rule only when gradtool re-ran "
+                      "it alone, while the model's own run showed it kept (autograd's engine "
+                      "accepted its gradients)"),
     ("broadcast_gradient", "a gradient broadcastable to its input: the engine sums it (legal)"),
 )
 
