@@ -36,6 +36,10 @@ CORRECT = [  # (fixture file, class, inputs): every correct twin the broken fixt
     ("expensive", "ShiftedSolve", ["5x5", "(5,)"]),
     ("expensive", "BroydenRoot", ["(8,)", "8x8:[-0.15,0.15]"]),
     ("expensive", "Scan", ["8x5", "(5,)", "5x5:[-0.4,0.4]"]),
+    ("truth", "ScaledAdjointODE", ["2x3"]),
+    ("truth", "WithPlaceholder", ["3x4"]),
+    ("truth", "WithInfo", ["3x4"]),
+    ("truth", "AliasModel", ["2x3"]),
 ]
 
 

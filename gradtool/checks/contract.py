@@ -79,7 +79,7 @@ def _findings(case: Case, target: Target, config: CheckConfig
     g1 = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in diff_outs]
     g2 = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in diff_outs]
     found += _grad_output_untouched(backward, g1)
-    found += _outputs_used(problem, target, leaves, diff_outs, g1, config)
+    found += _outputs_used(problem, target, leaves, (outs, diff_outs), g1, config)
     r1 = backward(g1)
     found += _finite("contract.gradient_nonfinite", "gradient", [r for r in r1 if r is not None])
     found += _linearity(backward, g1, g2, r1, problem, config)
@@ -104,7 +104,7 @@ def _backward_caller(problem: Problem, target: Target, leaves: list[torch.Tensor
     node = diff_outs[0].grad_fn
     own_node = getattr(type(node), "_forward_cls", None) is target.obj
     if target.kind.function_class and own_node:
-        raw_call = _raw_backward(problem, node, tensors, diff_outs)
+        raw_call = _raw_backward(problem, node, result, diff_outs)
         found += _arity_and_shapes(problem, raw_call, diff_outs)
         if any(f.rule in ENGINE_ERRORS for f in found):
             return None  # the rest would only repeat the engine's error
@@ -112,14 +112,17 @@ def _backward_caller(problem: Problem, target: Target, leaves: list[torch.Tensor
     return lambda grads: problem.vjp(leaves, diff_outs, grads)
 
 
-def _raw_backward(problem: Problem, node: Any, tensors: list[torch.Tensor],
-                  diff_outs: list[torch.Tensor]):
-    """Call the user's backward directly (via its node), bypassing the engine's fix-ups."""
+def _raw_backward(problem: Problem, node: Any, result: Any, diff_outs: list[torch.Tensor]):
+    """Call the user's backward directly (via its node), bypassing the engine's fix-ups, with
+    the engine's arguments: one per forward output, zeros for a tensor output that is not
+    differentiable, None for a non-tensor one."""
+    outputs = result if isinstance(result, tuple) else (result,)
+
     @calls_user_code
     def call(grads: Sequence[torch.Tensor]) -> tuple[Any, ...]:
         it = iter(grads)
-        full = [next(it) if any(t is d for d in diff_outs) else torch.zeros_like(t)
-                for t in tensors]
+        full = [next(it) if any(o is d for d in diff_outs) else
+                torch.zeros_like(o) if isinstance(o, torch.Tensor) else None for o in outputs]
         problem.calls["backward"] += 1
         out = node.apply(*full)
         return out if isinstance(out, tuple) else (out,)
@@ -199,11 +202,13 @@ def _grad_output_untouched(backward, grads: list[torch.Tensor]) -> list[Finding]
 
 
 def _outputs_used(problem: Problem, target: Target, leaves: list[torch.Tensor],
-                  diff_outs: list[torch.Tensor], g1: list[torch.Tensor],
-                  config: CheckConfig) -> list[Finding]:
+                  outputs: tuple[list[torch.Tensor], list[torch.Tensor]],
+                  g1: list[torch.Tensor], config: CheckConfig) -> list[Finding]:
     """Backward through the engine as it runs when outputs go unused: a zero grad_output gives
     a zero gradient, an unused output (None gradient under set_materialize_grads(False)) acts
-    as a zero one, and no differentiable output's gradient is ignored."""
+    as a zero one, and no differentiable output's gradient is ignored (outputs: the floating
+    outputs, and those of them that require grad)."""
+    outs, diff_outs = outputs
     zeros = [torch.zeros_like(g) for g in g1]
     found = _zero_gives_zero(problem, problem.vjp(leaves, diff_outs, zeros), config.nondet_tol)
     if len(diff_outs) < 2:
@@ -230,7 +235,8 @@ def _outputs_used(problem: Problem, target: Target, leaves: list[torch.Tensor],
                     f"{(a - b).abs().max().item():.3g}): treat None as zero")]
         # An empty output has no gradient to ignore.
         if target.kind.function_class and diff_outs[k].numel() and \
-                _ignored(problem, leaves, diff_outs, g1, k):
+                _ignored(problem, leaves, diff_outs, g1, k) and \
+                _depends_on_inputs(problem, outs, _position(outs, diff_outs[k])):
             found.append(Finding("contract.ignored_output",
                                  f"backward ignores the gradient of output {k}: mark it with "
                                  "ctx.mark_non_differentiable, or differentiate it"))
@@ -258,6 +264,24 @@ def _ignored(problem: Problem, leaves: list[torch.Tensor], diff_outs: list[torch
     """Only output k's gradient given, and every input's gradient is exactly zero."""
     only = [g if j == k else torch.zeros_like(g) for j, g in enumerate(g1)]
     return all(not bool(r.any()) for r in problem.vjp(leaves, diff_outs, only))
+
+
+def _position(tensors: list[torch.Tensor], tensor: torch.Tensor) -> int:
+    return next(i for i, t in enumerate(tensors) if t is tensor)
+
+
+@calls_user_code
+def _depends_on_inputs(problem: Problem, outs: list[torch.Tensor], index: int) -> bool:
+    """Whether the index-th floating output moves when every input does: ignoring the gradient
+    of one that does not (a constant placeholder, zeros) is right, its Jacobian being zero."""
+    gen = torch.Generator().manual_seed(131)
+    values = [v.detach() + 1e-3 * (1 + v.detach().abs()) *
+              torch.randn(v.shape, generator=gen, dtype=v.dtype) for v in problem.inputs]
+    with torch.no_grad(), problem.rng():
+        problem.calls["forward"] += 1
+        result = problem.fn(*problem.with_inputs(values))
+    moved = [t for t in tensor_outputs(result) if t.is_floating_point() or t.is_complex()]
+    return index >= len(moved) or not equal(moved[index], outs[index].detach())
 
 
 def _linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> list[Finding]:

@@ -24,6 +24,9 @@ def with_inner_contracts(result: CheckResult, problem: Problem, config: CheckCon
     # Ignored rules are dropped by the runner (run/runner.py:silence), inner ones too.
     found = [f for app in unique(applications)
              for f in _contract_of(app, config, problem.freeze_seed)]
+    if _engine_ran(result):
+        found = [_rerun_differs(f) if f.rule in ENGINE_CHECKED and
+                 f.severity is Severity.FAILURE else f for f in found]
     failures = [f for f in found if f.severity is Severity.FAILURE]
     warnings = [f for f in found if f.severity is Severity.WARNING]
     if not failures:
@@ -33,6 +36,29 @@ def with_inner_contracts(result: CheckResult, problem: Problem, config: CheckCon
                        source=failures[0].source, findings=(*failures, *result.findings,
                                                             *warnings))
     return replace(result, findings=(*result.findings, *failures, *warnings))
+
+
+# Rules autograd's engine enforces on every node it runs: broken in the model's own backward,
+# the engine would have raised there.
+ENGINE_CHECKED = frozenset({"contract.gradient_count", "contract.gradient_for_non_tensor",
+                            "contract.gradient_type", "contract.gradient_shape"})
+_NO_BACKWARD = frozenset({"contract.forward_not_tensor", "contract.no_differentiable_output"})
+
+
+def _engine_ran(result: CheckResult) -> bool:
+    """The composite's contract ran its backward through autograd's engine to the end (every
+    inner node included): it did not raise, and forward gave it something to differentiate."""
+    return result.outcome in (Outcome.PASSED, Outcome.FAILED) and \
+        not any(f.rule in _NO_BACKWARD for f in result.findings)
+
+
+def _rerun_differs(finding: Finding) -> Finding:
+    """An engine-checked rule broken on gradtool's re-run only: the real run is the evidence."""
+    return Finding("contract.rerun_differs",
+                   f"{finding.message} — found only when gradtool re-ran it alone: in the "
+                   "model's own run autograd's engine accepted every gradient it returned, so "
+                   "the re-run differed from your call (not a finding about your code)",
+                   Severity.WARNING, finding.source)
 
 
 def _contract_of(app: Application, config: CheckConfig, freeze_seed: int | None

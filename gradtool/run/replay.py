@@ -7,12 +7,16 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.autograd import Function
+from torch.autograd.function import _SingleLevelFunction
 
 from ..numerics.problem import Problem
 from ..tracebacks import calls_user_code
 
-_REAL_APPLY = Function.__dict__["apply"].__func__  # what every cls.apply(...) runs
+# Function.apply ends in super().apply(...): the class after Function in every Function's MRO
+# (Python, so a classmethod set there for a while is found first), then the engine's own apply.
+# Hooking there catches cls.apply(...) and an alias captured at import (my_op = Cls.apply) alike.
+_HOOKED = _SingleLevelFunction
+_ENGINE_APPLY = torch._C._FunctionBase.__dict__["apply"]
 
 
 class NotReplayed(RuntimeError):
@@ -51,7 +55,10 @@ def replaying(outer: Problem, cls: type, ordinal: int, anchors: dict[int, int]
     base = [v.detach() for v in outer.inputs]
 
     def outer_values(args: Sequence[Any]) -> list[Any]:
-        values: list[Any] = list(base)
+        # The real run's leaves require grad, so code before the application that asks
+        # (a solver dropping parameters that need no gradient) takes the same path.
+        values: list[Any] = [v.detach().requires_grad_(True) if v.is_floating_point()
+                             or v.is_complex() else v for v in base]
         for position, index in anchors.items():
             values[index] = args[position]
         return values
@@ -60,7 +67,10 @@ def replaying(outer: Problem, cls: type, ordinal: int, anchors: dict[int, int]
     def fn(*args: Any) -> Any:
         substitute = {k: a for k, a in enumerate(args)
                       if k not in anchors and isinstance(a, torch.Tensor)}
-        with _intercept(cls, ordinal, substitute):
+        grad_mode = torch.is_grad_enabled()
+        # The forward up to the application records a graph, as the real run's did; the
+        # application itself runs in the caller's mode (a value-only evaluation builds none).
+        with _intercept(cls, ordinal, substitute, grad_mode), torch.enable_grad():
             try:
                 outer.fn(*outer.with_inputs(outer_values(args)))
             except _Replayed as done:
@@ -76,25 +86,25 @@ def replaying(outer: Problem, cls: type, ordinal: int, anchors: dict[int, int]
 
 
 @contextlib.contextmanager
-def _intercept(cls: type, ordinal: int, substitute: dict[int, Any]) -> Iterator[None]:
-    """cls.apply replaced for the duration (restored after, even on error): the ordinal-th
-    call gets the substituted arguments and its result ends the forward."""
-    own = cls.__dict__.get("apply")
+def _intercept(cls: type, ordinal: int, substitute: dict[int, Any], grad_mode: bool
+               ) -> Iterator[None]:
+    """Every Function application hooked for the duration (restored after, even on error): the
+    ordinal-th application of cls gets the substituted arguments, runs in grad_mode, and its
+    result ends the forward."""
     seen = [0]
 
     def apply(c: type, *args: Any, **kwargs: Any) -> Any:
+        run = _ENGINE_APPLY.__get__(None, c)
         if c is cls:
             count, seen[0] = seen[0], seen[0] + 1
             if count == ordinal:
                 args = tuple(substitute.get(k, a) for k, a in enumerate(args))
-                raise _Replayed(_REAL_APPLY(c, *args, **kwargs))
-        return _REAL_APPLY(c, *args, **kwargs)
+                with torch.set_grad_enabled(grad_mode):
+                    raise _Replayed(run(*args, **kwargs))
+        return run(*args, **kwargs)
 
-    cls.apply = classmethod(apply)  # type: ignore[attr-defined]
+    _HOOKED.apply = classmethod(apply)  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        if own is None:
-            del cls.apply  # type: ignore[attr-defined]
-        else:
-            cls.apply = own  # type: ignore[attr-defined]
+        del _HOOKED.apply  # type: ignore[attr-defined]

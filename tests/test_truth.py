@@ -1,0 +1,118 @@
+"""Every word of a report is true (issue 33): no failure without evidence from the real run,
+re-runs in the engine's calling convention, culprits never innocent, bisected layouts."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import load_fixture, result
+
+import gradtool
+from gradtool.results import CheckResult, Finding, Outcome, Severity
+
+
+@pytest.fixture(scope="module")
+def fx():
+    return load_fixture("truth")
+
+
+def findings(check: CheckResult) -> dict[str, Finding]:
+    return {f.rule: f for f in check.findings}
+
+
+# --- failures need evidence from the real run ---------------------------------------------------
+
+
+def test_scaled_adjoint_parameter_keeps_the_contract(fx):
+    report = gradtool.check(fx.ScaledAdjointODE, ["2x3"], checks=("contract", "gradient"))
+    contract = result(report, "contract")
+    assert contract.outcome is Outcome.PASSED, contract.summary
+    assert "contract.gradient_count" not in findings(contract)
+    assert result(report, "gradient").outcome is Outcome.PASSED
+
+
+def test_scaled_adjoint_parameter_is_re_run_with_it(fx):
+    """The re-run passes the scaled weight on, as the real run did: the Function's own check
+    sees the parameter (before, the solver dropped it as needing no gradient)."""
+    report = gradtool.check(fx.ScaledAdjointODEFlipped, ["2x3"], checks=("gradient",))
+    gradient = result(report, "gradient")
+    assert gradient.outcome is Outcome.FAILED
+    assert "'weight'" in gradient.summary
+    assert not any("could not re-run" in d for d in gradient.details)
+
+
+def test_a_rule_the_engine_enforced_in_the_real_run_is_a_warning(fx, monkeypatch):
+    """An engine-checked rule broken only on gradtool's re-run, while the model's own backward
+    ran through the engine, is told as the re-run differing, never a failure."""
+    from gradtool.run import inner
+
+    broken = Finding("contract.gradient_count", "_AdjointSolve at m.py:3: backward returned 4 "
+                     "gradient(s); forward takes 5 input(s)")
+    monkeypatch.setattr(inner, "_contract_of", lambda *_: [broken])
+    report = gradtool.check(fx.ScaledAdjointODE, ["2x3"], checks=("contract",))
+    contract = result(report, "contract")
+    assert contract.outcome is Outcome.PASSED
+    told = findings(contract)["contract.rerun_differs"]
+    assert told.severity is Severity.WARNING
+    assert "backward returned 4 gradient(s)" in told.message
+    assert "only when gradtool re-ran it alone" in told.message
+    assert "autograd's engine accepted every gradient it returned" in told.message
+
+
+def test_an_engine_rule_stays_a_failure_when_the_real_backward_did_not_run():
+    from gradtool.run.inner import _engine_ran
+
+    raised = CheckResult("contract", Outcome.ERROR, "TypeError raised")
+    assert not _engine_ran(raised)
+    no_grad = CheckResult("contract", Outcome.FAILED, "no output requires grad", findings=(
+        Finding("contract.no_differentiable_output", "no output requires grad"),))
+    assert not _engine_ran(no_grad)
+    assert _engine_ran(CheckResult("contract", Outcome.PASSED, "ok"))
+
+
+def test_constant_placeholder_output_may_be_ignored(fx):
+    contract = result(gradtool.check(fx.WithPlaceholder, ["3x4"], checks=("contract",)),
+                      "contract")
+    assert contract.outcome is Outcome.PASSED, contract.summary
+
+
+def test_ignored_output_that_depends_on_the_input_fails(fx):
+    contract = result(gradtool.check(fx.WithIgnoredOutput, ["3x4"], checks=("contract",)),
+                      "contract")
+    assert contract.outcome is Outcome.FAILED
+    assert contract.summary.startswith("backward ignores the gradient of output 1")
+
+
+# --- re-runs in the engine's calling convention -------------------------------------------------
+
+
+def test_non_tensor_outputs_get_one_argument_each(fx):
+    report = gradtool.check(fx.WithInfo, ["3x4"], checks=("contract", "gradient"))
+    contract = result(report, "contract")
+    assert contract.outcome is Outcome.PASSED, contract.summary
+    assert result(report, "gradient").outcome is Outcome.PASSED
+
+
+def test_non_tensor_outputs_broken_twin_fails_the_gradient_only(fx):
+    report = gradtool.check(fx.WithInfoWrong, ["3x4"], checks=("contract", "gradient"))
+    assert result(report, "contract").outcome is Outcome.PASSED
+    assert result(report, "gradient").outcome is Outcome.FAILED
+
+
+def test_apply_alias_is_re_run_and_blamed(fx):
+    gradient = result(gradtool.check(fx.AliasModelWrong, ["2x3"], checks=("gradient",)),
+                      "gradient")
+    assert gradient.outcome is Outcome.FAILED
+    text = "\n".join(gradient.details)
+    assert "could not be re-run" not in text
+    assert "_ScaleByParam (" in text and "is wrong w.r.t. x" in text
+    assert "sign flipped" in text
+
+
+def test_apply_alias_contract_is_checked_and_hook_removed(fx):
+    from torch.autograd.function import _SingleLevelFunction
+
+    contract = result(gradtool.check(fx.AliasModel, ["2x3"], checks=("contract",)), "contract")
+    assert contract.outcome is Outcome.PASSED
+    assert not any(f.rule in ("contract.inner_raised", "contract.inner_unchecked")
+                   for f in contract.findings), contract.findings
+    assert "apply" not in _SingleLevelFunction.__dict__
