@@ -40,6 +40,9 @@ CORRECT = [  # (fixture file, class, inputs): every correct twin the broken fixt
     ("truth", "WithPlaceholder", ["3x4"]),
     ("truth", "WithInfo", ["3x4"]),
     ("truth", "AliasModel", ["2x3"]),
+    ("truth", "RotatePoints", ["4x3", "4x3"]),
+    ("truth", "SineCube", ["3x4"]),
+    ("truth", "PairThenSineRight", ["3x4"]),
 ]
 
 

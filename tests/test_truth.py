@@ -116,3 +116,58 @@ def test_apply_alias_contract_is_checked_and_hook_removed(fx):
     assert not any(f.rule in ("contract.inner_raised", "contract.inner_unchecked")
                    for f in contract.findings), contract.findings
     assert "apply" not in _SingleLevelFunction.__dict__
+
+
+# --- culprits never innocent ----------------------------------------------------------------------
+
+
+def test_tangent_space_functions_make_the_culprit_ambiguous(fx):
+    gradient = result(gradtool.check(fx.RotatePointsWrong, ["4x3", "4x3"], checks=("gradient",)),
+                      "gradient")
+    assert gradient.outcome is Outcome.FAILED
+    why = gradient.details[-1]
+    assert why.startswith("the culprit is ambiguous: Exp and Act each fail alone")
+    assert "stays wrong whichever one's backward is replaced" in why
+    assert "tangent space" in why
+    # look at: the model's forward, not an innocent Function's backward
+    assert gradient.source == f"tests/fixtures/truth.py:{line_of(fx.RotatePoints.forward)}"
+
+
+def test_tangent_space_composite_passes(fx):
+    report = gradtool.check(fx.RotatePoints, ["4x3", "4x3"])
+    assert all(c.outcome.value not in ("failed", "error") for _, _, c in report.checks())
+
+
+def test_substitution_names_the_one_function_that_fixes_the_model(fx):
+    gradient = result(gradtool.check(fx.PairThenSine, ["3x4"], checks=("gradient",)), "gradient")
+    assert gradient.details[-1] == (
+        "of the Functions that fail alone (PairSecondWrong and SineFlipped), SineFlipped is the "
+        "one to blame: the model's gradient is right once its backward is replaced by autograd "
+        "through its forward, and with no other one's")
+    assert gradient.source == f"tests/fixtures/truth.py:{line_of(fx.SineFlipped.backward)}"
+
+
+def test_two_wrong_functions_are_ambiguous_too(fx):
+    gradient = result(gradtool.check(fx.TwoWrong, ["3x4"], checks=("gradient",)), "gradient")
+    assert gradient.details[-1].startswith("the culprit is ambiguous: _Negated and SineFlipped "
+                                           "each fail alone")
+    assert "either more than one of them is wrong" in gradient.details[-1]
+    assert gradient.source == f"tests/fixtures/truth.py:{line_of(fx.TwoWrong.forward)}"
+
+
+def test_double_backward_points_at_the_function_whose_backward_is_not_differentiable(fx):
+    db = result(gradtool.check(fx.SineCubeDetached, ["3x4"], checks=("double_backward",)),
+                "double_backward")
+    assert db.outcome is Outcome.FAILED
+    assert db.source == f"tests/fixtures/truth.py:{line_of(fx.DetachedCube.backward)}"
+    assert db.details[-1].startswith("DetachedCube at tests/fixtures/truth.py:")
+    assert "its backward's derivative is wrong (double backward checked alone" in db.details[-1]
+    ok = result(gradtool.check(fx.SineCube, ["3x4"], checks=("double_backward",)),
+                "double_backward")
+    assert ok.outcome is Outcome.PASSED
+
+
+def line_of(fn) -> int:
+    from gradtool.targets.load import source_of
+
+    return int(source_of(fn).rsplit(":", 1)[1])

@@ -41,6 +41,7 @@ class FunctionFinding:
     outcome: Outcome          # passed / failed / inconclusive / error (skipped: inputs not seen)
     wrong_inputs: tuple[str, ...]  # forward argument names whose gradient is wrong
     summary: str              # "LinearFunction at model.py:42 is wrong w.r.t. weight ..."
+    cls: type | None = field(default=None, compare=False, repr=False)  # None: a custom op
 
 
 @dataclass
@@ -302,7 +303,7 @@ def _finding(app: Application, source: str | None, result: CheckResult) -> Funct
                 f"of its own (this is not a finding about your code): {result.summary}")
     else:
         text = f"{name} at {where} is {result.outcome.value}: {result.summary}"
-    return FunctionFinding(name, source, app.created_at, result.outcome, wrong, text)
+    return FunctionFinding(name, source, app.created_at, result.outcome, wrong, text, app.cls)
 
 
 def _not_captured(cls: type) -> FunctionFinding:
@@ -325,8 +326,10 @@ def describe(findings: Sequence[FunctionFinding]) -> list[str]:
     lines = ["custom Functions, each checked alone on the inputs it received: " + "; ".join(parts)]
     lines += [f.summary for f in findings if f.outcome is not Outcome.PASSED]
     if all(f.outcome is Outcome.PASSED for f in findings):
-        lines.append("every custom Function passes alone: the mismatch comes from code "
-                     "between them (a detach, an in-place write, a non-differentiable op)")
+        lines.append("every custom Function passes alone on the inputs it received: the "
+                     "mismatch comes from code between them (a detach, an in-place write, a "
+                     "non-differentiable op) or from what a Function reads besides its "
+                     "arguments (a closure, a module's attribute)")
     return lines
 
 
@@ -352,15 +355,61 @@ def forward_line(problem: Problem) -> str | None:
 
 def annotate(result: CheckResult, problem: Problem, config: CheckConfig,
              recheck: Callable[..., list[FunctionFinding]] | None = None) -> CheckResult:
-    """A failed module/callable gradient result, with each Function's own verdict added."""
+    """A failed module/callable gradient (or double backward) result, with each Function's own
+    verdict added; `look at:` names a Function only on evidence specific to it."""
     if result.outcome is not Outcome.FAILED:
         return result
+    if result.name == "double_backward":
+        from .second import annotate_double  # lazy: a second-order failure only
+
+        return annotate_double(result, problem, config)
     findings = locate_functions(problem, config, recheck)
     if not findings:
         return result
-    bad = next((f for f in findings if f.outcome is Outcome.FAILED and f.source), None)
+    failing = [f for f in findings if f.outcome is Outcome.FAILED]
+    if len(failing) > 1:
+        return _several(result, problem, config, findings, failing)
+    bad = failing[0] if failing and failing[0].source else None
     return replace(result, details=(*result.details, *describe(findings)),
                    source=bad.source if bad else result.source)
+
+
+def _several(result: CheckResult, problem: Problem, config: CheckConfig,
+             findings: list[FunctionFinding], failing: list[FunctionFinding]) -> CheckResult:
+    """Several Functions fail alone: blame one only when the composite's gradient becomes
+    right with its backward replaced by autograd through its forward, and no other's does."""
+    from .substitute import fixed_by_forward  # lazy: several failing Functions only
+
+    fixing = [f for f in failing
+              if f.cls is not None and fixed_by_forward(problem, config, {f.cls})]
+    names = _names([f.qualname for f in failing])
+    if len(fixing) == 1:
+        found = fixing[0]
+        why = (f"of the Functions that fail alone ({names}), {found.qualname} is the one to "
+               f"blame: the model's gradient is right once its backward is replaced by "
+               f"autograd through its forward, and with no other one's")
+        return replace(result, details=(*result.details, *describe(findings), why),
+                       source=found.source or result.source)
+    if fixing:
+        how = (f"the model's gradient is right with the backward of any one of "
+               f"{_names([f.qualname for f in fixing])} replaced by autograd through its "
+               "forward")
+    else:
+        how = ("the model's gradient stays wrong whichever one's backward is replaced by "
+               "autograd through its forward")
+    why = (f"the culprit is ambiguous: {names} each fail alone, and {how}: either more than "
+           "one of them is wrong, or some follow a convention of their own (a gradient in the "
+           "tangent space of group elements stored as quaternions, say, fails Euclidean finite "
+           "differences alone by design), so no single Function is blamed: look at the model's "
+           "forward")
+    return replace(result, details=(*result.details, *describe(findings), why))
+
+
+def _names(names: Sequence[str]) -> str:
+    unique_names = list(dict.fromkeys(names))
+    if len(unique_names) < 2:
+        return "".join(unique_names)
+    return ", ".join(unique_names[:-1]) + " and " + unique_names[-1]
 
 
 __all__ = ["Application", "FunctionFinding", "annotate", "captured_case", "case_from_values",

@@ -134,8 +134,10 @@ def annotate(result: CheckResult, problem: Problem, config: CheckConfig) -> Chec
 
 def with_received_layouts(problem: Problem, config: CheckConfig,
                           findings: list[FunctionFinding]) -> list[FunctionFinding]:
-    """Each Function that passed alone, re-checked in the layouts the model gave it."""
-    if not any(f.outcome is Outcome.PASSED for f in findings):
+    """Each Function that passed alone, re-checked in the layouts the model gave it (not when
+    exactly one Function fails alone: the plain re-check has named the culprit already)."""
+    failed = sum(f.outcome is Outcome.FAILED for f in findings)
+    if failed == 1 or not any(f.outcome is Outcome.PASSED for f in findings):
         return findings
     try:
         captured = capture(problem)

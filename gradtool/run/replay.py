@@ -88,13 +88,12 @@ def replaying(outer: Problem, cls: type, ordinal: int, anchors: dict[int, int]
 @contextlib.contextmanager
 def _intercept(cls: type, ordinal: int, substitute: dict[int, Any], grad_mode: bool
                ) -> Iterator[None]:
-    """Every Function application hooked for the duration (restored after, even on error): the
-    ordinal-th application of cls gets the substituted arguments, runs in grad_mode, and its
-    result ends the forward."""
+    """For the duration: the ordinal-th application of cls gets the substituted arguments,
+    runs in grad_mode, and its result ends the forward."""
     seen = [0]
 
-    def apply(c: type, *args: Any, **kwargs: Any) -> Any:
-        run = _ENGINE_APPLY.__get__(None, c)
+    def apply(c: type, run: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+              ) -> Any:
         if c is cls:
             count, seen[0] = seen[0], seen[0] + 1
             if count == ordinal:
@@ -102,6 +101,20 @@ def _intercept(cls: type, ordinal: int, substitute: dict[int, Any], grad_mode: b
                 with torch.set_grad_enabled(grad_mode):
                     raise _Replayed(run(*args, **kwargs))
         return run(*args, **kwargs)
+
+    with hooked_apply(apply):
+        yield
+
+
+Handler = Callable[[type, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+
+
+@contextlib.contextmanager
+def hooked_apply(handler: Handler) -> Iterator[None]:
+    """Every Function application goes through handler(cls, run, args, kwargs) for the
+    duration (run: the engine's own apply for cls); restored after, even on error."""
+    def apply(c: type, *args: Any, **kwargs: Any) -> Any:
+        return handler(c, _ENGINE_APPLY.__get__(None, c), args, kwargs)
 
     _HOOKED.apply = classmethod(apply)  # type: ignore[attr-defined]
     try:

@@ -1,0 +1,60 @@
+"""Which custom Function's backward has the wrong derivative, when a model's double backward
+fails: each Function's double backward checked alone on the inputs it received."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..config.settings import CheckConfig
+from ..errors import InternalError
+from ..numerics.problem import Problem
+from ..results import CheckResult, Outcome
+from .culprit import Application, captured_case, record, unique
+
+
+def annotate_double(result: CheckResult, problem: Problem, config: CheckConfig
+                    ) -> CheckResult:
+    """The failed double backward of a model, pointing at the one Function whose backward's
+    derivative is wrong alone (several: ambiguous, the model's line stays)."""
+    try:
+        applications, _ = record(problem)
+    except InternalError:
+        raise
+    except Exception:  # noqa: BLE001 - a diagnosis: the result so far still stands
+        return result
+    verdicts = [(app, *_alone(app, config, problem.freeze_seed)) for app in unique(applications)]
+    failing = [(app, source, text) for app, outcome, source, text in verdicts
+               if outcome is Outcome.FAILED]
+    if not verdicts:
+        return result
+    if len(failing) == 1:
+        app, source, text = failing[0]
+        return replace(result, details=(*result.details, text), source=source or result.source)
+    if failing:
+        names = ", ".join(dict.fromkeys(app.cls.__qualname__ for app, _, _ in failing))
+        line = (f"the culprit is ambiguous: the backwards of {names} each have a wrong "
+                "derivative alone, so no single Function is blamed: look at the model's forward")
+        return replace(result, details=(*result.details, *[t for _, _, t in failing], line))
+    line = ("every custom Function's backward differentiates correctly alone on the inputs it "
+            "received: the wrong second derivative comes from code between them, or from a "
+            "first-order gradient that is wrong too (see the gradient check)")
+    return replace(result, details=(*result.details, line))
+
+
+def _alone(app: Application, config: CheckConfig, freeze_seed: int | None
+           ) -> tuple[Outcome, str | None, str]:
+    """(outcome, backward's file:line, a report line) of one application's double backward."""
+    from ..checks.double_backward import check_double_backward  # lazy, like culprit's
+
+    try:
+        target, case, own = captured_case(app, config, freeze_seed)
+        checked = check_double_backward(case, target, own)
+    except InternalError:
+        raise
+    except Exception:  # noqa: BLE001 - arguments that no longer bind: no verdict
+        return Outcome.ERROR, None, ""
+    where = f" at {app.created_at}" if app.created_at else ""
+    text = (f"{app.cls.__qualname__}{where}: its backward's derivative is wrong (double "
+            f"backward checked alone on the inputs it received; backward at {target.source}): "
+            f"{checked.summary}")
+    return checked.outcome, target.source, text
