@@ -43,6 +43,7 @@ CORRECT = [  # (fixture file, class, inputs): every correct twin the broken fixt
     ("truth", "RotatePoints", ["4x3", "4x3"]),
     ("truth", "SineCube", ["3x4"]),
     ("truth", "PairThenSineRight", ["3x4"]),
+    ("truth", "GRUCellStrided", ["4x3", "4x3", "4x3", "3x3", "3x3"]),
 ]
 
 

@@ -167,7 +167,50 @@ def test_double_backward_points_at_the_function_whose_backward_is_not_differenti
     assert ok.outcome is Outcome.PASSED
 
 
+def marked(text: str) -> int:
+    """The line of tests/fixtures/truth.py holding `text`."""
+    from conftest import FIXTURES
+
+    lines = (FIXTURES / "truth.py").read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
 def line_of(fn) -> int:
     from gradtool.targets.load import source_of
 
     return int(source_of(fn).rsplit(":", 1)[1])
+
+
+# --- layout findings bisected ---------------------------------------------------------------------
+
+GRU_INPUTS = ["4x3", "4x3", "4x3", "3x3", "3x3"]
+
+
+def test_layout_names_the_one_input_whose_layout_forward_refuses(fx):
+    layout = result(gradtool.check(fx.GRUCellFlat, GRU_INPUTS, checks=("layout",)), "layout")
+    assert layout.outcome is Outcome.FAILED
+    assert layout.summary.startswith("forward raises on a transposed input 'x': RuntimeError: "
+                                     "view size is not compatible")
+    assert "fix: use reshape instead of view where it raised, or call .contiguous() on 'x' " \
+           "first" in layout.summary
+    assert "'h0'" not in layout.summary
+    assert [f.rule for f in layout.findings] == ["layout.input_raises"]  # once, not per layout
+    assert layout.source.endswith(f"truth.py:{marked('needs x contiguous')}")  # where it raised
+    twin = result(gradtool.check(fx.GRUCellStrided, GRU_INPUTS, checks=("layout",)), "layout")
+    assert twin.outcome is Outcome.PASSED
+
+
+def test_a_raise_that_is_no_view_gets_the_contiguous_fix():
+    from gradtool.checks.layout import _contiguity_fix
+
+    fix = _contiguity_fix(RuntimeError("input must be contiguous"), "'x'")
+    assert fix == "call .contiguous() on 'x' before the line that raised, which needs that layout"
+
+
+def test_an_input_that_raised_is_not_tried_in_every_layout(fx):
+    """One forward for the contiguous baseline, one for the transposed x that raises; the
+    sliced layout, raising the same way, is not run again."""
+    layout = result(gradtool.check(fx.CumulativeFlat, ["3x4"], checks=("layout",)), "layout")
+    assert layout.outcome is Outcome.FAILED
+    assert len(layout.findings) == 1
+    assert layout.calls["forward"] == 2

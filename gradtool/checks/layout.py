@@ -168,6 +168,7 @@ class _Comparer:
         self.problem, self.config, self.source = problem, config, source
         self.leaves, self.outs, self.base = leaves, outs, base
         self.findings: list[Finding] = []
+        self.flagged: set[int] = set()  # inputs with a finding: later layouts leave them be
 
     def grad_output(self, variant: Variant, grads: list[torch.Tensor]) -> bool:
         """Backward with grad_outputs in this layout; False when it applies to none."""
@@ -180,9 +181,9 @@ class _Comparer:
         try:
             got = _backward(problem, self.leaves, self.outs, given)
         except Exception as exc:  # noqa: BLE001 - a backward refusing a layout is the finding
-            self._raised("layout.grad_output_raises", f"backward raises on {variant.words}",
-                         exc, "read grad_output through its strides, or call "
-                         "grad.contiguous() first (reshape, not view)")
+            self.findings.append(self._raised(
+                "layout.grad_output_raises", f"backward raises on {variant.words}", exc,
+                _contiguity_fix(exc, "grad_output")))
             return True
         want = self.base if variant.same_values else _backward(
             problem, self.leaves, self.outs, [g.contiguous() for g in given])
@@ -195,60 +196,75 @@ class _Comparer:
         return True
 
     def inputs(self, variant: Variant, grads: list[torch.Tensor], movable: Sequence[int]) -> bool:
-        """Forward and backward with the movable inputs in this layout."""
-        problem = self.problem
-        leaves = [v.detach().clone() for v in problem.inputs]
-        moved = {k: variant.make for k in movable if variant.make(leaves[k], k) is not None}
+        """Forward and backward with the movable inputs in this layout: all at once, then, when
+        that goes wrong, one at a time, so a finding names the inputs that cause it. An input
+        with a finding already is left contiguous (one finding per input, and an expensive
+        forward is not re-run for every layout)."""
+        leaves = [v.detach().clone() for v in self.problem.inputs]
+        moved = [k for k in movable if k not in self.flagged
+                 and variant.make(leaves[k], k) is not None]
         if not moved:
             return False
+        together = self._attempt(variant, grads, moved)
+        if together is None:
+            return True
+        alone = {k: self._attempt(variant, grads, [k]) for k in moved} if len(moved) > 1 else \
+            {moved[0]: together}
+        culprits = {k: found for k, found in alone.items() if found is not None}
+        if not culprits:  # wrong only in combination: the combination is the finding
+            culprits = {moved[0]: together}
+            self.flagged.update(moved)
+        for k, found in culprits.items():
+            self.flagged.add(k)
+            if not any(f.rule == found.rule and f.data == found.data for f in self.findings):
+                self.findings.append(found)
+        return True
+
+    def _attempt(self, variant: Variant, grads: list[torch.Tensor], moved: Sequence[int]
+                 ) -> Finding | None:
+        """The finding of forward and backward with these inputs in this layout, or None."""
+        problem = self.problem
         moved_names = [problem.input_names[k] for k in moved]
         names = ", ".join(map(repr, moved_names))
         what = f"{variant.words} input{'s' if len(moved) > 1 else ''} {names}"
         try:
-            leaves, outs = _forward(problem, leaves, moved)
+            leaves, outs = _forward(problem, [v.detach().clone() for v in problem.inputs],
+                                    {k: variant.make for k in moved})
         except Exception as exc:  # noqa: BLE001 - forward refusing a layout is the finding
-            self._raised("layout.input_raises", f"forward raises on a {what}", exc,
-                         "use reshape instead of view, or call .contiguous() on the input "
-                         "first", moved_names)
-            return True
+            return self._raised("layout.input_raises", f"forward raises on a {what}", exc,
+                                _contiguity_fix(exc, names), moved_names)
         bad = self._first_difference(outs, self.outs, problem.output_names
                                      or [f"output {k}" for k in range(len(outs))])
         if bad and self._forward_varies():
-            return True  # the contract's finding (a stochastic forward), not a layout's
+            return None  # the contract's finding (a stochastic forward), not a layout's
         if bad:  # a warning: code addressing storage (as_strided) may mean it
-            self.findings.append(Finding("layout.input_values", f"forward gives other values "
-                                         f"for a {what} ({bad[1]})", Severity.WARNING,
-                                         source=self.source,
-                                         data={"layout": variant.words, "inputs": moved_names,
-                                               "output": bad[0]}))
-            return True
+            return Finding("layout.input_values", f"forward gives other values for a {what} "
+                           f"({bad[1]})", Severity.WARNING, source=self.source,
+                           data={"layout": variant.words, "inputs": moved_names,
+                                 "output": bad[0]})
         try:
             got = _backward(problem, leaves, outs, grads)
         except Exception as exc:  # noqa: BLE001
-            self._raised("layout.input_raises", f"backward raises after a {what}", exc,
-                         "read saved tensors through their strides, or save x.contiguous()",
-                         moved_names)
-            return True
+            return self._raised("layout.input_raises", f"backward raises after a {what}", exc,
+                                "read saved tensors through their strides, or save "
+                                "x.contiguous()", moved_names)
         bad = self._first_difference(got, self.base, problem.input_names)
         if bad and not self._nondeterministic(grads):
-            self.findings.append(Finding("layout.input_strides", f"backward ignores the strides "
-                                         f"of a saved input: wrong for a {what} ({bad[1]})",
-                                         source=self.source,
-                                         data={"layout": variant.words,
-                                               "inputs": [*moved_names, bad[0]]}))
-        return True
+            return Finding("layout.input_strides", f"backward ignores the strides of a saved "
+                           f"input: wrong for a {what} ({bad[1]})", source=self.source,
+                           data={"layout": variant.words, "inputs": [*moved_names, bad[0]]})
+        return None
 
     def _raised(self, rule: str, what: str, exc: Exception, fix: str,
-                inputs: Sequence[str] = ()) -> None:
+                inputs: Sequence[str] = ()) -> Finding:
         if isinstance(exc, InternalError):
             raise exc
         if raised_in_gradtool(exc):
             raise InternalError(exc, gradtool_frame(exc)) from exc
         first = (str(exc).strip().splitlines() or [""])[0][:200]
-        self.findings.append(Finding(rule, f"{what}: {type(exc).__name__}: {first}; fix: {fix}",
-                                     source=innermost_user_frame(exc) or self.source,
-                                     data={"inputs": list(inputs),
-                                           "exception": type(exc).__name__}))
+        return Finding(rule, f"{what}: {type(exc).__name__}: {first}; fix: {fix}",
+                       source=innermost_user_frame(exc) or self.source,
+                       data={"inputs": list(inputs), "exception": type(exc).__name__})
 
     def _first_difference(self, got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],
                           names: Sequence[str]) -> tuple[str, str] | None:
@@ -271,6 +287,15 @@ class _Comparer:
         """A backward that differs from itself is the contract's finding, not a layout's."""
         again = _backward(self.problem, self.leaves, self.outs, grads)
         return self._first_difference(again, self.base, self.problem.input_names) is not None
+
+
+def _contiguity_fix(exc: Exception, names: str) -> str:
+    """The fix for a layout that raised, matching what raised: a view, or code needing the
+    memory contiguous (where: the raising line, the finding's source)."""
+    text = str(exc)
+    if "view size is not compatible" in text or "Use .reshape(" in text:
+        return f"use reshape instead of view where it raised, or call .contiguous() on {names} first"
+    return f"call .contiguous() on {names} before the line that raised, which needs that layout"
 
 
 def _max_abs(t: torch.Tensor) -> float:
