@@ -44,6 +44,8 @@ CORRECT = [  # (fixture file, class, inputs): every correct twin the broken fixt
     ("truth", "SineCube", ["3x4"]),
     ("truth", "PairThenSineRight", ["3x4"]),
     ("truth", "GRUCellStrided", ["4x3", "4x3", "4x3", "3x3", "3x3"]),
+    ("truth", "RowScaleReshape", ["2x3x4", "(4,)"]),
+    ("truth", "Sine", ["3x4"]),
 ]
 
 

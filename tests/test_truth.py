@@ -214,3 +214,39 @@ def test_an_input_that_raised_is_not_tried_in_every_layout(fx):
     assert layout.outcome is Outcome.FAILED
     assert len(layout.findings) == 1
     assert layout.calls["forward"] == 2
+
+
+# --- inference that exercises layouts ----------------------------------------------------------
+
+
+def test_inferred_inputs_are_batched_so_a_view_on_grad_output_is_caught(fx):
+    report = gradtool.check(fx.RowScale, None, checks=("layout",))
+    (_, case, layout), = report.checks()
+    assert [i.description for i in case.inputs] == ["2x3x4:float64", "(4,):float64"]
+    assert "preferred over (5,), (5,): a batched input exercises layouts" in case.notes
+    assert "tried 3x4, 3x4: backward raised RuntimeError: shape '[3, 4]' is invalid for input " \
+           "of size 4" in case.notes
+    assert layout.outcome is Outcome.FAILED
+    assert layout.summary.startswith("backward raises on a transposed grad_output")
+    twin = gradtool.check(fx.RowScaleReshape, None, checks=("layout",))
+    assert all(c.outcome is Outcome.PASSED for _, _, c in twin.checks())
+
+
+def test_inference_keeps_the_first_shape_when_it_has_two_dimensions(fx):
+    (_, case, _), = gradtool.check(fx.Sine, None, checks=("gradient",)).checks()
+    assert [i.description for i in case.inputs] == ["3x4:float64"]
+    assert not case.notes
+
+
+# --- a backward that raises --------------------------------------------------------------------
+
+
+def test_a_raising_backward_is_an_error_pointing_at_it(fx):
+    report = gradtool.check(fx.RaisingBackward, ["3x4"], checks=("contract", "gradient"))
+    for name in ("contract", "gradient"):
+        check = result(report, name)
+        assert check.outcome is Outcome.ERROR
+        assert check.summary == "ValueError raised: not enough values to unpack (expected 2, got 1)"
+        assert check.source.endswith(f"truth.py:{marked('one saved, two unpacked')}")
+    twin = gradtool.check(fx.Sine, ["3x4"], checks=("contract", "gradient"))
+    assert all(c.outcome is Outcome.PASSED for _, _, c in twin.checks())

@@ -21,6 +21,7 @@ from .load import Target
 SAME_SHAPES = [(3, 4), (5,), (4, 4), (2, 3, 4)]
 MIXED_SHAPES = [(3, 4), (5, 4), (5,), (4, 5), (4,), (3,), (4, 4), (2, 3, 4)]
 MAX_ATTEMPTS = 400
+BATCH_LOOKAHEAD = 64  # candidates tried for a batched input after an all-1-D one was accepted
 NUMBER_GUESS = {int: 2, float: 2.5, bool: True}
 
 
@@ -38,10 +39,14 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
     tried = 0
     last_error: BaseException | None = None
     fallback: Case | None = None  # forward ran, backward did not: used only if nothing better
+    dropped: list[str] = []       # why candidates that forward accepted were passed over
+    flat: Case | None = None      # accepted, every tensor 1-D: a batched one is looked for
     for specs in _candidates(slots, hinted):
         tried += 1
-        if tried > MAX_ATTEMPTS:
+        if tried > MAX_ATTEMPTS or (flat is not None and tried > flat_at + BATCH_LOOKAHEAD):
             break
+        if flat is not None and _rank(specs) < 3:
+            continue
         try:
             case = build_case(target, specs, config, seed, inferred=True)
             _run_forward(case)
@@ -50,9 +55,20 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
         except Exception as exc:  # the candidate did not fit; try the next one
             last_error = exc
             continue
-        if _backward_runs(case):
-            return _prefer_literals(target, case, config, seed)
+        why = _backward_fails(case)
+        if why is None and flat is None and 0 < _rank(specs) < 2:
+            flat, flat_at = case, tried  # accepted; a batched candidate would test layouts
+            continue
+        if why is None:
+            if flat is not None:
+                case.notes.append(f"preferred over {_shapes(flat.specs)}: a batched input "
+                                  "exercises layouts")
+            return _prefer_literals(target, _noted(case, dropped), config, seed)
+        if len(dropped) < 3 and flat is None:
+            dropped.append(f"tried {_shapes(specs)}: backward {why}")
         fallback = fallback or case
+    if flat is not None:
+        return _prefer_literals(target, _noted(flat, dropped), config, seed)
     if fallback is not None:  # a broken backward must be reported by the checks, not hidden here
         return _prefer_literals(target, fallback, config, seed)
     raise InputError(
@@ -189,18 +205,45 @@ def _run_forward(case: Case) -> None:
         raise ValueError("forward returned NaN/Inf on these inputs (outside its domain?)")
 
 
-def _backward_runs(case: Case) -> bool:
-    """Backward accepts these shapes and gives finite gradients (else keep looking)."""
+def _backward_fails(case: Case) -> str | None:
+    """Why backward does not accept these shapes ('raised ValueError: ...', 'gave NaN/Inf'),
+    or None when it runs and gives finite gradients."""
     problem = case.problem
     if not problem.diff:
-        return True
+        return None
     try:
         leaves, outs = problem.graph()
         outs = [o for o in outs if (o.is_floating_point() or o.is_complex()) and o.requires_grad]
         grads = problem.vjp(leaves, outs, [torch.ones_like(o) for o in outs])
-    except Exception:
-        return False
-    return all(bool(torch.isfinite(g).all()) for g in grads)
+    except Exception as exc:  # noqa: BLE001 - said in a note when another shape is chosen
+        return f"raised {type(exc).__name__}: {_first_line(exc)}"
+    return None if all(bool(torch.isfinite(g).all()) for g in grads) else "gave NaN/Inf"
+
+
+def _rank(specs: list[Any]) -> int:
+    """The highest rank among a candidate's tensors."""
+    ranks = [len(s.shape) for s in _tensor_specs(specs)]
+    return max(ranks, default=0)
+
+
+def _tensor_specs(specs: list[Any]) -> list[TensorSpec]:
+    out: list[TensorSpec] = []
+    for spec in specs:
+        out += _tensor_specs(list(spec)) if isinstance(spec, tuple) else \
+            [spec] if isinstance(spec, TensorSpec) else []
+    return out
+
+
+def _shapes(specs: list[Any]) -> str:
+    """'3x4, (5,)': a candidate's tensor shapes as --input writes them."""
+    return ", ".join("x".join(map(str, s.shape)) if len(s.shape) > 1 else
+                     f"({s.shape[0]},)" if s.shape else "()" for s in _tensor_specs(specs))
+
+
+def _noted(case: Case, dropped: list[str]) -> Case:
+    """The case, saying which shapes forward accepted and backward did not (not silently)."""
+    case.notes.extend(dropped)
+    return case
 
 
 def _prefer_literals(target: Target, case: Case, config: CheckConfig, seed: int) -> Case:
