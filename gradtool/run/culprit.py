@@ -355,14 +355,10 @@ def forward_line(problem: Problem) -> str | None:
 
 def annotate(result: CheckResult, problem: Problem, config: CheckConfig,
              recheck: Callable[..., list[FunctionFinding]] | None = None) -> CheckResult:
-    """A failed module/callable gradient (or double backward) result, with each Function's own
-    verdict added; `look at:` names a Function only on evidence specific to it."""
+    """A failed module/callable gradient result, with each Function's own verdict added;
+    `look at:` names a Function only on evidence specific to it."""
     if result.outcome is not Outcome.FAILED:
         return result
-    if result.name == "double_backward":
-        from .second import annotate_double  # lazy: a second-order failure only
-
-        return annotate_double(result, problem, config)
     findings = locate_functions(problem, config, recheck)
     if not findings:
         return result
