@@ -250,3 +250,33 @@ def test_a_raising_backward_is_an_error_pointing_at_it(fx):
         assert check.source.endswith(f"truth.py:{marked('one saved, two unpacked')}")
     twin = gradtool.check(fx.Sine, ["3x4"], checks=("contract", "gradient"))
     assert all(c.outcome is Outcome.PASSED for _, _, c in twin.checks())
+
+
+# --- a hint to declare a surrogate ---------------------------------------------------------------
+
+
+def test_straight_through_estimator_gets_a_surrogate_hint(fx):
+    gradient = result(gradtool.check(fx.RoundSTE, ["3x4"], checks=("gradient",)), "gradient")
+    (block,) = gradient.blocks
+    assert block.diagnosis.startswith("analytical is the identity while finite differences see "
+                                      "a step (zero derivative at 12 of them): a "
+                                      "straight-through estimator?")
+    assert "declare it in a spec (surrogate: {kind: identity, inputs: [x]})" in block.diagnosis
+
+
+def test_clipped_straight_through_gets_the_clipped_hint(fx):
+    gradient = result(gradtool.check(fx.BinarizeSTE, ["3x4"], checks=("gradient",)), "gradient")
+    (block,) = gradient.blocks
+    assert block.diagnosis.startswith("analytical is an identity clipped to 8 of 12 elements "
+                                      "(passing where 'x' lies in [")
+    assert "surrogate: {kind: clipped_identity, range: [lo, hi], inputs: [x]}" in block.diagnosis
+
+
+def test_a_wrong_factor_on_a_diagonal_is_no_straight_through():
+    import numpy as np
+
+    from gradtool.diagnosis.classify import diagnose_block
+
+    text = diagnose_block(np.eye(4) * 2, np.eye(4), input_name="x", input_shape=(4,),
+                          output_shape=(4,))
+    assert "straight-through" not in text and "factor 2" in text

@@ -79,6 +79,8 @@ FIRST_ORDER_KINDS = (
     ("ignores_grad_output", "backward ignores grad_output (or uses only its sum)"),
     ("constant_term", "backward adds a term that does not depend on grad_output"),
     ("broadcast_not_reduced", "backward uses only part of grad_output: a broadcast not summed"),
+    ("straight_through", "backward passes grad_output through (an identity, or one clipped to a "
+                         "range) where forward is a step: a surrogate to declare in a spec"),
     ("branch", "the gradient is wrong only on one side of an input's sign (a branch)"),
     ("few_elements", "a few elements are wrong, the rest agree"),
     ("diagonal_only", "an elementwise formula for an op that is not elementwise"),

@@ -10,7 +10,7 @@ import numpy as np
 
 from .block import (Block, Diagnosis, close, factor_phrase, factor_text, fit_factor, found,
                     index_text, listing, make_block, num, size_hint)
-from .structure import shifted, transposed
+from .structure import shifted, straight_through, transposed
 
 # Deliberately numpy only: the renderer and the CLI import this without paying for torch.
 
@@ -210,11 +210,12 @@ def _named(kind: str, detect: Callable[[Block], str | None]
 _FIRST_ORDER: tuple[Callable[[Block], Diagnosis | None], ...] = (
     _nonfinite, _swapped, _missing, _factor, _named("transposed", transposed),
     _named("shifted", shifted), _ignores_grad_output, _constant_added, _broadcast_not_reduced,
-    _branch, _few, _diagonal_only,
+    _named("straight_through", straight_through), _branch, _few, _diagonal_only,
 )
 # Every kind a first-order diagnosis can name (the registry declares one rule per kind).
 FIRST_ORDER_KINDS = ("nonfinite", "swapped", "zero", "factor", "sign", "transposed", "shifted",
-                     "ignores_grad_output", "constant_term", "broadcast_not_reduced", "branch",
+                     "ignores_grad_output", "constant_term", "broadcast_not_reduced",
+                     "straight_through", "branch",
                      "few_elements", "diagonal_only", "no_pattern")
 
 

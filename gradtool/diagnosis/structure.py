@@ -121,3 +121,40 @@ def _rolled(b: Any) -> str | None:
                             f"backward's gradient is shifted along that dimension (a roll or "
                             f"an index offset in backward)")
     return None
+
+
+def straight_through(b: Any) -> str | None:
+    """Analytical the identity, or an identity clipped to a range, where finite differences
+    see a step (zero derivative): a straight-through estimator, a surrogate by design."""
+    n_out, n_in = b.a.shape
+    if n_out != n_in or n_in < 2 or tuple(b.in_shape) != tuple(b.out_shape):
+        return None
+    off = ~np.eye(n_in, dtype=bool)
+    if np.any(np.abs(b.a[off]) > b.atol):
+        return None
+    diag, numerical = np.diag(b.a), np.diag(b.n)
+    ones, zeros = _close(diag, np.ones_like(diag), b.atol, b.rtol), np.abs(diag) <= b.atol
+    flat = ones & (np.abs(numerical) <= b.atol)  # where forward is a step: derivative zero
+    if not np.all(ones | zeros) or int(ones.sum()) < 2 or 2 * int(flat.sum()) < int(ones.sum()):
+        return None
+    if zeros.any():
+        what = (f"an identity clipped to {int(ones.sum())} of {n_in} elements"
+                f"{_pass_range(b, ones)}, zero elsewhere,")
+        kind = "clipped_identity, range: [lo, hi]"
+    else:
+        what, kind = "the identity", "identity"
+    return (f"analytical is {what} while finite differences see a step (zero "
+            f"derivative at {int(flat.sum())} of them): a straight-through estimator? If this "
+            f"surrogate gradient is intended, declare it in a spec (surrogate: {{kind: {kind}, "
+            f"inputs: [{b.name or 'x'}]}}) and gradtool checks backward against it")
+
+
+def _pass_range(b: Any, ones: np.ndarray) -> str:
+    """' (passing where 'x' lies in [-0.98, 0.97] here)', from the input values when known."""
+    if b.x is None or np.size(b.x) != ones.size:
+        return ""
+    x = np.asarray(b.x, dtype=np.float64).ravel()
+    lo, hi = x[ones].min(), x[ones].max()
+    if np.any((x[~ones] >= lo) & (x[~ones] <= hi)):
+        return ""  # not one interval of the input's values
+    return f" (passing where '{b.name}' lies in [{lo:.3g}, {hi:.3g}] here)"
