@@ -280,3 +280,43 @@ def test_a_wrong_factor_on_a_diagonal_is_no_straight_through():
     text = diagnose_block(np.eye(4) * 2, np.eye(4), input_name="x", input_shape=(4,),
                           output_shape=(4,))
     assert "straight-through" not in text and "factor 2" in text
+
+
+# --- permutations named without a dense block ----------------------------------------------------
+
+
+def test_a_roll_in_a_large_block_is_named_from_probes(fx):
+    gradient = result(gradtool.check(fx.MulRolled, ["30x40", "30x40"], checks=("gradient",)),
+                      "gradient")
+    texts = [b.diagnosis for b in gradient.blocks if b.mismatched]
+    assert texts == ["analytical = numerical rolled by +1 along input axis 1 (size 40), wrapping "
+                     "round, on all 2 random probes (the block is too large to evaluate whole): "
+                     "backward returns the gradient for 'x' shifted along that dimension (a roll "
+                     "or an index offset in backward)"]
+
+
+def test_probes_name_transposes_and_swaps():
+    import numpy as np
+
+    from gradtool.diagnosis.structure import permuted_probes
+    from gradtool.numerics.permuted import Probes
+
+    rng = np.random.default_rng(0)
+    jac = rng.standard_normal((12, 12))  # a (3, 4) -> (3, 4) block
+    other = rng.standard_normal((12, 12))
+    perm = np.arange(12).reshape(3, 4).swapaxes(0, 1).ravel()
+    p = Probes(others={"y": []})
+    for _ in range(2):
+        v, u = rng.standard_normal(12), rng.standard_normal(12)
+        p.cotangents.append(v)
+        p.directions.append(u)
+        p.grads.append((v @ jac)[perm])          # the returned gradient transposed
+        p.jvps.append(jac @ u)
+        p.others["y"].append(float(v @ other @ u))
+    text = permuted_probes(p, (3, 4), (3, 4), "x", 1e-4)
+    assert text.startswith("analytical = numerical with input indices transposed, axes 0 and 1 "
+                           "and laid back into shape (3, 4), on all 2 random probes")
+    p.grads = [v @ other for v in p.cotangents]   # y's gradient returned for x
+    assert "gradients swapped?" in permuted_probes(p, (3, 4), (3, 4), "x", 1e-4)
+    p.grads = [v @ jac * 1.5 for v in p.cotangents]  # a factor: no permutation
+    assert permuted_probes(p, (3, 4), (3, 4), "x", 1e-4) is None

@@ -186,7 +186,7 @@ def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: in
                          config: CheckConfig) -> Diagnosis | None:
     """Name the kind of mistake from the dense blocks, else from the worst elements found."""
     if (i, o) not in verdict.dense:
-        found = _diagnose_sample(block, config)
+        found = _permuted(problem, block, i, o, config) or _diagnose_sample(block, config)
         if found is None:  # a sample shows no constant term; one zero-grad_output backward does
             from ..diagnosis.classify import constant_term
 
@@ -221,6 +221,23 @@ def _judged(verdict: Verdict, i: int, o: int) -> Any:
     """The elements the verdict judged wrong (numpy), so the diagnosis counts what it counted."""
     mask = verdict.mismatch.get((i, o))
     return None if mask is None else mask.numpy()
+
+
+def _permuted(problem: Problem, block: Block, i: int, o: int, config: CheckConfig
+              ) -> str | None:
+    """A roll, transpose or swap of a block too large to evaluate whole, from a few probes
+    (not for a few wrong elements counted exhaustively: a permutation moves many)."""
+    if block.exhaustive and block.mismatched <= 3:
+        return None
+    from ..diagnosis.structure import permuted_probes
+    from ..numerics.permuted import probes
+
+    try:
+        found = probes(problem, config, i, o, config.seed)
+    except Exception:  # noqa: BLE001 - the diagnosis is best effort; the verdict stands
+        return None
+    return permuted_probes(found, block.input_shape, block.output_shape, block.input,
+                           config.tolerance("rtol") / 10)
 
 
 def _zero_cotangent(problem: Problem, i: int) -> Any:

@@ -135,7 +135,10 @@ def straight_through(b: Any) -> str | None:
     diag, numerical = np.diag(b.a), np.diag(b.n)
     ones, zeros = _close(diag, np.ones_like(diag), b.atol, b.rtol), np.abs(diag) <= b.atol
     flat = ones & (np.abs(numerical) <= b.atol)  # where forward is a step: derivative zero
-    if not np.all(ones | zeros) or int(ones.sum()) < 2 or 2 * int(flat.sum()) < int(ones.sum()):
+    # A step agrees with the identity nowhere (a ReLU that forgot its mask agrees where x > 0)
+    agreeing = ones & _close(diag, numerical, b.atol, b.rtol)
+    if not np.all(ones | zeros) or int(ones.sum()) < 2 or agreeing.any() or \
+            2 * int(flat.sum()) < int(ones.sum()):
         return None
     if zeros.any():
         what = (f"an identity clipped to {int(ones.sum())} of {n_in} elements"
@@ -158,3 +161,70 @@ def _pass_range(b: Any, ones: np.ndarray) -> str:
     if np.any((x[~ones] >= lo) & (x[~ones] <= hi)):
         return ""  # not one interval of the input's values
     return f" (passing where '{b.name}' lies in [{lo:.3g}, {hi:.3g}] here)"
+
+
+# --- the same permutations, tested on probes of a block too large to evaluate whole -----------
+
+def _permutations(shape: tuple[int, ...]) -> Iterator[tuple[str, np.ndarray]]:
+    """(words, perm) with candidate[k] = original[perm[k]] over the flattened shape: rolls by
+    every step along every axis, then transposes of every axis pair (laid back into shape)."""
+    size = int(np.prod(shape)) if shape else 1
+    index = np.arange(size).reshape(shape)
+    for d, n in enumerate(shape):
+        for step in range(1, n):
+            shown = step if step <= n // 2 else step - n
+            yield (f"rolled by {shown:+d} along {{side}} axis {d} (size {n}), wrapping round",
+                   np.roll(index, step, axis=d).ravel())
+    for i, j in _axis_pairs(shape):
+        laid = "" if shape[i] == shape[j] else f" and laid back into shape {tuple(shape)}"
+        yield (f"with {{side}} indices transposed, axes {i} and {j}{laid}",
+               index.swapaxes(i, j).ravel())
+
+
+def permuted_probes(p: Any, in_shape: tuple[int, ...], out_shape: tuple[int, ...], name: str,
+                    rtol: float) -> str | None:
+    """An index permutation (roll, transpose) of the returned gradient or of grad_output, or a
+    gradient swapped with another input's, fitting every probe (numerics/permuted.py's: one
+    analytical gradient g = vᵀJ and one finite-difference J u per probe, so each candidate is
+    a dot product, no evaluation)."""
+    probes = list(zip(p.grads, p.directions, p.jvps, p.cotangents))
+    analytical = [(float(g @ u), float(np.abs(g * u).sum())) for g, u, _, _ in probes]
+    exact = [(float(ju @ v), float(np.abs(ju * v).sum())) for _, _, ju, v in probes]
+    if _fits(analytical, exact, rtol):
+        return None  # the probes agree: not this kind of mistake
+    tail = f"on all {len(probes)} random probes (the block is too large to evaluate whole)"
+    for other, values in p.others.items():
+        if _fits(analytical, [(x, abs(x)) for x in values], rtol):
+            return (f"analytical matches the numerical gradient of input '{other}' {tail}: "
+                    f"looks like the gradient of input '{other}': gradients swapped?")
+    for side, shape in (("input", in_shape), ("output", out_shape)):
+        for words, perm in _permutations(tuple(shape)):
+            if side == "input":  # g[k] = g_true[perm[k]], so g_true·u = g·u[perm]
+                moved = [(float(g @ u[perm]), float(np.abs(g * u[perm]).sum()))
+                         for g, u, _, _ in probes]
+                fits = _fits(moved, exact, rtol)
+            else:  # g = Jᵀw with w[perm] = v, so g·u = w·(J u)
+                moved = [_dot_placed(v, perm, ju) for _, _, ju, v in probes]
+                fits = _fits(analytical, moved, rtol)
+            if fits:
+                return _permutation_text(words, side, tail, name)
+    return None
+
+
+def _dot_placed(v: np.ndarray, perm: np.ndarray, ju: np.ndarray) -> tuple[float, float]:
+    w = np.zeros_like(v)
+    w[perm] = v
+    return float(w @ ju), float(np.abs(w * ju).sum())
+
+
+def _fits(a: list[tuple[float, float]], b: list[tuple[float, float]], rtol: float) -> bool:
+    """Each (value, scale) pair of a equals b's within rtol of the larger scale."""
+    return all(abs(x - y) <= rtol * max(sx, sy) + 1e-300 for (x, sx), (y, sy) in zip(a, b))
+
+
+def _permutation_text(words: str, side: str, tail: str, name: str) -> str:
+    what = "returns the gradient" if side == "input" else "uses grad_output"
+    how = ("shifted along that dimension (a roll or an index offset in backward)"
+           if words.startswith("rolled") else "transposed (a .t() too many or too few?)")
+    return (f"analytical = numerical {words.format(side=side)}, {tail}: backward {what} "
+            f"for '{name}' {how}")
