@@ -125,6 +125,15 @@ def _user_site(frame: FrameType | None) -> str | None:
 
 
 def record(problem: Problem) -> tuple[list[Application], list[Any]]:
+    """_record, once per Problem: the contract's inner check, the culprit search and double
+    backward's share one recording (kept in Problem.memo)."""
+    kept = problem.memo.get("applications")
+    if kept is None:
+        kept = problem.memo["applications"] = _record(problem)
+    return kept
+
+
+def _record(problem: Problem) -> tuple[list[Application], list[Any]]:
     """Run the forward once: (applications whose node is in the graph, graph nodes not captured).
 
     Where torch's own Functions sit in the graph (reentrant checkpointing), one backward is
