@@ -224,7 +224,7 @@ def _judged(verdict: Verdict, i: int, o: int) -> Any:
 
 
 def _permuted(problem: Problem, block: Block, i: int, o: int, config: CheckConfig
-              ) -> str | None:
+              ) -> Diagnosis | None:
     """A roll, transpose or swap of a block too large to evaluate whole, from a few probes
     (not for a few wrong elements counted exhaustively: a permutation moves many)."""
     if block.exhaustive and block.mismatched <= 3:

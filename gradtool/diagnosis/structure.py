@@ -7,6 +7,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from .block import Diagnosis
+
 
 def _close(a: np.ndarray, n: np.ndarray, atol: float, rtol: float) -> np.ndarray:
     return np.abs(a - n) <= atol + rtol * np.abs(n)
@@ -182,7 +184,7 @@ def _permutations(shape: tuple[int, ...]) -> Iterator[tuple[str, np.ndarray]]:
 
 
 def permuted_probes(p: Any, in_shape: tuple[int, ...], out_shape: tuple[int, ...], name: str,
-                    rtol: float) -> str | None:
+                    rtol: float) -> Diagnosis | None:
     """An index permutation (roll, transpose) of the returned gradient or of grad_output, or a
     gradient swapped with another input's, fitting every probe (numerics/permuted.py's: one
     analytical gradient g = vᵀJ and one finite-difference J u per probe, so each candidate is
@@ -195,8 +197,9 @@ def permuted_probes(p: Any, in_shape: tuple[int, ...], out_shape: tuple[int, ...
     tail = f"on all {len(probes)} random probes (the block is too large to evaluate whole)"
     for other, values in p.others.items():
         if _fits(analytical, [(x, abs(x)) for x in values], rtol):
-            return (f"analytical matches the numerical gradient of input '{other}' {tail}: "
-                    f"looks like the gradient of input '{other}': gradients swapped?")
+            return Diagnosis("swapped", f"analytical matches the numerical gradient of input "
+                             f"'{other}' {tail}: looks like the gradient of input '{other}': "
+                             "gradients swapped?", {"other": other, "probes": len(probes)})
     for side, shape in (("input", in_shape), ("output", out_shape)):
         for words, perm in _permutations(tuple(shape)):
             if side == "input":  # g[k] = g_true[perm[k]], so g_true·u = g·u[perm]
@@ -222,9 +225,12 @@ def _fits(a: list[tuple[float, float]], b: list[tuple[float, float]], rtol: floa
     return all(abs(x - y) <= rtol * max(sx, sy) + 1e-300 for (x, sx), (y, sy) in zip(a, b))
 
 
-def _permutation_text(words: str, side: str, tail: str, name: str) -> str:
+def _permutation_text(words: str, side: str, tail: str, name: str) -> Diagnosis:
+    rolled = words.startswith("rolled")
     what = "returns the gradient" if side == "input" else "uses grad_output"
-    how = ("shifted along that dimension (a roll or an index offset in backward)"
-           if words.startswith("rolled") else "transposed (a .t() too many or too few?)")
-    return (f"analytical = numerical {words.format(side=side)}, {tail}: backward {what} "
-            f"for '{name}' {how}")
+    how = ("shifted along that dimension (a roll or an index offset in backward)" if rolled
+           else "transposed (a .t() too many or too few?)")
+    return Diagnosis("shifted" if rolled else "transposed",
+                     f"analytical = numerical {words.format(side=side)}, {tail}: backward "
+                     f"{what} for '{name}' {how}",
+                     {"side": side, "permutation": words.format(side=side), "from": "probes"})
