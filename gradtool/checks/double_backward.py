@@ -252,7 +252,4 @@ def run(case: Case, context: Context) -> CheckResult:
                                        context.config)
         case.problem.calls.update(real.calls)
         return result
-    result = check_double_backward(case, context.target, context.config)
-    if context.annotate is not None:  # inside a model: the Function whose backward to blame
-        result = context.annotate(result, case.problem, context.config)
-    return result
+    return check_double_backward(case, context.target, context.config)

@@ -36,6 +36,9 @@ class Cache:
     # The gradient check's outcome in this run: double backward of a backward already wrong
     # at first order stops at its first failing input (checks/double_backward.py).
     first_order: Any = None
+    # run/culprit.py:record's Function applications, shared by the contract's inner check, the
+    # culprit search and double backward's (one recording forward, not three).
+    applications: Any = None
 
     def take_first_graph(self) -> tuple[list[torch.Tensor], Any] | None:
         first, self.first_graph = self.first_graph, None

@@ -126,11 +126,10 @@ def _user_site(frame: FrameType | None) -> str | None:
 
 def record(problem: Problem) -> tuple[list[Application], list[Any]]:
     """_record, once per Problem: the contract's inner check, the culprit search and double
-    backward's share one recording (kept in Problem.memo)."""
-    kept = problem.memo.get("applications")
-    if kept is None:
-        kept = problem.memo["applications"] = _record(problem)
-    return kept
+    backward's share one recording (kept in Problem.cache)."""
+    if problem.cache.applications is None:
+        problem.cache.applications = _record(problem)
+    return problem.cache.applications
 
 
 def _record(problem: Problem) -> tuple[list[Application], list[Any]]:

@@ -128,12 +128,7 @@ def describe(strides: Strides) -> str:
 
 
 def annotate(result: CheckResult, problem: Problem, config: CheckConfig) -> CheckResult:
-    """culprit.annotate, with the Functions that pass alone re-checked in received strides (a
-    failed double backward: run/second.py's, the Function whose backward to blame)."""
-    if result.name == "double_backward" and result.outcome is Outcome.FAILED:
-        from .second import annotate_double  # lazy: a second-order failure only
-
-        return annotate_double(result, problem, config)
+    """culprit.annotate, with the Functions that pass alone re-checked in received strides."""
     return _annotate(result, problem, config, with_received_layouts)
 
 

@@ -12,10 +12,13 @@ from ..results import CheckResult, Outcome
 from .culprit import Application, captured_case, record, unique
 
 
-def annotate_double(result: CheckResult, problem: Problem, config: CheckConfig
-                    ) -> CheckResult:
+def annotate_double(result: CheckResult, problem: Problem, config: CheckConfig,
+                    target: object = None) -> CheckResult:
     """The failed double backward of a model, pointing at the one Function whose backward's
-    derivative is wrong alone (several: ambiguous, the model's line stays)."""
+    derivative is wrong alone (several: ambiguous, the model's line stays); the registry's
+    hook of double_backward for composites."""
+    if result.outcome is not Outcome.FAILED:
+        return result
     try:
         applications, _ = record(problem)
     except InternalError:
