@@ -57,12 +57,13 @@ class SimulatedRounding(TorchDispatchMode):
     """Every floating result t becomes t + (u t + eta) z: a float64 run rounded like `dtype`.
 
     z is standard normal (seeded); reductions also get u_acc z' × (the op on |inputs|), their
-    accumulation error. Views and exact operations are left alone; in-place ones are rounded
-    in place.
+    accumulation error; other ops also get k z'', k their own kernel's error in `dtype` on the
+    same operands. Views and exact operations are left alone; in-place ones are rounded in place.
     """
 
     def __init__(self, dtype: str, pool: _Pool, round_operands: bool = False) -> None:
         super().__init__()
+        self.low = getattr(torch, dtype)
         self.u = unit_roundoff(dtype)
         self.eta = ETA[dtype]
         self.u_acc = accumulation_roundoff(dtype)
@@ -90,7 +91,7 @@ class SimulatedRounding(TorchDispatchMode):
                 out.addcmul_(out * self.u + self.eta, self.pool.draw(out))
             return out
         spread = _accumulated(func, args, kwargs, kind == "product") \
-            if kind in ("sum", "product") else None
+            if kind in ("sum", "product") else _kernel_error(func, args, kwargs, out, self.low)
         if isinstance(out, torch.Tensor):
             return self._jitter(out, spread)
         if isinstance(out, (tuple, list)):
@@ -111,6 +112,8 @@ class SimulatedRounding(TorchDispatchMode):
         noisy = torch.addcmul(t, t * self.u + self.eta, self.pool.draw(t))
         if isinstance(spread, torch.Tensor) and spread.shape == t.shape:
             noisy.addcmul_(spread, self.pool.draw(t), value=self.u_acc)
+        elif isinstance(spread, _Measured) and spread.error.shape == t.shape:
+            noisy.addcmul_(spread.error, self.pool.draw(t))
         return noisy
 
 
@@ -174,6 +177,44 @@ def _accumulated(func: Any, args: Any, kwargs: Any, products: bool) -> Any:
         return torch.where(squares > 0, total * total / squares.sqrt(), total)
     except Exception:  # an overload that refuses |x| (e.g. a signed index): result-only model
         return None
+
+
+@dataclass
+class _Measured:
+    """An op's own kernel error per element: |its low-dtype result - float64's| on one input."""
+
+    error: torch.Tensor
+
+
+def _kernel_error(func: Any, args: Any, kwargs: Any, out: Any, low: torch.dtype) -> Any:
+    """Per result: the op's low-dtype kernel against float64 on the same (rounded) operands.
+
+    u|result| models a correctly rounded op; a real kernel is not always one: vectorised
+    erf/exp/tanh err by several ulps, and a fused kernel (gelu_backward, layer_norm) rounds
+    intermediates far larger than its result, which cancel (GELU's derivative near -0.75)."""
+    if torch.Tag.nondeterministic_seeded in func.tags:
+        return None  # a second call would draw other random numbers and move the generator
+    try:
+        lows = _on(func, args, kwargs, lambda x: x.to(low) if isinstance(x, torch.Tensor)
+                   else x)
+        exacts = _on(func, args, kwargs, lambda x: x.to(low).double()
+                     if isinstance(x, torch.Tensor) else x)
+    except Exception:  # no kernel in that dtype: the result-only model
+        return None
+    if isinstance(out, torch.Tensor):
+        return _error(lows, exacts)
+    if isinstance(out, (tuple, list)) and isinstance(lows, (tuple, list)):
+        return [_error(lo, ex) for lo, ex in zip(lows, exacts)]
+    return None
+
+
+def _error(low: Any, exact: Any) -> Any:
+    if not (isinstance(low, torch.Tensor) and isinstance(exact, torch.Tensor)
+            and low.is_floating_point() and exact.is_floating_point()):
+        return None
+    diff = (low.double() - exact).abs()
+    # An overflow to inf in the low dtype is the target's, for the comparison to report.
+    return _Measured(torch.where(diff.isfinite(), diff, torch.zeros_like(diff)).to(exact.dtype))
 
 
 def _on(func: Any, args: Any, kwargs: Any, transform: Callable[[Any], Any]) -> Any:
