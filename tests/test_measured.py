@@ -97,7 +97,29 @@ def test_a_kink_stays_inconclusive():
 
     x = torch.tensor([0.5, 3e-7, -1.0], dtype=torch.float64, requires_grad=True)
     report = gradtool.check(Abs, [x], checks=["gradient"])
-    assert result(report, "gradient").outcome.value == "inconclusive"
+    kink = result(report, "gradient")
+    assert kink.outcome.value == "inconclusive"
+    assert "not a kink" not in kink.summary
+    assert any("non-differentiable point (kink, tie)" in d for d in kink.details)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_float32_inside_a_float64_target_is_inconclusive_for_its_rounding_not_a_kink(seed):
+    import torch
+
+    # x^2 rounded to float32: finite differences err ~u32 |f| / h, falling as 1/h on both
+    # sides; abs at 1e-7 (a kink within the step) and its derivative sign (a jump) do not.
+    check = gradient(lambda x: (x.float() ** 2).double() * x, ["4x5"], seed=seed)
+    assert check.outcome.value == "inconclusive"
+    assert check.summary.endswith("a lower-precision computation inside (float32 rounding or "
+                                  "coarser), not a kink"), check.summary
+    assert not any("non-differentiable point" in d for d in check.details)
+    x = torch.tensor([1e-7, -3e-7, 2e-7, 0.5], dtype=torch.float64)
+    report = gradtool.check(torch.abs, [x], checks=["gradient", "double_backward"], seed=seed)
+    for name in ("gradient", "double_backward"):
+        kink = result(report, name)
+        assert kink.outcome.value == "inconclusive" and "not a kink" not in kink.summary
+        assert any("non-differentiable point (kink, tie)" in d for d in kink.details)
 
 
 @pytest.mark.parametrize("seed", range(5))

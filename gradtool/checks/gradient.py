@@ -286,7 +286,8 @@ def _summary(verdict: Verdict, blocks: list[Block], surrogate: str | None) -> st
     more = f", and {len(bad) - 1} more (input, output) pair(s)" if len(bad) > 1 else ""
     if verdict.outcome is Outcome.FAILED:
         return mismatch_text(first, against) + more
-    return f"finite differences are unreliable at {_where(first)} of '{first.input}'{more}"
+    cause = f": {verdict.cause}" if verdict.cause else ""
+    return f"finite differences are unreliable at {_where(first)} of '{first.input}'{more}{cause}"
 
 
 def run(case: Case, context: Context) -> CheckResult:

@@ -12,7 +12,7 @@ import torch
 from ..config.settings import CheckConfig
 from .compare import BlockTally
 from .problem import Problem, flat_cat
-from .steps import one_sided
+from .steps import KINK_TEST, at_far, one_sided
 
 
 @dataclass
@@ -25,9 +25,18 @@ class Evaluations:
     far: Sequence[dict] = ()  # per input: col -> f(x ± 10h e_col), evaluated by measured.py
 
 
+# One-sided estimates disagreeing this many times less at 10h than at h: rounding (its error
+# falls as 1/h, 10 times on average), not a kink (whose one-sided slopes differ at any step).
+ROUNDING_FALL = 3.0
+# and each side's estimate moving by at least this fraction of the other's: rounding moves
+# both at random, a jump or a kink leaves its smooth side unmoved.
+BOTH_SIDES = 0.1
+
+
 def confirm(problem: Problem, config: CheckConfig, tally: BlockTally, i: int, out_offset: int,
-            has_reference: bool, done: Evaluations | None = None) -> tuple[list, bool]:
-    """Worst elements, each marked inconclusive when finite differences disagree there.
+            has_reference: bool, done: Evaluations | None = None) -> tuple[list, bool, bool]:
+    """Worst elements, each marked inconclusive when finite differences disagree there, and
+    whether rounding, not a kink, is what most unreliable elements show.
 
     Economy: a whole-tensor mistake (one ratio analytical / numerical over several columns: a
     factor, a sign, a detached term) is no kink and needs no re-estimate; otherwise elements
@@ -35,9 +44,10 @@ def confirm(problem: Problem, config: CheckConfig, tally: BlockTally, i: int, ou
     evaluations the sweep kept plus two at ten times the step."""
     exact = [tally.element(r, c, a, n) for _, r, c, a, n in tally.worst]
     if has_reference:  # a declared surrogate is exact: nothing to re-estimate
-        return exact, False
+        return exact, False, False
     if not tally.worst:  # failures counted past the budget of exact columns: no values
-        return [], False
+        return [], False, False
+    votes: list[bool | None] = []  # per unreliable element: rounding (True) or a kink (False)
     h = config.tolerance("eps")
     cache: dict[int, dict[str, torch.Tensor]] = {}
     elements = list(exact)
@@ -49,13 +59,15 @@ def confirm(problem: Problem, config: CheckConfig, tally: BlockTally, i: int, ou
         if c not in cache:  # a common ratio: one-sided estimates already kept show a tie
             near = step == 0 and _whole_tensor(tally.worst)
             cache[c] = _estimates(problem, i, c, h, done, near)
-        estimates = [e[out_offset + r].item() for e in cache[c].values()]
+        at = {name: e[out_offset + r].item() for name, e in cache[c].items()}
+        estimates = [at[name] for name in KINK_TEST if name in at]
         spread = max(estimates) - min(estimates)
         shaky = not math.isfinite(spread) or spread > tally.kink_tolerance(n)
         elements[k] = tally.element(r, c, a, n, inconclusive=shaky)
         if not shaky:  # a standing element settles the verdict: failed
-            return elements, False
-    return elements, True
+            return elements, False, False
+        votes.append(_rounding(at))
+    return elements, True, votes.count(True) > votes.count(False)
 
 
 def confirmed(problem: Problem, config: CheckConfig, tallies: list[list[BlockTally]], i: int,
@@ -71,6 +83,19 @@ def confirmed(problem: Problem, config: CheckConfig, tallies: list[list[BlockTal
                 return True
         offset += math.prod(tally.output_shape)
     return False
+
+
+def _rounding(at: dict[str, float]) -> bool | None:
+    """Whether the one-sided estimates' disagreement falls as 1/h, both sides moving (None:
+    no estimates at 10h)."""
+    if "right x10" not in at:
+        return None
+    near, far = abs(at["right"] - at["left"]), abs(at["right x10"] - at["left x10"])
+    # Each side moves between h and 10h: a kink or a jump leaves its smooth side where it is.
+    sides = sorted(abs(at[side] - at[f"{side} x10"]) for side in ("right", "left"))
+    if not all(math.isfinite(v) for v in (near, far, *sides)):
+        return None
+    return near > ROUNDING_FALL * far and sides[0] > BOTH_SIDES * sides[1]
 
 
 def _whole_tensor(worst: Sequence[tuple[float, int, int, float, float]]) -> bool:
@@ -101,10 +126,18 @@ def _estimates(problem: Problem, i: int, col: int, h: float, done: Evaluations |
         for delta in (10 * h, -10 * h):
             flat[col] = original + delta
             far.append(flat_cat(problem.outputs(work)))
-    return {**near_only, "central x10": (far[0] - far[1]) / (20 * h)}
+    return {**near_only, **at_far(f0, far[0], far[1], 10 * h)}
 
 
-def kink_note(tally: BlockTally, elements: Sequence) -> str:
+
+def kink_note(tally: BlockTally, elements: Sequence, rounding: bool = False) -> str:
     where = ", ".join(f"{tally.input}{list(e.input_index)}" for e in elements[:3])
+    if rounding:
+        return (f"inconclusive: finite differences disagree across step sizes at {where} — "
+                f"{ROUNDING_CAUSE}: their one-sided estimates disagree about 10 times less at "
+                "10 times the step (rounding, error ∝ 1/h); compute in float64 throughout")
     return (f"inconclusive: finite differences disagree across step sizes at {where} — "
             f"a non-differentiable point (kink, tie) near the input; try --resample")
+
+
+ROUNDING_CAUSE = "a lower-precision computation inside (float32 rounding or coarser), not a kink"

@@ -13,7 +13,7 @@ from ..config.settings import CheckConfig
 from ..results import Block, Outcome
 from .columns import Sweep, sweep_coloured, sweep_dense
 from .compare import BlockTally, judged_mask
-from .confirm import Evaluations, confirm, confirmed, kink_note
+from .confirm import ROUNDING_CAUSE, Evaluations, confirm, confirmed, kink_note
 from .facts import output_facts
 from .problem import Problem, flat_cat, select_outputs
 from .sparsity import (
@@ -47,6 +47,7 @@ class Verdict:
     mismatch: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     tolerance: dict[str, float] = field(default_factory=dict)  # measured: how it judged
     limit: str | None = None   # measured: what noise keeps from being seen
+    cause: str | None = None   # inconclusive: why, when not a kink (confirm.ROUNDING_CAUSE)
 
 
 @dataclass
@@ -355,21 +356,23 @@ def _finish(problem: Problem, config: CheckConfig, tallies: list[list[BlockTally
             done: Evaluations | None = None) -> Verdict:
     """Re-estimate failing elements with other steps: disagreement means inconclusive."""
     blocks, outcomes, details = [], [], []
+    causes: list[bool] = []  # per inconclusive block: rounding (True) or a kink
     for i, row in enumerate(tallies):
         for o, tally in enumerate(row):
             if not tally.mismatched:
                 blocks.append(tally.to_block())
                 continue
             offset = sum(math.prod(t.output_shape) for t in row[:o])
-            elements, inconclusive = (done.confirmed.get((i, o)) if done is not None
-                                      and (i, o) in done.confirmed else
-                                      confirm(problem, config, tally, i, offset,
-                                              has_reference, done))
+            elements, inconclusive, rounding = (
+                done.confirmed.get((i, o)) if done is not None and (i, o) in done.confirmed
+                else confirm(problem, config, tally, i, offset, has_reference, done))
             blocks.append(tally.to_block(tuple(elements)))
             outcomes.append(Outcome.INCONCLUSIVE if inconclusive else Outcome.FAILED)
             if inconclusive:
-                details.append(kink_note(tally, elements))
+                details.append(kink_note(tally, elements, rounding))
+                causes.append(rounding)
     outcome = Outcome.PASSED
     if outcomes:
         outcome = Outcome.FAILED if Outcome.FAILED in outcomes else Outcome.INCONCLUSIVE
-    return Verdict(outcome, blocks, mode, reason, details)
+    cause = ROUNDING_CAUSE if causes and all(causes) else None
+    return Verdict(outcome, blocks, mode, reason, details, cause=cause)

@@ -12,7 +12,7 @@ from ..results import Element
 from .compare import BlockTally
 from .problem import Problem, flat_cat
 from .measured import K, first_bound
-from .steps import FINITE_MACHINE, directional, one_sided, vjp_rows
+from .steps import FINITE_MACHINE, KINK_TEST, directional, one_sided, vjp_rows
 
 
 class Tests:
@@ -117,7 +117,7 @@ class Locator:
                       torch.arange(self.v.numel()))
         row = int(rows[0]) if rows is not None else int(column["central"].abs().argmax())
         analytical = float(self._vjp_at(torch.tensor([row]))[col])
-        values = [c[row].item() for c in column.values()]
+        values = [column[k][row].item() for k in KINK_TEST]
         numerical = column["central"][row].item()
         spread = max(values) - min(values)
         atol, rtol = self.config.tolerance("atol"), self.config.tolerance("rtol")

@@ -222,5 +222,16 @@ def one_sided(problem: Problem, values: Sequence[torch.Tensor], which: int, col:
         "right": (plus - f0) / h,
         "left": (f0 - minus) / h,
         "central": (plus - minus) / (2 * h),
-        "central x10": (plus10 - minus10) / (20 * h),
+        **at_far(f0, plus10, minus10, 10 * h),
     }
+
+
+# The estimates whose disagreement marks an element unreliable (the others only tell why).
+KINK_TEST = ("right", "left", "central", "central x10")
+
+
+def at_far(f0: torch.Tensor, plus: torch.Tensor, minus: torch.Tensor, step: float
+           ) -> dict[str, torch.Tensor]:
+    """The estimates at the far step: central (the kink test's) and one-sided (why)."""
+    return {"central x10": (plus - minus) / (2 * step), "right x10": (plus - f0) / step,
+            "left x10": (f0 - minus) / step}
