@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import torch
-from torch.autograd import Function
 
 from ..config.settings import DEFAULT_TOLERANCES, CheckConfig
 from ..errors import InternalError
@@ -23,11 +21,9 @@ from ..targets.cases import Case, bind
 from ..targets.inputs import InputSpec, LiteralSpec, TensorSpec
 from ..targets.load import Target, display_path
 from ..targets.resolve import make_target
+from .applyhook import Call, Hook, hooked
 from .replay import anchors_of, replaying
 
-# Every cls.apply(...) runs this one Python frame (unless a class overrides apply): its locals
-# hold cls and the exact arguments, and its return value holds the outputs and so the node.
-_APPLY_CODE = Function.apply.__func__.__code__  # type: ignore[attr-defined]
 _PACKAGE = str(Path(__file__).resolve().parents[1]).replace("\\", "/")  # gradtool/
 
 
@@ -46,7 +42,7 @@ class FunctionFinding:
 
 @dataclass
 class Application:
-    """One Function.apply call seen during the forward: class, argument copies, call site, node."""
+    """One custom Function application seen during the forward: class, argument copies, call site, node."""
 
     cls: type
     args: list[Any]
@@ -61,46 +57,45 @@ class Application:
     outer: Problem | None = None
 
 
-class _Recorder:
-    """A sys.setprofile hook that records every Function.apply call and the node it creates."""
+class _Recorder(Hook):
+    """Records every custom Function application of a forward and, once it ends, its node."""
 
     def __init__(self) -> None:
         self.calls: list[Application] = []
-        self.originals: dict[int, tuple[Any, ...]] = {}  # id(app) -> the objects apply got
-        self._open: dict[int, tuple[Application, tuple[Any, ...]]] = {}
+        self.originals: dict[int, tuple[Any, ...]] = {}  # id(app) -> the objects forward got
+        self._open: list[tuple[Application, Call, list[torch.Tensor]]] = []
 
-    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
-        if frame.f_code is not _APPLY_CODE:
-            return
+    def forward(self, call: Call) -> Any:
         try:
-            if event == "call":
-                self._enter(frame)
-            elif event == "return":
-                self._leave(frame, arg)
-        except Exception:  # noqa: BLE001 - an error in a profile hook would unset it mid-forward
-            pass
+            app = self._enter(call)
+        except Exception:  # noqa: BLE001 - recording must never change the user's forward
+            return call.run()
+        out = call.run()
+        self._open.append((app, call, tensor_outputs(out)))
+        return out
 
-    def _enter(self, frame: FrameType) -> None:
-        local = frame.f_locals
-        args, kwargs = tuple(local.get("args", ())), dict(local.get("kwargs", {}))
-        app = Application(local["cls"], [_snapshot(v) for v in args],
-                          {k: _snapshot(v) for k, v in kwargs.items()}, _user_site(frame.f_back))
+    def _enter(self, call: Call) -> Application:
+        app = Application(call.cls, [_snapshot(v) for v in call.args],
+                          {k: _snapshot(v) for k, v in call.kwargs.items()},
+                          _user_site(sys._getframe(2)))
         app.ordinal = sum(1 for other in self.calls if other.cls is app.cls)
         self.calls.append(app)
-        self.originals[id(app)] = args
-        self._open[id(frame)] = (app, (*args, *kwargs.values()))
+        self.originals[id(app)] = (*call.args, *call.kwargs.values())
+        return app
 
-    def _leave(self, frame: FrameType, result: Any) -> None:
-        app, originals = self._open.pop(id(frame), (None, ()))
-        if app is None:
-            return
-        outputs = tensor_outputs(result)
-        app.mutates = any(o is v for o in outputs for v in originals)
-        for out in outputs:
-            node = out.grad_fn
-            if node is not None and getattr(type(node), "_forward_cls", None) is app.cls:
-                app.node = node
-                break
+    def settle(self, graph: dict[int, Any]) -> None:
+        """Each application's node, now that apply has wrapped its outputs: its ctx, where an
+        output (or the graph) holds it; an application under no_grad has none."""
+        for app, call, outputs in self._open:
+            ctx = call.ctx
+            if ctx is None:
+                continue
+            if id(ctx) in graph or any(o.grad_fn is ctx for o in outputs):
+                app.node = ctx
+            # an input handed back as itself with this node: marked dirty (written in place)
+            app.mutates = any(o is v and o.grad_fn is ctx for o in outputs
+                              for v in self.originals.get(id(app), ()))
+        self._open.clear()
 
 
 def _snapshot(value: Any) -> Any:
@@ -139,8 +134,10 @@ def _record(problem: Problem) -> tuple[list[Application], list[Any]]:
     recorded too: they apply the user's Functions again there, with a graph.
     """
     recorder = _Recorder()
-    with _profiled(recorder):
+    with hooked(recorder):
         leaves, outs = problem.graph()
+    nodes = function_nodes(outs)
+    recorder.settle(nodes)
     # What user code received for a leaf: the leaf, or its projection (a sym/spd input)
     given = list(leaves)
     for index, tensor in projected_tensors(problem.fn, problem.diff).items():
@@ -148,13 +145,13 @@ def _record(problem: Problem) -> tuple[list[Application], list[Any]]:
     for app in recorder.calls:
         app.anchors = {} if app.kwargs else anchors_of(recorder.originals[id(app)], given)
         app.outer = problem if app.anchors else None
-    recorder.originals.clear()  # the forward's objects: not kept past this point
-    nodes = function_nodes(outs)
     if any(_is_torch(node._forward_cls) for node in nodes.values()):
         grads = [torch.ones_like(o) for o in outs]
-        with _profiled(recorder):
+        with hooked(recorder):
             problem.vjp(leaves, outs, grads)
+        recorder.settle({})
         nodes.update((id(app.node), app.node) for app in recorder.calls if app.node is not None)
+    recorder.originals.clear()  # the forward's objects: not kept past this point
     seen = {id(app.node) for app in recorder.calls if app.node is not None}
     # A Function applied inside another Function's forward records no node: it is not checked.
     used = [app for app in recorder.calls if app.node is not None and id(app.node) in nodes
@@ -166,16 +163,6 @@ def _record(problem: Problem) -> tuple[list[Application], list[Any]]:
 def _is_torch(cls: type) -> bool:
     """torch's own Functions (checkpointing, say) are not the user's to check."""
     return cls.__module__.split(".")[0] == "torch"
-
-
-@contextlib.contextmanager
-def _profiled(recorder: _Recorder) -> Iterator[None]:
-    previous = sys.getprofile()
-    sys.setprofile(recorder)
-    try:
-        yield
-    finally:
-        sys.setprofile(previous)  # never leave our hook behind, even when the forward raises
 
 
 def case_from_values(target: Target, values: Sequence[Any], config: CheckConfig,

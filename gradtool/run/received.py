@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from types import FrameType
 from typing import Any
 
 import torch
@@ -15,8 +14,8 @@ from ..config.settings import CheckConfig
 from ..errors import InternalError
 from ..numerics.problem import Problem, function_nodes
 from ..results import CheckResult, Outcome, Severity
-from .culprit import Application, FunctionFinding, _is_torch, _profiled, _Recorder, \
-    captured_case
+from .applyhook import Call, hooked
+from .culprit import Application, FunctionFinding, _is_torch, _Recorder, captured_case
 from .culprit import annotate as _annotate
 
 Strides = tuple[tuple[int, ...], tuple[int, ...], int]  # shape, stride, storage offset
@@ -38,11 +37,11 @@ class _StrideRecorder(_Recorder):
         super().__init__()
         self.received: dict[int, Received] = {}
 
-    def _enter(self, frame: FrameType) -> None:
-        super()._enter(frame)
-        args = tuple(frame.f_locals.get("args", ()))
-        self.received[id(self.calls[-1])] = Received(
-            {k: _strides(v) for k, v in enumerate(args) if _is_dense(v)})
+    def _enter(self, call: Call) -> Application:
+        app = super()._enter(call)
+        self.received[id(app)] = Received(
+            {k: _strides(v) for k, v in enumerate(call.args) if _is_dense(v)})
+        return app
 
 
 def _is_dense(value: Any) -> bool:
@@ -57,9 +56,10 @@ def capture(problem: Problem) -> list[tuple[Application, Received]]:
     """One forward and one backward of the model: each applied Function in the graph with the
     strides of what it received, grad_outputs included (a pre-hook on its node)."""
     recorder = _StrideRecorder()
-    with _profiled(recorder):
+    with hooked(recorder):
         leaves, outs = problem.graph()
     nodes = function_nodes(outs)
+    recorder.settle(nodes)
     used = [app for app in recorder.calls if app.node is not None and id(app.node) in nodes
             and not _is_torch(app.cls)]
     handles = []

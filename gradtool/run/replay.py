@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.autograd.function import _SingleLevelFunction
 
 from ..numerics.problem import Problem
 from ..tracebacks import calls_user_code
-
-# Function.apply ends in super().apply(...): the class after Function in every Function's MRO
-# (Python, so a classmethod set there for a while is found first), then the engine's own apply.
-# Hooking there catches cls.apply(...) and an alias captured at import (my_op = Cls.apply) alike.
-_HOOKED = _SingleLevelFunction
-_ENGINE_APPLY = torch._C._FunctionBase.__dict__["apply"]
+from .applyhook import Call, Hook, bypassed, hooked
 
 
 class NotReplayed(RuntimeError):
@@ -67,14 +61,18 @@ def replaying(outer: Problem, cls: type, ordinal: int, anchors: dict[int, int]
     def fn(*args: Any) -> Any:
         substitute = {k: a for k, a in enumerate(args)
                       if k not in anchors and isinstance(a, torch.Tensor)}
-        grad_mode = torch.is_grad_enabled()
-        # The forward up to the application records a graph, as the real run's did; the
-        # application itself runs in the caller's mode (a value-only evaluation builds none).
-        with _intercept(cls, ordinal, substitute, grad_mode), torch.enable_grad():
+        # The application itself runs in the caller's modes (a value-only evaluation builds no
+        # graph, a forward-mode one a dual): apply turns both off around forward, where the
+        # hook runs.
+        grad_mode, dual = torch.is_grad_enabled(), torch._C._is_fwd_grad_enabled()
+        # The forward up to the application records a graph, as the real run's did.
+        with hooked(_Intercept(cls, ordinal, substitute, grad_mode, dual)), torch.enable_grad():
             try:
                 outer.fn(*outer.with_inputs(outer_values(args)))
             except _Replayed as done:
                 return done.result
+            finally:
+                torch._C._set_fwd_grad_enabled(dual)
         raise NotReplayed(f"the forward did not apply {cls.__qualname__} again "
                           f"(application {ordinal + 1} of it expected)")
 
@@ -85,39 +83,21 @@ def replaying(outer: Problem, cls: type, ordinal: int, anchors: dict[int, int]
     return fn, scope
 
 
-@contextlib.contextmanager
-def _intercept(cls: type, ordinal: int, substitute: dict[int, Any], grad_mode: bool
-               ) -> Iterator[None]:
-    """For the duration: the ordinal-th application of cls gets the substituted arguments,
-    runs in grad_mode, and its result ends the forward."""
-    seen = [0]
+class _Intercept(Hook):
+    """The ordinal-th application of cls is made again with the substituted arguments, in
+    the caller's modes, and its result ends the forward."""
 
-    def apply(c: type, run: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-              ) -> Any:
-        if c is cls:
-            count, seen[0] = seen[0], seen[0] + 1
-            if count == ordinal:
-                args = tuple(substitute.get(k, a) for k, a in enumerate(args))
-                with torch.set_grad_enabled(grad_mode):
-                    raise _Replayed(run(*args, **kwargs))
-        return run(*args, **kwargs)
+    def __init__(self, cls: type, ordinal: int, substitute: dict[int, Any], grad_mode: bool,
+                 dual: bool) -> None:
+        self.cls, self.ordinal, self.substitute = cls, ordinal, substitute
+        self.grad_mode, self.dual, self.seen = grad_mode, dual, 0
 
-    with hooked_apply(apply):
-        yield
-
-
-Handler = Callable[[type, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
-
-
-@contextlib.contextmanager
-def hooked_apply(handler: Handler) -> Iterator[None]:
-    """Every Function application goes through handler(cls, run, args, kwargs) for the
-    duration (run: the engine's own apply for cls); restored after, even on error."""
-    def apply(c: type, *args: Any, **kwargs: Any) -> Any:
-        return handler(c, _ENGINE_APPLY.__get__(None, c), args, kwargs)
-
-    _HOOKED.apply = classmethod(apply)  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        del _HOOKED.apply  # type: ignore[attr-defined]
+    def forward(self, call: Call) -> Any:
+        if call.cls is self.cls:
+            count, self.seen = self.seen, self.seen + 1
+            if count == self.ordinal:
+                args = tuple(self.substitute.get(k, a) for k, a in enumerate(call.args))
+                with bypassed(), torch.set_grad_enabled(self.grad_mode):
+                    torch._C._set_fwd_grad_enabled(self.dual)
+                    raise _Replayed(self.cls.apply(*args, **call.kwargs))  # type: ignore[attr-defined]
+        return call.run()

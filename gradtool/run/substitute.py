@@ -7,13 +7,13 @@ from collections.abc import Collection, Sequence
 from typing import Any, Callable
 
 import torch
-from torch.autograd.function import FunctionCtx, _is_setup_context_defined
+from torch.autograd.function import FunctionCtx
 
 from ..config.settings import CheckConfig
 from ..errors import InternalError
 from ..numerics.problem import Problem
 from ..results import Outcome
-from .replay import hooked_apply
+from .applyhook import Call, Hook, hooked, takes_ctx
 
 
 class _PlainCtx(FunctionCtx):
@@ -24,17 +24,47 @@ class _PlainCtx(FunctionCtx):
                                       for a in args)
 
 
-def _by_forward(classes: Collection[type]) -> Callable[..., Any]:
-    """A handler for replay.hooked_apply: these classes' applications run their forward as
-    plain autograd ops (the VJP autograd derives from forward); every other Function as usual."""
-    def handler(c: type, run: Callable[..., Any], args: tuple[Any, ...],
-                kwargs: dict[str, Any]) -> Any:
-        if c not in classes:
-            return run(*args, **kwargs)
-        if _is_setup_context_defined(c.setup_context):
-            return c.forward(*args, **kwargs)
-        return c.forward(_PlainCtx(args), *args, **kwargs)
-    return handler
+class _ByForward(Hook):
+    """These classes' backwards become autograd's VJP of their forwards: each application's
+    forward also runs with a graph, on copies of its inputs, and its backward differentiates
+    that graph; every other Function runs as usual."""
+
+    def __init__(self, classes: Collection[type]) -> None:
+        self.classes, self.grad_mode = classes, True
+
+    def forward(self, call: Call) -> Any:
+        positions = [k for k, a in enumerate(call.args)
+                     if isinstance(a, torch.Tensor) and a.requires_grad]
+        if call.cls not in self.classes or not self.grad_mode or not positions:
+            return call.run()  # a value-only evaluation: the forward's values are the same
+        with torch.enable_grad():
+            leaves = {k: call.args[k].detach().requires_grad_() for k in positions}
+            args = tuple(leaves.get(k, a) for k, a in enumerate(call.args))
+            if takes_ctx(call.cls):
+                out = call.forward(_PlainCtx(args), *args, **call.kwargs)
+            else:
+                out = call.forward(*args, **call.kwargs)
+        outputs = list(out) if isinstance(out, tuple) else [out]
+        call.extra["derived"] = (list(leaves.values()), positions, outputs)
+        detached = [o.detach() if isinstance(o, torch.Tensor) else o for o in outputs]
+        return tuple(detached) if isinstance(out, tuple) else detached[0]
+
+    def backward(self, call: Call, backward: Callable[..., Any], ctx: Any,
+                 grads: tuple[Any, ...]) -> Any:
+        if "derived" not in call.extra:
+            return backward(ctx, *grads)
+        leaves, positions, outputs = call.extra["derived"]
+        pairs = [(o, g) for o, g in zip(outputs, grads) if isinstance(o, torch.Tensor)
+                 and o.requires_grad and g is not None]
+        found: Sequence[Any] = [None] * len(leaves)
+        if pairs and leaves:
+            found = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs],
+                                        retain_graph=True, allow_unused=True,
+                                        create_graph=torch.is_grad_enabled())
+        result: list[Any] = [None] * len(call.args)
+        for position, grad in zip(positions, found):
+            result[position] = grad
+        return tuple(result) if len(result) != 1 else result[0]
 
 
 def fixed_by_forward(problem: Problem, config: CheckConfig, classes: Collection[type]) -> bool:
@@ -44,18 +74,21 @@ def fixed_by_forward(problem: Problem, config: CheckConfig, classes: Collection[
     from ..checks.gradient import precision_config, reverse_mode  # lazy, like culprit's
     from ..numerics.jacobian import prime
 
+    hook = _ByForward(classes)
+
     def fn(*args: Any) -> Any:
-        with hooked_apply(_by_forward(classes)):
-            return problem.fn(*args)
+        hook.grad_mode = torch.is_grad_enabled()
+        return problem.fn(*args)
 
     swapped = Problem(fn, list(problem.args), list(problem.names), list(problem.diff),
                       facts=problem.facts, scope=problem.scope)
-    try:
-        leaves, outs = prime(swapped)
-        if not outs:
-            return False
-        verdict = reverse_mode(swapped, precision_config(config, swapped), leaves, outs,
-                               config.seed, None)
+    try:  # hooked throughout: the substituted backwards run in the checks' backward passes
+        with hooked(hook):
+            leaves, outs = prime(swapped)
+            if not outs:
+                return False
+            verdict = reverse_mode(swapped, precision_config(config, swapped), leaves, outs,
+                                   config.seed, None)
     except InternalError:
         raise
     except Exception:  # noqa: BLE001 - no VJP from this forward: no evidence either way

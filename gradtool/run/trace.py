@@ -242,14 +242,16 @@ def hooked(recorder: Recorder) -> Iterator[None]:
     """Wrap Function.apply and the op entry points for the run; always put them back."""
     from torch._ops import OpOverload, OpOverloadPacket
 
+    # A classmethod up to torch 2.13, a C classmethod_descriptor since 2.14: both bind by
+    # __get__. Set before the script runs, so its aliases (my_op = Cls.apply) bind to ours.
     apply = Function.__dict__["apply"]
-    original_apply = apply.__func__
 
     def traced_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+        original = apply.__get__(None, cls)
         if cls.__module__.split(".")[0] == "torch":  # checkpointing, custom ops' own Functions
-            return original_apply(cls, *args, **kwargs)
+            return original(*args, **kwargs)
         return recorder.around("function", cls, cls.__qualname__, cls, args, kwargs,
-                               lambda: original_apply(cls, *args, **kwargs))
+                               lambda: original(*args, **kwargs))
 
     patched = {OpOverloadPacket: OpOverloadPacket.__dict__["__call__"],
                OpOverload: OpOverload.__dict__["__call__"]}
