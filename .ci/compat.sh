@@ -42,6 +42,12 @@ PIP_CONSTRAINT="$no_cap" nice "$venv/bin/pip" install -q -e "$snap[test]" >>"$lo
 
 cd "$snap" || exit 1
 export PATH="$venv/bin:$PATH"
+# pip may have swapped torch to satisfy gradtool's requirement: test what was asked, or nothing.
+have="$("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')"
+if [ "$have" != "$version" ]; then
+  say "FAILED: the venv has torch $have, not $version (gradtool's torch requirement?)"
+  exit 1
+fi
 say "$(gradtool --version) at $sha, $(date -u +%FT%TZ)"
 say "suite: pytest -n $jobs"
 nice pytest -n "$jobs" -q -p no:cacheprovider "$@" >>"$log" 2>&1

@@ -90,8 +90,20 @@ def test_op_agrees_with_pytorch(name, record_property):
         checks = {c.name: c for c in report.targets[0].cases[0].checks}
         record_property(label, {k: c.outcome.value for k, c in checks.items()})
         wrong = [problem for check in checks.values()
-                 if (problem := _disagreement(name, check, expected, empty))]
+                 if (problem := _disagreement(name, check, expected, empty))
+                 and not (check.name == "gradient" and _gradcheck_fails(fn, values, op))]
         assert not wrong, f"{name} ({label}): " + "; ".join(wrong)
+
+
+def _gradcheck_fails(fn, values, op) -> bool:
+    """Whether torch's own gradcheck finds the same sample's Jacobian wrong: the installed
+    torch's op or sample is at fault, not gradtool (torch 2.4's index_put sample)."""
+    inputs = [v.detach().requires_grad_(True) for v in values]
+    try:
+        return not torch.autograd.gradcheck(fn, inputs, raise_exception=False,
+                                            nondet_tol=op.gradcheck_nondet_tol)
+    except Exception:  # noqa: BLE001 - gradcheck cannot run it: no evidence against torch
+        return False
 
 
 def _disagreement(name: str, check, expected, empty: bool) -> str | None:
