@@ -52,11 +52,31 @@ def _fft_refuses_expanded_tensors() -> bool:
     return False
 
 
+def _bessel_disagrees_with_itself() -> bool:
+    """Whether this torch's bessel_j0 has a gradient (-j1) that its own forward's derivative
+    misses by ~1e-6 relative, converged across steps 1e-3 to 1e-7 (its j0 and j1 are separate
+    approximations; torch 2.15 differentiates them, 2.13 did not): a true finding gradcheck's
+    rtol of 1e-3 does not see."""
+    x = torch.tensor([-5.439777184204883], dtype=torch.float64, requires_grad=True)
+    try:
+        (grad,) = torch.autograd.grad(torch.special.bessel_j0(x).sum(), x)
+    except RuntimeError:
+        return False
+    x = x.detach()
+    slopes = [(torch.special.bessel_j0(x + h) - torch.special.bessel_j0(x - h)) / (2 * h)
+              for h in (1e-3, 1e-5)]
+    return all(abs((s - grad).item()) > 1e-7 for s in slopes) and \
+        abs((slopes[0] - slopes[1]).item()) < 1e-7
+
+
 # Where the installed torch itself is wrong: op-name prefix -> (check, outcome, the finding that
 # must name it). Only a torch that has the bug (probed above) gets these.
 TORCH_BUGS: dict[str, tuple[str, str, str]] = {
-    "fft.": ("layout", "failed", "backward raises on an expanded (stride-0) grad_output"),
-} if _fft_refuses_expanded_tensors() else {}
+    **({"fft.": ("layout", "failed", "backward raises on an expanded (stride-0) grad_output")}
+       if _fft_refuses_expanded_tensors() else {}),
+    **({"special.bessel_": ("gradient", "failed", "disagrees with finite differences")}
+       if _bessel_disagrees_with_itself() else {}),
+}
 
 
 def _torch_bug(name: str, check) -> bool:
@@ -91,19 +111,25 @@ def test_op_agrees_with_pytorch(name, record_property):
         record_property(label, {k: c.outcome.value for k, c in checks.items()})
         wrong = [problem for check in checks.values()
                  if (problem := _disagreement(name, check, expected, empty))
-                 and not (check.name == "gradient" and _gradcheck_fails(fn, values, op))]
+                 and not _torch_test_fails(fn, values, op, check.name)]
         assert not wrong, f"{name} ({label}): " + "; ".join(wrong)
 
 
-def _gradcheck_fails(fn, values, op) -> bool:
-    """Whether torch's own gradcheck finds the same sample's Jacobian wrong: the installed
-    torch's op or sample is at fault, not gradtool (torch 2.4's index_put sample)."""
+def _torch_test_fails(fn, values, op, check: str) -> bool:
+    """Whether torch's own test of the same sample does not pass either — gradcheck for the
+    first order, gradgradcheck for the second — though torch's OpInfo declares it passes:
+    the installed torch's op, sample or declaration is at fault, not gradtool (torch 2.4's
+    index_put sample; 2.15's bessel functions, ctc_loss, chunked linear_cross_entropy)."""
+    test = {"contract": torch.autograd.gradcheck, "gradient": torch.autograd.gradcheck,
+            "complex": torch.autograd.gradcheck,
+            "double_backward": torch.autograd.gradgradcheck}.get(check)
+    if test is None:
+        return False
     inputs = [v.detach().requires_grad_(True) for v in values]
     try:
-        return not torch.autograd.gradcheck(fn, inputs, raise_exception=False,
-                                            nondet_tol=op.gradcheck_nondet_tol)
-    except Exception:  # noqa: BLE001 - gradcheck cannot run it: no evidence against torch
-        return False
+        return not test(fn, inputs, raise_exception=False, nondet_tol=op.gradcheck_nondet_tol)
+    except Exception:  # noqa: BLE001 - torch's own test raises on it: it does not pass
+        return True
 
 
 def _disagreement(name: str, check, expected, empty: bool) -> str | None:

@@ -62,6 +62,42 @@ def test_batched_and_looped_differences_agree():
     assert torch.allclose(batched, looped, atol=1e-8)
 
 
+class _FirstOfBatch(Function):
+    """x * y whose vmap rule is wrong for a batched y: every element gets y's first (torch's
+    own _cdist_backward under vmap, for a batched grad_output, did this)."""
+
+    @staticmethod
+    def forward(x, y):
+        return x * y
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def vmap(info, in_dims, x, y):
+        x_dim, y_dim = in_dims
+        if y_dim is not None:
+            y = y.movedim(y_dim, 0)[:1].expand(info.batch_size, *y.shape[1:]).movedim(0, y_dim)
+        x = x if x_dim is not None else x.unsqueeze(0).expand(info.batch_size, *x.shape)
+        y = y.movedim(y_dim, 0) if y_dim is not None else y
+        return _FirstOfBatch.apply(x.movedim(x_dim, 0) if x_dim is not None else x, y), 0
+
+
+def test_batches_are_checked_for_every_input_not_only_the_first():
+    from gradtool.numerics.problem import Problem
+
+    x, y = torch.randn(6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    problem = Problem(lambda a, b: a * b, [x, y], ["x", "y"], [0, 1],
+                      batched_fn=_FirstOfBatch.apply)
+    dirs = torch.randn(40, 6, dtype=torch.float64)  # enough to be batched
+    central(problem, problem.inputs, 0, dirs, 1e-6)
+    assert problem.cache.vmap_ok is True  # right for a batched x
+    got = central(problem, problem.inputs, 1, dirs, 1e-6)  # wrong for a batched y: caught
+    assert problem.cache.vmap_ok is False
+    assert torch.allclose(got, dirs * x, atol=1e-8)
+
+
 def test_directional_second_estimate_has_the_2h_error_with_three_evaluations():
     problem, _, outs, _ = primed(bugs.Cube, ["(40,)"])
     x = problem.inputs[0]

@@ -23,6 +23,9 @@ class Cache:
     per memo, each written by the code that learns it; a later check of the same case reads it."""
 
     vmap_ok: bool | None = None         # fn batches under vmap (numerics/steps.py, on first use)
+    # The inputs (None: all at once) whose batches were checked against plain calls: a batching
+    # rule may be wrong for one argument only (torch's _cdist_backward, batched grad_output).
+    vmap_checked: set[int | None] = field(default_factory=set)
     batched_vjp_ok: bool | None = None  # backward batches under vmap (numerics/steps.py)
     batched_jvp_ok: bool | None = None  # jvps batch under torch.func.vmap (numerics/forward.py)
     plan: Any = None                    # what choose_mode learnt, for check_full to reuse

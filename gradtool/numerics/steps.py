@@ -127,23 +127,26 @@ def batched_outputs(problem: Problem, values: Sequence[torch.Tensor], which: int
     except Exception as exc:  # no vmap support: data-dependent control flow, .item(), ...
         raise _NotBatchable() from exc
     problem.calls["forward"] += size
-    if problem.cache.vmap_ok is None:
-        _verify_batched(problem, values, which, [b[0] for b in batches], outs[0])
+    if which not in problem.cache.vmap_checked:
+        # The last of the batch: a batching rule that reuses the first element's values for
+        # all (torch's _cdist_backward under vmap, for a batched grad_output) agrees there only.
+        _verify_batched(problem, values, which, [b[-1] for b in batches], outs[-1])
+        problem.cache.vmap_checked.add(which)
+        problem.cache.vmap_ok = True
     return outs
 
 
 def _verify_batched(problem: Problem, values: Sequence[torch.Tensor], which: int | None,
-                    first: Sequence[torch.Tensor], batched: torch.Tensor) -> None:
-    """Trust vmap only once it agrees with a plain call (a forward may behave differently)."""
-    work = list(first) if which is None else list(values)
+                    element: Sequence[torch.Tensor], batched: torch.Tensor) -> None:
+    """Trust vmap only where it agrees with a plain call (a forward may behave differently)."""
+    work = list(element) if which is None else list(values)
     if which is not None:
-        work[which] = first[0]
+        work[which] = element[0]
     plain = flat_cat(problem.outputs(work))
     scale = plain.abs().max().item() if plain.numel() else 0.0
     if not torch.allclose(plain, batched, rtol=1e-10, atol=1e-12 * (scale + 1.0)):
         problem.cache.vmap_ok = False
         raise _NotBatchable()
-    problem.cache.vmap_ok = True
 
 
 # ---------------------------------------------------------------- directional (probes)
