@@ -30,23 +30,72 @@ def test_correct_twins_pass_and_seeded_bugs_fail(family, bug):
         assert failed <= {"gradient", "double_backward"}
 
 
+def _counted(cls, counter):
+    class Counted(cls):
+        @staticmethod
+        def forward(ctx, *args):
+            counter["forward"] += 1
+            return cls.forward(ctx, *args)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            counter["backward"] += 1
+            return cls.backward(ctx, *grads)
+
+    Counted.__name__ = cls.__name__
+    return Counted
+
+
 def test_second_order_of_a_backward_wrong_at_first_order_stops_at_its_first_failure():
+    """W's gradient has the wrong sign: the second order is swept from W (whose first order
+    failed), compared output by output, and stops at its first confirmed block, (W, grad of x),
+    whose analytical rows are the only ones computed; the whole run finds the same block."""
+    from collections import Counter
+
     cls, inputs = E.BROYDEN["W sign"], INPUTS["Broyden root"]
-    both = gradtool.check(cls, inputs, checks=("gradient", "double_backward"), mode="full")
+    calls: Counter = Counter()
+    both = gradtool.check(_counted(cls, calls), inputs, checks=("gradient", "double_backward"),
+                          mode="full")
     assert result(both, "gradient").outcome.value == "failed"
     stopped = result(both, "double_backward")
     assert stopped.outcome.value == "failed"
-    assert any(d.startswith("not checked: input(s) 'grad_output', for cost: backward is "
-                            "already wrong at first order") for d in stopped.details)
-    alone = result(gradtool.check(cls, inputs, checks=("double_backward",), mode="full"),
-                   "double_backward")
+    assert any(d.startswith("not checked: input(s) 'arg0', 'grad_output' and 'grad of arg1' "
+                            "w.r.t. 'arg1', for cost: backward is already wrong at first "
+                            "order") for d in stopped.details)
+    assert {f.rule for f in stopped.findings} == {"double_backward.mismatch",
+                                                  "double_backward.no_pattern"}
+    alone = result(gradtool.check(_counted(cls, Counter()), inputs,
+                                  checks=("double_backward",), mode="full"), "double_backward")
     assert alone.outcome.value == "failed"
     assert not any(d.startswith("not checked") for d in alone.details)
-    assert stopped.calls["forward"] < alone.calls["forward"]
     # the blocks it did check say the same as the whole run
     seen = [(b.input, b.output, b.mismatched) for b in stopped.blocks if b.checked]
-    assert seen == [(b.input, b.output, b.mismatched) for b in alone.blocks
-                    if b.input != "grad_output"]
+    assert seen == [("arg1", "grad of arg0", 512)]
+    assert seen[0] in [(b.input, b.output, b.mismatched) for b in alone.blocks]
+    # At the Function: G's 64 W columns (a forward and a backward each) and only grad of x's
+    # 8 analytical rows (each runs backward again through the saved root); before, x's columns
+    # were swept first and every one of the 72 rows computed: 296 forwards, 233 backwards.
+    assert (calls["forward"], calls["backward"]) == (278, 151)
+    assert stopped.calls["forward"] < alone.calls["forward"]
+
+
+def test_second_order_stops_at_its_first_input_when_that_input_fails_first_order_only():
+    """Broyden with the adjoint not transposed fails at first order in both x and W: the
+    second order is swept in the usual order and stops at x, computing grad of x's rows only."""
+    from collections import Counter
+
+    cls, inputs = E.BROYDEN["adjoint not transposed"], INPUTS["Broyden root"]
+    calls: Counter = Counter()
+    both = gradtool.check(_counted(cls, calls), inputs, checks=("gradient", "double_backward"),
+                          mode="full")
+    stopped = result(both, "double_backward")
+    assert stopped.outcome.value == "failed"
+    seen = [(b.input, b.output, b.mismatched) for b in stopped.blocks if b.checked]
+    assert seen == [("arg0", "grad of arg0", 64)]  # the whole run's count there too
+    assert {f.rule for f in stopped.findings} <= {"double_backward.mismatch",
+                                                  "double_backward.no_pattern"}
+    # the 64 analytical rows of grad of W are never computed (before: 172 / 105)
+    assert (calls["forward"], calls["backward"]) == (170, 39)
 
 
 def test_a_second_order_failure_is_still_found_when_the_first_order_passes():

@@ -61,20 +61,23 @@ def check_double_backward(case: Case, target: Target, config: CheckConfig) -> Ch
 # Second order of a backward already known wrong: the report needs one confirmed failure, the
 # user's next step is the first-order fix, and after it a full run checks every input again.
 STOP = ("backward is already wrong at first order (the gradient check failed), so double "
-        "backward stopped at its first input with a confirmed failure; `--check "
-        "double_backward` alone checks every input")
+        "backward stopped at its first block with a confirmed failure, trying first the "
+        "inputs whose first-order gradient failed; `--check double_backward` alone checks "
+        "every block")
 
 
 def _engine(problem: Problem) -> Any:
-    """Reverse mode, told to stop at the first failing input when the gradient check of this
-    run failed (a second order that passes is still checked whole: no verdict changes)."""
+    """Reverse mode, told to stop at the first failing block when the gradient check of this
+    run failed, sweeping first the inputs whose gradient failed: where G's graph passes
+    through the Function's output, the wrong first order shows in their columns (a second
+    order that passes is still checked whole: no verdict changes)."""
     if problem.cache.first_order is not Outcome.FAILED:
         return None
     from functools import partial
 
     from .gradient import reverse_mode
 
-    return partial(reverse_mode, stop=STOP)
+    return partial(reverse_mode, stop=STOP, first=problem.cache.first_order_failing)
 
 
 def _not_implemented(result: CheckResult) -> str | None:
@@ -129,8 +132,11 @@ def _derive(problem: Problem, seed: int
                                    [f"output {k}" for k in range(len(outs))]]
     # No vmap-friendly forward, or one that writes to its inputs (the plain G copies them
     # first): finite differences loop.
-    batched = _batchable_backward(problem, n) \
-        if problem.batched_fn is not None and not problem.mutates else None
+    # G runs the target's forward: where the gradient check found that vmap refuses it, G's
+    # batched twin would only fail on its first batch (its all-zero blocks are then weighed
+    # as if batched, two evaluations more each).
+    batched = _batchable_backward(problem, n) if problem.batched_fn is not None \
+        and not problem.mutates and problem.cache.vmap_ok is not False else None
     # The outer backward runs through the inner one: the parameters are bound there too.
     scope = None if problem.scope is None else \
         (lambda args: problem.bind(problem.with_inputs(list(args[:n]))))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -129,12 +129,13 @@ def _where(block: Block) -> str:
 
 def reverse_mode(problem: Problem, config: CheckConfig, leaves: list[torch.Tensor],
                  outs: list[torch.Tensor], seed: int, reference: Reference | None,
-                 stop: str | None = None) -> Verdict:
+                 stop: str | None = None, first: Sequence[int] = ()) -> Verdict:
     """backward's Jacobian against finite differences (or a surrogate), full or probe mode;
-    `stop`: why full mode may stop at the first input with a confirmed failure."""
+    `stop`: why full mode may stop at the first block with a confirmed failure, sweeping
+    inputs `first` first."""
     mode, reason = choose_mode(problem, config, leaves, outs)
     if mode == "full":
-        return check_full(problem, config, leaves, outs, reference, reason, stop)
+        return check_full(problem, config, leaves, outs, reference, reason, stop, first)
     return check_probe(problem, config, leaves, outs, reference, reason, seed)
 
 
@@ -300,6 +301,9 @@ def run(case: Case, context: Context) -> CheckResult:
     reference = context.reference(case) if context.reference is not None else None
     result = check_gradient(case, context.target, context.config, reference, context.surrogate)
     case.problem.cache.first_order = result.outcome  # double backward reads it (its cost)
+    case.problem.cache.first_order_failing = tuple(
+        k for k, name in enumerate(case.problem.input_names)
+        if any(b.input == name and b.mismatched for b in result.blocks))
     if case.problem.complex:  # complex outputs, learnt by the priming forward
         return complex_
     if context.annotate is not None and context.surrogate is None:

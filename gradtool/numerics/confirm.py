@@ -77,7 +77,8 @@ def confirmed(problem: Problem, config: CheckConfig, tallies: list[list[BlockTal
     offset = 0
     for o, tally in enumerate(tallies[i]):
         if tally.mismatched:
-            answer = confirm(problem, config, tally, i, offset, False, evaluated)
+            answer = evaluated.confirmed.get((i, o)) or confirm(problem, config, tally, i,
+                                                                  offset, False, evaluated)
             evaluated.confirmed[(i, o)] = answer
             if not answer[1]:
                 return True

@@ -164,51 +164,38 @@ def _bytes(n: float) -> str:
 
 def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
                outs: Sequence[torch.Tensor], reference: Reference | None, reason: str,
-               stop: str | None = None) -> Verdict:
+               stop: str | None = None, first: Sequence[int] = ()) -> Verdict:
     """Every element: the analytical Jacobian (grouped rows where possible), then each input's
     numerical columns (coloured where the pattern allows) compared chunk by chunk. `stop`
-    (why): inputs after the first one with a confirmed failure are not swept, and said so."""
+    (why): once a block's failure is confirmed, the inputs and outputs not compared yet are
+    not, and said so; inputs `first` are swept first then."""
     if reference is not None:
         tallies = _tallies(problem, leaves, outs, config.tolerance("atol"),
                            config.tolerance("rtol"), config.max_worst)
         return _check_reference(problem, config, leaves, outs, reference, tallies, reason)
     tallies = judged_tallies(problem, config, leaves, outs)
-    plan = problem.cache.plan
-    jac = (analytical_jacobian(problem, leaves, outs, plan.strides, plan.trials)
-           if plan is not None else analytical_jacobian(problem, leaves, outs))
-    n_out = jac.n_out
     bounds = [0]
     for o in outs:
         bounds.append(bounds[-1] + o.numel())
-    offset, kept, skipped = 0, [], []
     far: list[dict] = [{} for _ in leaves]  # col -> f(x ± 10h e_col): measured's, the kink test's
-    done: dict = {}  # (input, output) -> the kink test's answer, when `stop` asked early
     f0 = flat_cat(outs).detach()
-    keep = 2 * n_out * jac.n_in <= DENSE_LIMIT  # evaluations kept for the failing path
-    affordable = _affordable(problem, jac)  # as known before the sweep learns vmap_ok
-    for i, leaf in enumerate(leaves):
-        size = leaf.numel()
-        sweep = Sweep(problem, problem.inputs, i, offset, size, tallies[i], bounds,
-                      config.tolerance("eps"), {} if keep else None, affordable)
-        kept.append(sweep.kept if sweep.kept is not None else {})
-        rows, cols, _ = jac.entries(offset, offset + size)
-        colour = colour_columns(rows, cols, n_out, tuple(leaf.shape))
-        if colour is not None and not _zero_block_by_columns(problem, len(rows), size):
-            sweep_coloured(sweep, jac, colour, config.seed)
-        else:
-            sweep_dense(sweep, jac)
-        offset += size
-        if stop and i + 1 < len(leaves) and confirmed(
-                problem, config, tallies, i,
-                Evaluations(f0, kept + [{}] * (len(leaves) - len(kept)), done, far)):
-            skipped = problem.input_names[i + 1:len(leaves)]
-            break
-    kept += [{} for _ in range(len(leaves) - len(kept))]  # inputs `stop` left unswept
+    keep = 2 * bounds[-1] * sum(v.numel() for v in leaves) <= DENSE_LIMIT  # for the failing path
+    kept: list[dict] = [{} for _ in leaves]
+    evaluated = Evaluations(f0, kept, {}, far)
+    if stop:
+        jac, unchecked = _until_failure(problem, config, leaves, outs, tallies, bounds, keep,
+                                        evaluated, first)
+    else:
+        jac, unchecked = _analytical(problem, leaves, outs), []
+        affordable = _affordable(problem, jac)  # as known before the sweep learns vmap_ok
+        for i in range(len(leaves)):
+            _sweep(problem, config, jac, i, tallies[i], bounds, kept[i] if keep else None,
+                   affordable)
     measurement = None
     if config.measured and any(t.mismatched for row in tallies for t in row):
         from .measured import remeasure
 
-        measurement = remeasure(problem, problem.inputs, tallies, flat_cat(outs).detach(),
+        measurement = remeasure(problem, problem.inputs, tallies, f0,
                                 config.tolerance("eps"), _fixed(config), kept, bounds, far)
         if measurement is None:  # flags it cannot measure, none standing: the fixed tolerance
             return _fallback(problem, config, leaves, outs, reason)
@@ -217,6 +204,7 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
         # Whole blocks: for the diagnosis, and exact counts where the sweep only had bounds.
         failing = [any(t.mismatched for t in row) for row in tallies]
         dense = _dense_blocks(problem, config, jac, leaves, bounds, kept, failing)
+        dense = {k: v for k, v in dense.items() if k not in unchecked}
         fresh = _tallies(problem, leaves, outs, *_fixed(config), config.max_worst)
         for (i, o), (analytical, numerical) in dense.items():
             if measurement is not None and (measurement.measured or measurement.sampled):
@@ -224,18 +212,98 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
             # (every flag beyond gradcheck's tolerance: the fixed one judged them all, as here)
             fresh[i][o].add(analytical, numerical)
             tallies[i][o] = fresh[i][o]
-    verdict = _finish(problem, config, tallies, False, "full", reason,
-                      Evaluations(f0, kept, done, far))
+    verdict = _finish(problem, config, tallies, False, "full", reason, evaluated)
     verdict.dense = dense
-    if skipped:
-        verdict.details.append(
-            f"not checked: input(s) {', '.join(repr(n) for n in skipped)}, for cost: {stop}")
+    if unchecked:
+        verdict.details.append(f"not checked: {_unchecked(problem, unchecked)}, for cost: {stop}")
     verdict.mismatch = {k: judged_mask(tallies[k[0]][k[1]], *pair) for k, pair in dense.items()}
     if config.measured:
         from .measured_words import describe
 
         describe(verdict, tallies, measurement, problem)
     return verdict
+
+
+def _analytical(problem: Problem, leaves: Sequence[torch.Tensor],
+                outs: Sequence[torch.Tensor]) -> AnalyticalJacobian:
+    plan = problem.cache.plan
+    return (analytical_jacobian(problem, leaves, outs, plan.strides, plan.trials)
+            if plan is not None else analytical_jacobian(problem, leaves, outs))
+
+
+def _sweep(problem: Problem, config: CheckConfig, jac: AnalyticalJacobian, i: int,
+           tallies: list[BlockTally], bounds: Sequence[int],
+           kept: dict | None, affordable: bool, dense: bool = False) -> None:
+    """Input i's numerical columns against the analytical ones, coloured where the pattern
+    allows (`dense`: known not to)."""
+    offset = sum(v.numel() for v in problem.inputs[:i])
+    size = problem.inputs[i].numel()
+    sweep = Sweep(problem, problem.inputs, i, offset, size, tallies, list(bounds),
+                  config.tolerance("eps"), kept, affordable)
+    colour = None
+    if not dense:
+        rows, cols, _ = jac.entries(offset, offset + size)
+        colour = colour_columns(rows, cols, jac.n_out, tuple(problem.inputs[i].shape))
+        dense = colour is None or _zero_block_by_columns(problem, len(rows), size)
+    if dense:
+        sweep_dense(sweep, jac)
+    else:
+        sweep_coloured(sweep, jac, colour, config.seed)
+
+
+def _until_failure(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+                   outs: Sequence[torch.Tensor], tallies: list[list[BlockTally]],
+                   bounds: Sequence[int], keep: bool, evaluated: Evaluations,
+                   first: Sequence[int]) -> tuple[AnalyticalJacobian, list[tuple[int, int]]]:
+    """The sweep, inputs `first` first, until a block's failure is confirmed: the analytical
+    Jacobian, and the blocks (input, output) left unchecked. Analytical rows are computed
+    output by output while an input's block is too wide to colour anyway (its columns kept,
+    each output compared as its rows come); otherwise all at once, as in the whole run."""
+    from .stopping import ByOutput, compare_kept, order, scratch
+
+    plan = problem.cache.plan
+    rows = (ByOutput(problem, leaves, outs, bounds)
+            if keep and (plan is None or not any(plan.strides)) else None)
+    jac = rows.jac if rows is not None else _analytical(problem, leaves, outs)
+    affordable = _affordable(problem, jac)
+    n_out = len(outs)
+    sequence = order(len(leaves), first)
+    for step, i in enumerate(sequence):
+        offset, size = sum(v.numel() for v in leaves[:i]), leaves[i].numel()
+        while rows is not None and not rows.whole and (
+                rows.known == 0 or not rows.too_wide(offset, size)):
+            rows.more()
+        known = rows.known if rows is not None else n_out
+        mine = [t if o < known else scratch(t) for o, t in enumerate(tallies[i])]
+        _sweep(problem, config, jac, i, mine, bounds, evaluated.kept[i] if keep else None,
+               affordable, dense=known < n_out)
+        rest = [(k, o) for k in sequence[step + 1:] for o in range(n_out)]
+        while True:
+            left = [(i, o) for o in range(known, n_out)] + rest
+            if not left:
+                break
+            if confirmed(problem, config, tallies, i, evaluated):
+                return jac, left
+            if rows is None or not rows.more():
+                break
+            compare_kept(tallies[i], jac, known, bounds, offset, size, evaluated.kept[i],
+                         config.tolerance("eps"))
+            known += 1
+    return jac, []
+
+
+def _unchecked(problem: Problem, blocks: list[tuple[int, int]]) -> str:
+    """'input(s) 'a', 'b'' wholly left, and the outputs left of an input partly compared."""
+    n_out = len(problem.output_names)
+    inputs = sorted({i for i, _ in blocks})
+    whole = [i for i in inputs if sum(1 for k, _ in blocks if k == i) == n_out]
+    parts = [f"input(s) {', '.join(repr(problem.input_names[i]) for i in whole)}"] if whole \
+        else []
+    for i in inputs:
+        if i not in whole:
+            names = [repr(problem.output_names[o]) for k, o in blocks if k == i]
+            parts.append(f"{', '.join(names)} w.r.t. '{problem.input_names[i]}'")
+    return " and ".join(parts)
 
 
 def judged_tallies(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],

@@ -39,6 +39,8 @@ class Cache:
     # The gradient check's outcome in this run: double backward of a backward already wrong
     # at first order stops at its first failing input (checks/double_backward.py).
     first_order: Any = None
+    # ... and the inputs (positions) whose first-order block failed: swept first by then.
+    first_order_failing: tuple[int, ...] = ()
     # run/culprit.py:record's Function applications, shared by the contract's inner check, the
     # culprit search and double backward's (one recording forward, not three).
     applications: Any = None

@@ -1,0 +1,83 @@
+"""Full mode told to stop at its first confirmed failure: inputs likeliest to fail first, and
+the analytical rows computed output by output, only as far as the comparison gets."""
+
+# Double backward of a backward already wrong at first order (checks/double_backward.py) needs
+# one confirmed failure. Each analytical row of its Jacobian runs the user's backward again
+# where G's graph passes through the Function's saved output, so rows cost as much as columns:
+# rows of an output are computed only when the comparison reaches it. Numerical columns are
+# evaluated as in the whole run (every output at once, kept), so an output compared later
+# costs no evaluation, and a block found is the block the whole run finds.
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .compare import BlockTally
+from .sparsity import SAVING, AnalyticalJacobian
+from .steps import analytical_rows, chunk_size
+
+
+class ByOutput:
+    """The analytical Jacobian (n_out, n_in), its rows computed one output at a time; rows of
+    the outputs not computed yet read NaN."""
+
+    def __init__(self, problem, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+                 bounds: Sequence[int]) -> None:
+        self.problem, self.leaves, self.outs, self.bounds = problem, leaves, outs, bounds
+        n_in = sum(v.numel() for v in leaves)
+        self.jac = AnalyticalJacobian(bounds[-1], n_in, dense=torch.full(
+            (bounds[-1], n_in), float("nan"), dtype=leaves[0].dtype))
+        self.known = 0  # outputs [0, known) computed
+
+    @property
+    def whole(self) -> bool:
+        return self.known == len(self.outs)
+
+    def more(self) -> bool:
+        """Compute the next output's rows; False when every output is known already."""
+        if self.whole:
+            return False
+        rows = torch.arange(self.bounds[self.known], self.bounds[self.known + 1])
+        if len(rows):
+            self.jac.dense[rows] = analytical_rows(self.problem, self.leaves, self.outs, rows)
+        self.jac.vjps += len(rows)
+        self.known += 1
+        return True
+
+    def too_wide(self, offset: int, size: int) -> bool:
+        """Whether a known row meets more of input's columns than a colouring allows
+        (sparsity.colour_columns: at most size // SAVING colours, at least the widest row's
+        count): the whole pattern, a superset, colours no better, so the sweep is dense."""
+        known = self.jac.dense[:self.bounds[self.known], offset:offset + size]
+        return bool(len(known)) and int((known != 0).sum(1).max()) > size // SAVING
+
+
+def order(n: int, first: Sequence[int]) -> list[int]:
+    """Inputs `first` (those whose first-order gradient failed), then the others, each in
+    order."""
+    ahead = [i for i in first if 0 <= i < n]
+    return ahead + [i for i in range(n) if i not in ahead]
+
+
+def compare_kept(tallies: Sequence[BlockTally], jac: AnalyticalJacobian, o: int,
+                 bounds: Sequence[int], offset: int, size: int,
+                 kept: dict[int, tuple[torch.Tensor, torch.Tensor]], h: float) -> None:
+    """Output o's block of one input from the columns its sweep kept, in the sweep's chunks
+    (columns.sweep_dense), so it tallies what the sweep would have."""
+    rows = slice(bounds[o], bounds[o + 1])
+    step = chunk_size(bounds[-1] + size, limit=1024)
+    for start in range(0, size, step):
+        cols = torch.arange(start, min(size, start + step))
+        plus = torch.stack([kept[c][0] for c in cols.tolist()])
+        minus = torch.stack([kept[c][1] for c in cols.tolist()])
+        numerical = ((plus - minus) / (2 * h)).T
+        analytical = jac.columns(cols + offset, numerical.dtype)
+        tallies[o].add(analytical[rows], numerical[rows], cols=cols)
+
+
+def scratch(tally: BlockTally) -> BlockTally:
+    """A tally of the same block that nothing reads: an output whose rows are not known yet."""
+    return BlockTally(tally.input, tally.input_shape, tally.output, tally.output_shape,
+                      tally.atol, tally.rtol, tally.keep)
