@@ -78,9 +78,11 @@ def _findings(case: Case, target: Target, config: CheckConfig
     gen = torch.Generator().manual_seed(case.seed + 101)
     g1 = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in diff_outs]
     g2 = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in diff_outs]
-    found += _grad_output_untouched(backward, g1)
+    modified, r1 = _grad_output_untouched(backward, g1)
+    found += modified
     found += _outputs_used(problem, target, leaves, (outs, diff_outs), g1, config)
-    r1 = backward(g1)
+    if modified:  # what it wrote to is not g1: the linearity and determinism tests need g1's
+        r1 = backward(g1)
     found += _finite("contract.gradient_nonfinite", "gradient", [r for r in r1 if r is not None])
     found += _linearity(backward, g1, g2, r1, problem, config)
     found += _deterministic(backward, g1, r1, problem, config)
@@ -190,15 +192,18 @@ def _broadcastable(grad: torch.Size, arg: torch.Size) -> bool:
         return False
 
 
-def _grad_output_untouched(backward, grads: list[torch.Tensor]) -> list[Finding]:
+def _grad_output_untouched(backward, grads: list[torch.Tensor]
+                           ) -> tuple[list[Finding], list[Any]]:
+    """The finding when backward writes to grad_output, and backward's result on a copy of
+    `grads` (when it wrote nothing, the linearity and determinism tests' backward(grads))."""
     copies = [g.clone() for g in grads]
     given = [g.clone() for g in grads]
-    backward(given)
+    result = backward(given)
     if all(equal(a, b) for a, b in zip(given, copies)):
-        return []
+        return [], result
     return [Finding("contract.grad_output_modified",
                     "backward modifies grad_output in place — use out-of-place ops "
-                    "(grad_output * c, not grad_output.mul_(c))")]
+                    "(grad_output * c, not grad_output.mul_(c))")], result
 
 
 def _outputs_used(problem: Problem, target: Target, leaves: list[torch.Tensor],

@@ -132,11 +132,8 @@ def _derive(problem: Problem, seed: int
                                    [f"output {k}" for k in range(len(outs))]]
     # No vmap-friendly forward, or one that writes to its inputs (the plain G copies them
     # first): finite differences loop.
-    # G runs the target's forward: where the gradient check found that vmap refuses it, G's
-    # batched twin would only fail on its first batch (its all-zero blocks are then weighed
-    # as if batched, two evaluations more each).
-    batched = _batchable_backward(problem, n) if problem.batched_fn is not None \
-        and not problem.mutates and problem.cache.vmap_ok is not False else None
+    batched = _batchable_backward(problem, n) \
+        if problem.batched_fn is not None and not problem.mutates else None
     # The outer backward runs through the inner one: the parameters are bound there too.
     scope = None if problem.scope is None else \
         (lambda args: problem.bind(problem.with_inputs(list(args[:n]))))
