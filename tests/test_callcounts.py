@@ -379,4 +379,64 @@ def test_double_backward_derives_from_the_gradient_checks_graph_forward():
         return _LoopedSquare.forwards - PROBE_FORWARDS
 
     alone = forwards(("gradient",)) + forwards(("double_backward",))
-    assert forwards(("gradient", "double_backward")) == alone - 1
+    # and G along x runs backward through the forwards the gradient check's sweep recorded at
+    # the same points (2 per element), all but the first, which a fresh forward verifies
+    assert forwards(("gradient", "double_backward")) == alone - 1 - (2 * 6 - 1)
+
+
+@pytest.mark.parametrize("cls", [_LoopedSquare, _DetachedSquare, _BackwardOnce, _BackwardCounts])
+def test_double_backward_says_the_same_through_the_gradient_checks_forwards(cls):
+    # the recorded forwards change what double backward costs, never what it finds
+    def blocks(checks):
+        report = gradtool.check(cls, ["(6,)"], mode="full", checks=checks)
+        result = next(c for _, _, c in report.checks() if c.name == "double_backward")
+        return result.outcome.value, [(b.input, b.output, b.checked, b.mismatched,
+                                       b.max_abs_diff, b.worst) for b in result.blocks]
+
+    assert blocks(("gradient", "double_backward")) == blocks(("double_backward",))
+
+
+def _square_backward():
+    """G of _LoopedSquare at x, with nothing recorded; x, and v along which it runs."""
+    from gradtool.checks.double_backward import _derive
+    from gradtool.config.settings import CheckConfig
+    from gradtool.targets.cases import build_case
+    from gradtool.targets.inputs import parse_input
+    from gradtool.targets.resolve import make_target
+
+    case = build_case(make_target(_LoopedSquare, "square"), [parse_input("(3,)")],
+                      CheckConfig(), 0)
+    derived, _ = _derive(case.problem, 0)
+    return derived.fn, case.problem.inputs[0].detach(), derived.inputs[1]
+
+
+def _graph_at(x):
+    leaf = x.clone().requires_grad_(True)
+    return [leaf], [_LoopedSquare.apply(leaf)]
+
+
+def test_a_recorded_forward_stands_for_a_fresh_one_only_once_one_gave_the_same():
+    from collections import Counter
+
+    from gradtool.numerics.problem import graph_key
+
+    g, x, v = _square_backward()
+    g.calls = Counter(forward=0)
+    points = [x + 0.1 * k for k in range(3)]
+    # a graph recorded at another point under this point's key: the fresh forward beside it
+    # disagrees, so its value is the fresh one and no recorded forward is trusted again
+    g.recorded = {graph_key([points[0]]): _graph_at(2 * x), graph_key([points[1]]):
+                  _graph_at(points[1])}
+    got = g(points[0], v)
+    assert torch.equal(got[0], 2 * points[0] * v) and g.trusted["recorded"] is False
+    _LoopedSquare.forwards = 0
+    g(points[1], v)  # recorded right, but no longer trusted: a forward of its own
+    assert _LoopedSquare.forwards == 1
+    # a right one first: trusted once it matched, then each later one saves its forward
+    g, x, v = _square_backward()
+    g.calls = Counter(forward=0)
+    g.recorded = {graph_key([p]): _graph_at(p) for p in points}
+    _LoopedSquare.forwards = 0
+    results = [g(p, v)[0] for p in points]
+    assert g.trusted["recorded"] is True and _LoopedSquare.forwards == 1
+    assert all(torch.equal(r, 2 * p * v) for r, p in zip(results, points))

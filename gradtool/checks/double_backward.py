@@ -13,7 +13,7 @@ from ..config.settings import CheckConfig
 from ..numerics.facts import Facts
 from ..diagnosis.block import Diagnosis
 from ..numerics.jacobian import Verdict
-from ..numerics.problem import Problem, function_nodes, select_outputs, vjp
+from ..numerics.problem import Problem, function_nodes, graph_key, select_outputs, vjp
 from ..results import Block, CheckResult, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
@@ -127,7 +127,7 @@ def _derive(problem: Problem, seed: int
     gen = torch.Generator().manual_seed(seed + 202)
     grads = [torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device) for o in outs]
     n = len(leaves)
-    g = _Backward(problem, n)
+    g = _Backward(problem, n, problem.cache.take_graphs())
     names = problem.input_names + [_grad_name(name) for name in problem.output_names or
                                    [f"output {k}" for k in range(len(outs))]]
     # No vmap-friendly forward, or one that writes to its inputs (the plain G copies them
@@ -152,34 +152,51 @@ class _Backward:
     G is linear in v, and finite differences along a v column move v alone: every such
     evaluation runs the same forward at the same x. So a value-only evaluation at the x of the
     previous one runs backward through that forward's retained graph instead of a new forward
-    (on an expensive Function, half of double backward's forwards). Trusted only once a reuse
-    gives bit for bit what a fresh forward gave; a backward that cannot run twice, or that reads
-    state or randomness, then never reuses again. Numbers are unchanged either way."""
+    (on an expensive Function, half of double backward's forwards). Likewise along x, the
+    gradient check's sweep ran forward at the very same points: its graphs, recorded
+    (`recorded`, Problem.recording), serve G's evaluations there. Each kind of reuse is trusted
+    only once it gives bit for bit what a fresh forward gave; a backward that cannot run twice,
+    or that reads state or randomness, then never reuses again. Numbers are unchanged either
+    way."""
 
-    def __init__(self, problem: Problem, n: int) -> None:
+    def __init__(self, problem: Problem, n: int, recorded: dict | None = None) -> None:
         self.problem, self.n = problem, n
         self.calls: Any = None     # the derived problem's counter: a reused forward is not one
         self.last: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None = None
-        self.trusted: bool | None = None  # None: not tried yet; False: never again
+        self.recorded = recorded or {}  # graph_key(xs) -> (leaves, outputs): the sweep's
+        # per kind ("again": the last forward's graph, "recorded"): None: not tried yet;
+        # False: never again
+        self.trusted: dict[str, bool | None] = {"again": None, "recorded": None}
 
     @calls_user_code
     def __call__(self, *xv: torch.Tensor) -> tuple[torch.Tensor, ...]:
         xs, vs = list(xv[:self.n]), xv[self.n:]
         if torch.is_grad_enabled() and any(t.requires_grad for t in xv):
             return self._fresh(xs, vs, create_graph=True)  # the analytical side: G's graph
-        if self.trusted is not False and self.last is not None and _same(self.last[0], xs):
-            try:
-                reused = self._again(vs)
-            except Exception:  # noqa: BLE001 - a backward that cannot run twice: run fresh
-                self.trusted = False
-            else:
-                if self.trusted:
-                    self.calls["forward"] -= 1
-                    return reused
-                fresh = self._fresh(xs, vs)
-                self.trusted = all(torch.equal(a, b) for a, b in zip(fresh, reused))
-                return fresh
+        if self.trusted["again"] is not False and self.last is not None \
+                and _same(self.last[0], xs):
+            return self._reuse("again", xs, vs, self.last)
+        found = self.recorded.pop(graph_key(xs), None) if self.recorded else None
+        if found is not None and self.trusted["recorded"] is not False:
+            return self._reuse("recorded", xs, vs, (xs, *found))
         return self._fresh(xs, vs)
+
+    def _reuse(self, kind: str, xs: list[torch.Tensor], vs: tuple[torch.Tensor, ...],
+               graph: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]
+               ) -> tuple[torch.Tensor, ...]:
+        """Backward through a forward already run at xs, once trusted; the first time, a
+        fresh evaluation beside it decides whether this kind of reuse is."""
+        try:
+            reused = self._again(vs, graph)
+        except Exception:  # noqa: BLE001 - a backward that cannot run twice: run fresh
+            self.trusted[kind] = False
+            return self._fresh(xs, vs)
+        if self.trusted[kind]:
+            self.calls["forward"] -= 1
+            return reused
+        fresh = self._fresh(xs, vs)
+        self.trusted[kind] = all(torch.equal(a, b) for a, b in zip(fresh, reused))
+        return fresh
 
     def _fresh(self, xs: list[torch.Tensor], vs: tuple[torch.Tensor, ...],
                create_graph: bool = False) -> tuple[torch.Tensor, ...]:
@@ -192,13 +209,15 @@ class _Backward:
                 fouts = [t for t in select_outputs(result, problem.output_mask)
                          if t.requires_grad]
                 grads = tuple(vjp(fouts, inner, vs, create_graph=create_graph))
-        if not create_graph and self.trusted is not False:
+        if not create_graph and self.trusted["again"] is not False:
             self.last = ([x.detach().clone() for x in xs], inner, fouts)
         return grads
 
-    def _again(self, vs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        """Backward at new grad_outputs through the last forward's retained graph."""
-        _, inner, fouts = self.last
+    def _again(self, vs: tuple[torch.Tensor, ...],
+               graph: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]
+               ) -> tuple[torch.Tensor, ...]:
+        """Backward at new grad_outputs through a forward's retained graph."""
+        _, inner, fouts = graph
         with torch.enable_grad(), self.problem.bind(self.problem.with_inputs(inner)):
             return tuple(vjp(fouts, inner, vs))
 

@@ -65,7 +65,12 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
                                              "them in it, e.g. -i 3x4:positive",),
                 source=target.forward_source, duration_s=time.perf_counter() - start,
                 findings=(Finding(f"{name}.forward_nonfinite", text, data={"elements": bad}),))
-        verdict = (engine or reverse_mode)(problem, config, leaves, outs, seed, reference)
+        # double backward runs G's backward through this sweep's forwards where it can
+        problem.recording(first_order and problem.cache.gradient_graph is not None)
+        try:
+            verdict = (engine or reverse_mode)(problem, config, leaves, outs, seed, reference)
+        finally:
+            problem.recording(False)
     except MemoryError as exc:
         return CheckResult(name, Outcome.ERROR, str(exc),
                            details=("use --mode probe, or raise --max-memory",))

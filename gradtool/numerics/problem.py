@@ -41,6 +41,12 @@ class Cache:
     first_order: Any = None
     # ... and the inputs (positions) whose first-order block failed: swept first by then.
     first_order_failing: tuple[int, ...] = ()
+    # The gradient check's forwards evaluated call by call, with their graphs, when double
+    # backward runs next: its G at the same point runs backward through one instead of a new
+    # forward (checks/double_backward.py:_Backward). key(values) -> (leaves, outputs with a
+    # graph); None: not recorded (Problem.recording says when they are).
+    graphs: dict | None = None
+    recording: bool = False  # the gradient check's sweep is running: record its forwards
     # run/culprit.py:record's Function applications, shared by the contract's inner check, the
     # culprit search and double backward's (one recording forward, not three).
     applications: Any = None
@@ -52,6 +58,10 @@ class Cache:
     def take_gradient_graph(self) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
         graph, self.gradient_graph = self.gradient_graph, None
         return graph
+
+    def take_graphs(self) -> dict:
+        graphs, self.graphs = self.graphs, None
+        return graphs or {}
 
 
 @dataclass(frozen=True)
@@ -142,9 +152,33 @@ class Problem:
         # Fresh tensors every call: the forward may mark them (requires_grad_), resize or keep
         # them, and gradtool writes into its own buffers afterwards (the failing path does).
         values = [_fresh(v) for v in values]
+        if self.cache.recording and len(self.cache.graphs) < RECORDED:
+            return self._recorded(values)
         with torch.no_grad(), self.rng():
             self.calls["forward"] += 1
             return select_outputs(self.fn(*self.with_inputs(values)), self.output_mask)
+
+    def recording(self, on: bool) -> None:
+        """Record (on) the graphs of the forwards evaluated call by call from now on, for double
+        backward to run backward through (outputs' values unchanged): only where they can
+        stand for a fresh forward there (no parameters to bind, inputs not written to, no
+        randomness), custom Functions inside (an expensive forward, the graph cheap), and
+        few inputs (each graph is kept until double backward takes them)."""
+        if not on:
+            self.cache.recording = False
+        elif (self.scope is None and not self.mutates and self.freeze_seed is None
+                and self.has_functions and sum(v.numel() for v in self.inputs) <= RECORDED // 2):
+            self.cache.graphs, self.cache.recording = {}, True
+
+    def _recorded(self, values: list[torch.Tensor]) -> list[torch.Tensor]:
+        """outputs() with a graph, kept in cache.graphs under the values' key."""
+        key = graph_key(values)
+        leaves = [v.requires_grad_(True) for v in values]
+        with torch.enable_grad():
+            self.calls["forward"] += 1
+            outs = select_outputs(self.fn(*self.with_inputs(leaves)), self.output_mask)
+        self.cache.graphs[key] = (leaves, [o for o in outs if o.requires_grad])
+        return [o.detach() for o in outs]
 
     @calls_user_code
     def graph(self, values: Sequence[torch.Tensor] | None = None
@@ -200,6 +234,15 @@ class Problem:
             result = list(_vmap(lambda *g: tuple(vjp(outs, leaves, g)), 0, 0)(*grads))
         self.calls["backward"] += int(grads[0].shape[0]) if grads else 0
         return result
+
+
+RECORDED = 512  # graphs recorded for double backward at most (2 per input element)
+
+
+def graph_key(values: Sequence[torch.Tensor]) -> tuple[bytes, ...]:
+    """The exact values (bits, dtype and shape) of a point, as a dict key."""
+    return tuple(str((v.dtype, tuple(v.shape))).encode() + v.detach().cpu().contiguous()
+                 .reshape(-1).view(torch.uint8).numpy().tobytes() for v in values)
 
 
 FALLBACK = "There is a performance drop because we have not yet implemented the batching rule"
