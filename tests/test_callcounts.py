@@ -440,3 +440,19 @@ def test_a_recorded_forward_stands_for_a_fresh_one_only_once_one_gave_the_same()
     results = [g(p, v)[0] for p in points]
     assert g.trusted["recorded"] is True and _LoopedSquare.forwards == 1
     assert all(torch.equal(r, 2 * p * v) for r, p in zip(results, points))
+
+
+def test_the_gradient_checks_forwards_are_recorded_only_within_a_byte_budget(monkeypatch):
+    # each recorded forward of _LoopedSquare at (6,) holds 96 bytes of inputs and outputs:
+    # under a 200-byte budget the sweep records 3, and double backward reuses all but the
+    # first of them (which a fresh forward verifies)
+    from gradtool.numerics import problem
+
+    def forwards(checks):
+        _LoopedSquare.forwards = 0
+        gradtool.check(_LoopedSquare, ["(6,)"], mode="full", checks=checks)
+        return _LoopedSquare.forwards - PROBE_FORWARDS
+
+    alone = forwards(("gradient",)) + forwards(("double_backward",))
+    monkeypatch.setattr(problem, "RECORDED_BYTES", 200)
+    assert forwards(("gradient", "double_backward")) == alone - 1 - (3 - 1)

@@ -47,6 +47,7 @@ class Cache:
     # graph); None: not recorded (Problem.recording says when they are).
     graphs: dict | None = None
     recording: bool = False  # the gradient check's sweep is running: record its forwards
+    recorded_bytes: int = 0  # their inputs' and outputs' bytes: a budget (RECORDED_BYTES)
     # run/culprit.py:record's Function applications, shared by the contract's inner check, the
     # culprit search and double backward's (one recording forward, not three).
     applications: Any = None
@@ -168,7 +169,7 @@ class Problem:
             self.cache.recording = False
         elif (self.scope is None and not self.mutates and self.freeze_seed is None
                 and self.has_functions and sum(v.numel() for v in self.inputs) <= RECORDED // 2):
-            self.cache.graphs, self.cache.recording = {}, True
+            self.cache.graphs, self.cache.recording, self.cache.recorded_bytes = {}, True, 0
 
     def _recorded(self, values: list[torch.Tensor]) -> list[torch.Tensor]:
         """outputs() with a graph, kept in cache.graphs under the values' key."""
@@ -178,6 +179,11 @@ class Problem:
             self.calls["forward"] += 1
             outs = select_outputs(self.fn(*self.with_inputs(leaves)), self.output_mask)
         self.cache.graphs[key] = (leaves, [o for o in outs if o.requires_grad])
+        # What a graph holds is mostly tensors of its inputs' and outputs' sizes: past the
+        # budget, the rest of the sweep runs without one.
+        self.cache.recorded_bytes += sum(t.numel() * t.element_size() for t in leaves + outs)
+        if self.cache.recorded_bytes > RECORDED_BYTES:
+            self.cache.recording = False
         return [o.detach() for o in outs]
 
     @calls_user_code
@@ -237,6 +243,7 @@ class Problem:
 
 
 RECORDED = 512  # graphs recorded for double backward at most (2 per input element)
+RECORDED_BYTES = 64 * 2**20
 
 
 def graph_key(values: Sequence[torch.Tensor]) -> tuple[bytes, ...]:
