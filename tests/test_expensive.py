@@ -153,3 +153,43 @@ def test_the_probe_times_the_forward():
 
     case = build_case(make_target(_Slow, "slow"), [parse_input("(2,)")], CheckConfig(), 0)
     assert probe(case).forward_seconds >= 0.1
+
+
+class _NonlinearInGrad(E.HANDWRITTEN["adjoint ODE (RK4)"]["correct"]):
+    """A broken twin for the mirror: backward not linear in grad_output (grad * |grad|)."""
+
+    @staticmethod
+    def backward(ctx, grad):
+        grads = E.HANDWRITTEN["adjoint ODE (RK4)"]["correct"].backward(ctx, grad * grad.abs())
+        return grads
+
+
+@pytest.mark.parametrize("cls", [E.HANDWRITTEN["adjoint ODE (RK4)"]["correct"],
+                                 E.HANDWRITTEN["adjoint ODE (RK4)"]["detached 2nd order"],
+                                 _NonlinearInGrad])
+def test_grad_output_columns_mirror_their_plus_side_only_when_backward_is_linear(
+        cls, monkeypatch):
+    from collections import Counter
+
+    from gradtool.checks import double_backward
+
+    def run():
+        counter = Counter()
+        report = gradtool.check(_counted(cls, counter), INPUTS["adjoint ODE (RK4)"],
+                                mode="full", checks=("contract", "double_backward"))
+        check = result(report, "double_backward")
+        return counter, check.outcome, [(b.input, b.output, b.mismatched) for b in check.blocks]
+
+    def report_of(cls):
+        return gradtool.check(cls, INPUTS["adjoint ODE (RK4)"], checks=("contract",))
+
+    mirrored = run()
+    monkeypatch.setattr(double_backward._Backward, "_mirrored", lambda self, xs, vs: None)
+    plain = run()
+    assert mirrored[1:] == plain[1:]  # the same verdict, block by block
+    saved = plain[0]["backward"] - mirrored[0]["backward"]
+    if cls is _NonlinearInGrad:  # the contract found backward nonlinear: nothing mirrored
+        assert saved == 0
+        assert result(report_of(cls), "contract").outcome.value == "failed"
+    else:  # one backward per grad_output column but the base point's and the trial's
+        assert saved >= 6 - 3

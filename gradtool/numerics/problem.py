@@ -39,6 +39,8 @@ class Cache:
     # The gradient check's outcome in this run: double backward of a backward already wrong
     # at first order stops at its first failing input (checks/double_backward.py).
     first_order: Any = None
+    # The contract's linearity test in this run: backward linear in grad_output (None: not run).
+    linear: bool | None = None
     # ... and the inputs (positions) whose first-order block failed: swept first by then.
     first_order_failing: tuple[int, ...] = ()
     # The gradient check's forwards evaluated call by call, with their graphs, when double
