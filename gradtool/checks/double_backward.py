@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -128,9 +127,7 @@ def _derive(problem: Problem, seed: int
     gen = torch.Generator().manual_seed(seed + 202)
     grads = [torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device) for o in outs]
     n = len(leaves)
-    # Mirrored grad_output columns assume what the contract's linearity test showed this run.
-    base = ([x.detach() for x in leaves], tuple(grads)) if problem.cache.linear else None
-    g = _Backward(problem, n, problem.cache.take_graphs(), base)
+    g = _Backward(problem, n, problem.cache.take_graphs())
     names = problem.input_names + [_grad_name(name) for name in problem.output_names or
                                    [f"output {k}" for k in range(len(outs))]]
     # No vmap-friendly forward, or one that writes to its inputs (the plain G copies them
@@ -144,9 +141,16 @@ def _derive(problem: Problem, seed: int
                       list(range(n + len(grads))),
                       [f"grad of {name}" for name in problem.input_names], batched,
                       facts=Facts(seed=problem.freeze_seed), keep_all_outputs=True,
-                      scope=scope)  # keep_all_outputs: a detached gradient is wrong
+                      scope=scope,  # keep_all_outputs: a detached gradient is wrong
+                      linear_in=linear_inputs(problem, n, len(grads)))
     g.calls = derived.calls
     return derived, None
+
+
+def linear_inputs(problem: Problem, n: int, k: int) -> tuple[int, ...]:
+    """G's grad_output inputs, where the contract's linearity test showed G linear in them in
+    this run: a difference along them needs the plus side only (numerics/columns.py)."""
+    return tuple(range(n, n + k)) if problem.cache.linear else ()
 
 
 class _Backward:
@@ -160,68 +164,29 @@ class _Backward:
     (`recorded`, Problem.recording), serve G's evaluations there. Each kind of reuse is trusted
     only once it gives bit for bit what a fresh forward gave; a backward that cannot run twice,
     or that reads state or randomness, then never reuses again. Numbers are unchanged either
-    way.
+    way."""
 
-    And since G is linear in v (the contract's linearity test passed in this run), at the base
-    point (x, v) a difference's minus side mirrors its plus side: G(x, v - d) = 2 G(x, v) -
-    G(x, v + d), one backward for each v column instead of two (trusted once it agrees with a
-    fresh evaluation to rounding)."""
-
-    def __init__(self, problem: Problem, n: int, recorded: dict | None = None,
-                 base: tuple[list[torch.Tensor], tuple[torch.Tensor, ...]] | None = None
-                 ) -> None:
+    def __init__(self, problem: Problem, n: int, recorded: dict | None = None) -> None:
         self.problem, self.n = problem, n
         self.calls: Any = None     # the derived problem's counter: a reused forward is not one
         self.last: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None = None
         self.recorded = recorded or {}  # graph_key(xs) -> (leaves, outputs): the sweep's
-        # per kind ("again": the last forward's graph, "recorded", "mirror"): None: not tried
-        # yet; False: never again
-        self.trusted: dict[str, bool | None] = {"again": None, "recorded": None, "mirror": None}
-        self.base, self.at_base = base, None  # (x, v) of the sweep, and G there once computed
-        self.seconds = 0.0  # what the last backward through a kept graph took
-        self.plus: list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = []
+        # per kind ("again": the last forward's graph, "recorded"): None: not tried yet;
+        # False: never again
+        self.trusted: dict[str, bool | None] = {"again": None, "recorded": None}
 
     @calls_user_code
     def __call__(self, *xv: torch.Tensor) -> tuple[torch.Tensor, ...]:
         xs, vs = list(xv[:self.n]), xv[self.n:]
         if torch.is_grad_enabled() and any(t.requires_grad for t in xv):
             return self._fresh(xs, vs, create_graph=True)  # the analytical side: G's graph
-        if self.base is not None and self.trusted["mirror"] is not False \
-                and self.trusted["again"] and self.seconds > MIRROR_FROM \
-                and _same(self.base[0], xs):
-            mirrored = self._mirrored(xs, vs)
-            if mirrored is not None:
-                return mirrored
         if self.trusted["again"] is not False and self.last is not None \
                 and _same(self.last[0], xs):
-            result = self._reuse("again", xs, vs, self.last)
-            if self.base is not None and _same(self.base[0], xs):
-                self.plus = [*self.plus[-63:], (vs, result)]  # a plus side, maybe
-            return result
+            return self._reuse("again", xs, vs, self.last)
         found = self.recorded.pop(graph_key(xs), None) if self.recorded else None
         if found is not None and self.trusted["recorded"] is not False:
             return self._reuse("recorded", xs, vs, (xs, *found))
         return self._fresh(xs, vs)
-
-    def _mirrored(self, xs: list[torch.Tensor], vs: tuple[torch.Tensor, ...]
-                  ) -> tuple[torch.Tensor, ...] | None:
-        """G(x, vs) from an evaluation at the mirror point 2 v - vs, if the sweep made one."""
-        base = self.base[1]  # type: ignore[index]
-        # Sweeps evaluate every plus side, then the minus sides in the same order: the oldest
-        # plus side waiting is the only candidate.
-        if not self.plus or not all(_halfway(p, m, b)
-                                    for p, m, b in zip(self.plus[0][0], vs, base)):
-            return None
-        _, result = self.plus.pop(0)
-        if self.at_base is None:
-            self.at_base = self._again(base, self.last)  # type: ignore[arg-type]
-        mirrored = tuple(2 * b - p for b, p in zip(self.at_base, result))
-        if self.trusted["mirror"]:
-            self.calls["forward"] -= 1
-            return mirrored
-        fresh = self._reuse("again", xs, vs, self.last)  # type: ignore[arg-type]
-        self.trusted["mirror"] = all(_close(a, b) for a, b in zip(fresh, mirrored))
-        return fresh
 
     def _reuse(self, kind: str, xs: list[torch.Tensor], vs: tuple[torch.Tensor, ...],
                graph: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]
@@ -260,28 +225,8 @@ class _Backward:
                ) -> tuple[torch.Tensor, ...]:
         """Backward at new grad_outputs through a forward's retained graph."""
         _, inner, fouts = graph
-        start = time.perf_counter()
         with torch.enable_grad(), self.problem.bind(self.problem.with_inputs(inner)):
-            result = tuple(vjp(fouts, inner, vs))
-        self.seconds = time.perf_counter() - start
-        return result
-
-
-# A backward cheaper than this is run rather than mirrored: the bookkeeping would cost more.
-MIRROR_FROM = 5e-4
-
-
-def _halfway(plus: torch.Tensor, minus: torch.Tensor, base: torch.Tensor) -> bool:
-    """base is the midpoint of plus and minus, to rounding (base + d and base - d)."""
-    return plus.shape == minus.shape == base.shape and bool(torch.allclose(
-        plus + minus, 2 * base, rtol=0, atol=8 * torch.finfo(base.dtype).eps
-        * (1 + float(base.abs().max())))) and not torch.equal(plus, minus)
-
-
-def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal to rounding: a linear backward mirrored against a fresh one."""
-    scale = 1.0 + float(a.abs().max()) if a.numel() else 1.0
-    return bool(torch.allclose(a, b, rtol=0, atol=1e-10 * scale))
+            return tuple(vjp(fouts, inner, vs))
 
 
 def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:

@@ -77,9 +77,18 @@ def _columns(sweep: Sweep, cols: torch.Tensor) -> torch.Tensor:
     d = torch.zeros(len(cols), base.numel(), dtype=base.dtype)
     d[torch.arange(len(cols)), cols] = 1
     d = d * sweep.h
-    batch = torch.cat([base + d, base - d]).view(-1, *sweep.values[sweep.which].shape)
-    out = outputs_of(sweep.problem, sweep.values, sweep.which, batch)
-    plus, minus = out[:len(cols)], out[len(cols):]
+    shape = sweep.values[sweep.which].shape
+    if sweep.which in sweep.problem.linear_in and len(cols) > 1:
+        # linear along this input: the minus side mirrors the plus side through f(x), one
+        # evaluation per column instead of two (and one for f(x))
+        out = outputs_of(sweep.problem, sweep.values, sweep.which,
+                         torch.cat([base.unsqueeze(0), base + d]).view(-1, *shape))
+        plus = out[1:]
+        minus = 2 * out[0] - plus
+    else:
+        batch = torch.cat([base + d, base - d]).view(-1, *shape)
+        out = outputs_of(sweep.problem, sweep.values, sweep.which, batch)
+        plus, minus = out[:len(cols)], out[len(cols):]
     if sweep.kept is not None:
         for k, col in enumerate(cols.tolist()):
             sweep.kept[col] = (plus[k], minus[k])

@@ -93,6 +93,10 @@ class Problem:
     # scope(args): a context binding the target's parameters to args' values (a module's), so
     # that a backward which re-runs forward (checkpointing, adjoints) sees what forward saw.
     scope: Callable[[Sequence[Any]], contextlib.AbstractContextManager[None]] | None = None
+    # Indices of the inputs (as in `inputs`) fn is linear in (double backward's grad_outputs, as
+    # the contract's linearity test found): f(x - d) = 2 f(x) - f(x + d), so a difference
+    # along them evaluates one side.
+    linear_in: tuple[int, ...] = ()
 
     def learn(self, facts: Facts) -> None:
         """Replace the facts whole (the probe phase, or the first forward of a Problem the
