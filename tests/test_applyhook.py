@@ -152,3 +152,21 @@ def test_keyword_arguments_reach_forward_by_name():
         got = Keyword.apply(x, weight=x * 2)
     assert torch.equal(got, expected) and len(seen.calls) == 1
     assert Keyword.forward.__name__ == "forward"
+
+
+def test_a_keyword_only_default_not_passed_is_not_invented():
+    class KeywordOnly(Function):
+        @classmethod
+        def forward(cls, ctx, x, *, k=3.0):
+            return x * k
+
+        @classmethod
+        def backward(cls, ctx, g):
+            return g * 3.0
+
+    seen = Seen()
+    with hooked(seen):
+        out = KeywordOnly.apply(torch.ones(2, requires_grad=True))
+    # re-applied from what was recorded, it must bind again: apply refuses keyword-only names
+    assert seen.calls[0].kwargs == {} and torch.equal(out, torch.full((2,), 3.0))
+    assert KeywordOnly.apply(*seen.calls[0].args, **seen.calls[0].kwargs).sum().item() == 6.0

@@ -102,6 +102,7 @@ def _forward(cls: type, real: Callable[..., Any]) -> Callable[..., Any]:
     return _shaped_like(real, forward)
 
 
+_UNSET = object()  # a keyword-only argument apply did not pass
 _SHAPED: dict[Any, Callable[..., Any]] = {}  # real forward -> its compiled trampoline maker
 
 
@@ -122,7 +123,7 @@ def _trampoline(real: Callable[..., Any]) -> Callable[..., Any]:
         parameters = list(inspect.signature(real).parameters.values())
     except (TypeError, ValueError):  # no signature to copy: a plain pass-through
         return lambda body: (lambda *args, **kwargs: body(*args, **kwargs))
-    head, call, star = [], [], False
+    head, call, optional, star = [], [], [], False
     for p in parameters:
         default = f"=__defaults[{p.name!r}]" if p.default is not p.empty else ""
         if p.kind is p.VAR_POSITIONAL:
@@ -136,8 +137,12 @@ def _trampoline(real: Callable[..., Any]) -> Callable[..., Any]:
             if not star:
                 head.append("*")
                 star = True
-            head.append(p.name + default)
-            call.append(f"{p.name}={p.name}")
+            if default:  # passed on only when given: forward applies its own default
+                head.append(f"{p.name}=__unset")
+                optional.append(f"({p.name!r}, {p.name})")
+            else:
+                head.append(p.name)
+                call.append(f"{p.name}={p.name}")
         else:
             head.append(p.name + default)
             call.append(p.name)
@@ -145,10 +150,12 @@ def _trampoline(real: Callable[..., Any]) -> Callable[..., Any]:
                                                 parameters[parameters.index(p) + 1].kind
                                                 is not p.POSITIONAL_ONLY):
                 head.append("/")
+    if optional:
+        call.append(f"**{{k: v for k, v in ({', '.join(optional)},) if v is not __unset}}")
     source = (f"def __make(__body):\n    def forward({', '.join(head)}):\n"
               f"        return __body({', '.join(call)})\n    return forward\n")
     scope: dict[str, Any] = {"__defaults": {p.name: p.default for p in parameters
-                                            if p.default is not p.empty}}
+                                            if p.default is not p.empty}, "__unset": _UNSET}
     exec(compile(source, f"<gradtool hook of {getattr(real, '__qualname__', 'forward')}>",
                  "exec"), scope)  # noqa: S102 - source built from parameter names only
     return scope["__make"]
