@@ -57,7 +57,8 @@ class Hook:
 
 
 _hooks: list[Hook] = []
-_calls_by_ctx: dict[int, Call] = {}  # id(ctx) -> its Call, where a hook keeps something for backward
+# id(ctx) -> its Call, only where the hook kept something (call.extra) for its backward
+_calls_by_ctx: dict[int, Call] = {}
 
 
 def takes_ctx(cls: type) -> bool:

@@ -42,7 +42,8 @@ class FunctionFinding:
 
 @dataclass
 class Application:
-    """One custom Function application seen during the forward: class, argument copies, call site, node."""
+    """One custom Function application seen during the forward: class, argument copies, call
+    site, node."""
 
     cls: type
     args: list[Any]

@@ -99,5 +99,6 @@ class _Intercept(Hook):
                 args = tuple(self.substitute.get(k, a) for k, a in enumerate(call.args))
                 with bypassed(), torch.set_grad_enabled(self.grad_mode):
                     torch._C._set_fwd_grad_enabled(self.dual)
-                    raise _Replayed(self.cls.apply(*args, **call.kwargs))  # type: ignore[attr-defined]
+                    apply = self.cls.apply  # type: ignore[attr-defined]
+                    raise _Replayed(apply(*args, **call.kwargs))
         return call.run()

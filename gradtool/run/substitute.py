@@ -69,8 +69,8 @@ class _ByForward(Hook):
 
 def fixed_by_forward(problem: Problem, config: CheckConfig, classes: Collection[type]) -> bool:
     """Whether the composite's gradient is right once these classes' backwards are replaced by
-    autograd through their forwards (False too when that cannot be done: a forward under no_grad, with
-    in-place writes or non-differentiable ops gives no such VJP)."""
+    autograd through their forwards (False too when that cannot be done: a forward under
+    no_grad, with in-place writes or non-differentiable ops gives no such VJP)."""
     from ..checks.gradient import precision_config, reverse_mode  # lazy, like culprit's
     from ..numerics.jacobian import prime
 
