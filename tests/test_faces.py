@@ -44,6 +44,36 @@ def test_forward_ad_sign_flip_on_one_input_only():
     assert "sign" in next(b for b in fwd.blocks if b.mismatched).diagnosis
 
 
+class _Float32Inside(torch.autograd.Function):
+    """sin(3x) computed in float32 inside a float64 Function: its finite differences carry
+    float32 rounding, which both checks name as the reason they cannot judge."""
+
+    @staticmethod
+    def forward(x):
+        return torch.sin(x.float() * 3).double()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+        ctx.x = inputs[0]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3 * torch.cos(3 * ctx.saved_tensors[0])
+
+    @staticmethod
+    def jvp(ctx, t):
+        return t * 3 * torch.cos(3 * ctx.x)
+
+
+def test_forward_ad_inconclusive_gives_the_gradient_checks_reason():
+    found = checks(_Float32Inside, ["(6,)"], checks=("gradient", "forward_ad"))
+    assert found["forward_ad"].outcome.value == found["gradient"].outcome.value == "inconclusive"
+    assert found["forward_ad"].summary == found["gradient"].summary
+    assert found["forward_ad"].summary.endswith(
+        ": a lower-precision computation inside (float32 rounding or coarser), not a kink")
+
+
 @pytest.mark.parametrize("cls,inputs", [(faces.ScaledSin, ["6x5", "6x5"]),
                                         (faces.MatVec, ["3x4", "(4,)"])])
 @pytest.mark.parametrize("mode", ["full", "probe"])

@@ -71,6 +71,6 @@ def _summary(result: CheckResult) -> str:
              else f"{first.mismatched} located element(s)")
     more = f", and {len(bad) - 1} more (input, output) pair(s)" if len(bad) > 1 else ""
     if result.outcome is Outcome.INCONCLUSIVE:
-        return f"finite differences are unreliable at {where} of '{first.input}'{more}"
+        return result.summary  # the gradient check's words, with the cause when one is known
     return (f"jvp's derivative of {first.output} along '{first.input}' disagrees with finite "
             f"differences at {where}{more}")
