@@ -259,8 +259,9 @@ class Tracer:
     def calls(self) -> list[str]:
         """'RowSumSq at test_model.py:12, input 8x40 float32' for each distinct call so far."""
         from gradtool.run.recorded import call_name
+        from gradtool.run.trace_messages import recorded
 
-        return [call_name(m[1]) for m in self.messages if m[0] == "call"]
+        return [call_name(entry) for entry in recorded(self.messages)]
 
     def stop(self) -> None:
         """Stop recording (idempotent); the hooks are put back."""
@@ -274,11 +275,12 @@ class Tracer:
         from gradtool.config.settings import CheckConfig
         from gradtool.render.terminal import render_plain
         from gradtool.run.recorded import check_live
+        from gradtool.run.trace_messages import recorded
 
         self.stop()
         self.checked = True
         config = CheckConfig(**self.settings)
-        entries = [m[1] for m in self.messages if m[0] == "call"]
+        entries = recorded(self.messages)
         self.report = check_live(entries, self.recorder.owners, config)
         if not self.report.ok(config.strict):
             pytest.fail("gradtool found gradient problems in the custom calls this test made:\n"

@@ -7,6 +7,7 @@ import torch
 from torch.autograd import Function
 
 from gradtool.run.trace import Recorder, hooked
+from gradtool.run.trace_messages import Layouts, recorded
 
 APPLY = Function.__dict__["apply"]  # what the recording must put back
 
@@ -44,7 +45,7 @@ def recorder(tmp_path):
 
 
 def calls(recorder):
-    return [m[1] for m in recorder.messages if m[0] == "call"]
+    return recorded(recorder.messages)
 
 
 def test_calls_are_deduplicated_by_class_shapes_strides_and_literals(recorder):
@@ -81,7 +82,7 @@ def test_max_calls_bounds_the_distinct_calls(tmp_path):
     with hooked(recorder):
         for n in range(1, 6):
             Square.apply(torch.randn(n, requires_grad=True))
-    assert len([m for m in messages if m[0] == "call"]) == 2
+    assert len(recorded(messages)) == 2
     assert recorder.summary()["dropped"] == 3
 
 
@@ -102,8 +103,8 @@ def test_the_backward_grad_output_layout_is_recorded_once(recorder):
     y.t().contiguous().t().sum().backward()
     y2 = Square.apply(x)  # the hooks are gone: nothing more is recorded
     y2.sum().backward()
-    grads = [m for m in recorder.messages if m[0] == "grads"]
-    assert grads == [("grads", 0, ["3x4 float64, strides (0, 0)"])]
+    grads = [m for m in recorder.messages if isinstance(m, Layouts)]
+    assert grads == [Layouts(0, ("3x4 float64, strides (0, 0)",))]
     assert len(calls(recorder)) == 1
 
 

@@ -24,6 +24,7 @@ import click
 
 from ..errors import ExitCode, GradtoolError, NothingToCheck
 from ..results import Rejected, Report
+from ..run.trace_messages import Ended, Layouts, Recorded, Refused, TraceMessage
 from .options import TraceOptions
 from .supervise import TICK_S, exit_cause
 
@@ -146,18 +147,18 @@ def _drain(conn: Any, recording: Recording) -> None:
         pass  # it died; its sentinel says so
 
 
-def _handle(message: tuple[Any, ...], recording: Recording) -> None:
-    kind = message[0]
-    if kind == "call":
-        recording.entries.append(message[1])
-    elif kind == "grads":
-        recording.grads.setdefault(message[1], message[2])
-    elif kind == "end":
-        recording.ending, recording.summary = tuple(message[1]), message[2]
-    elif kind == "usage":
-        raise GradtoolError(message[1], message[2])
+def _handle(message: TraceMessage, recording: Recording) -> None:
+    if isinstance(message, Recorded):
+        recording.entries.append(message.entry)
+    elif isinstance(message, Layouts):
+        recording.grads.setdefault(message.index, list(message.grads))
+    elif isinstance(message, Ended):
+        recording.ending, recording.summary = tuple(message.status), message.summary
+    elif isinstance(message, Refused):
+        raise GradtoolError(message.message, message.fix)
     else:
-        raise RuntimeError(f"the gradtool trace worker hit a bug in gradtool:\n{message[1]}")
+        raise RuntimeError(f"the gradtool trace worker hit a bug in gradtool:\n"
+                           f"{message.traceback}")
 
 
 def _name_entries(entries: list[dict[str, Any]]) -> None:

@@ -25,8 +25,9 @@ from ..targets.kinds import named
 from ..targets.load import display_path
 from ..tracebacks import trim
 from .culprit import _user_site
+from .trace_messages import Crashed, Ended, Layouts, Recorded, Refused, TraceMessage
 
-Sink = Callable[[tuple[Any, ...]], None]
+Sink = Callable[[TraceMessage], None]
 _PLAIN = (torch.Tensor, int, float, complex, bool, str, type(None), torch.dtype)
 # Namespaces of torch's own operators: never the user's custom ops.
 TORCH_NAMESPACES = frozenset({"aten", "prim", "prims", "quantized", "_quantized", "profiler",
@@ -106,7 +107,7 @@ class Recorder:
             index = self.seen[signature] = self.recorded
             self.recorded += 1
             self.owners[index] = owner
-        self.sink(("call", self._save(index, kind, label, owner, args, kwargs)))
+        self.sink(Recorded(self._save(index, kind, label, owner, args, kwargs)))
         return index
 
     def _save(self, index: int, kind: str, label: str, owner: Any, args: tuple[Any, ...],
@@ -144,8 +145,8 @@ class Recorder:
                  if isinstance(o, torch.Tensor) and o.grad_fn is not None}
         for node in list(nodes.values())[:1]:
             def seen(grad_outputs: Any, node: Any = node) -> None:
-                self.sink(("grads", index, [describe(g) if isinstance(g, torch.Tensor) else "none"
-                                            for g in grad_outputs]))
+                self.sink(Layouts(index, tuple(describe(g) if isinstance(g, torch.Tensor)
+                                               else "none" for g in grad_outputs)))
                 handle.remove()  # once is enough: later backwards cost nothing
 
             handle = node.register_prehook(seen)
@@ -316,20 +317,20 @@ def serve(conn: Any, spec: dict[str, Any]) -> None:
     try:
         module = spec.get("module")
         if module and _find(module) is None:
-            conn.send(("usage", f"-m {module}: no module named {module!r}",
-                       "give an importable module (run from the folder that holds it)"))
+            conn.send(Refused(f"-m {module}: no module named {module!r}",
+                              "give an importable module (run from the folder that holds it)"))
             return
         os.dup2(2, 1)  # the script's prints go to stderr: stdout carries only the report
         sys.stdout = sys.stderr
         recorder = Recorder(spec["out_dir"], spec["max_calls"], spec.get("path") or
                             spec.get("module") or "", conn.send)
         status = run_script(spec, recorder)
-        conn.send(("end", status, recorder.summary()))
+        conn.send(Ended(status, recorder.summary()))
         import atexit
 
         atexit._run_exitfuncs()  # the script's own (a worker process exits without them)
     except BaseException:  # noqa: BLE001 - a bug here is gradtool's; say so, do not hang
-        conn.send(("internal", traceback.format_exc()))
+        conn.send(Crashed(traceback.format_exc()))
 
 
 def _find(module: str) -> Any:
