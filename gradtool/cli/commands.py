@@ -67,8 +67,7 @@ def run_check(options: CheckOptions) -> ExitCode:
 
         import_torch()
         quiet_expected_warnings()
-        jobs, rejected = collect()
-        report = _run(jobs, rejected, config, quiet=options.quiet)
+        report = _run(collect, quiet=options.quiet)
     if options.save_inputs:
         _save_inputs(options.save_inputs, collect()[0])  # in this process, and only when asked
     if options.repro and not report.ok(config.strict):
@@ -150,16 +149,21 @@ def _warm_renderers() -> None:
     from ..render import annotations, json, terminal  # noqa: F401
 
 
-def _run(jobs: list[Any], rejected: list[Any], config: CheckConfig, quiet: bool) -> Report:
-    from ..run import runner
+def _run(collect: Run, quiet: bool) -> Report:
+    """--no-isolate: the run in this process, with the late progress bar on a terminal."""
+    bars: list[LateProgress] = []
 
-    if quiet or not sys.stderr.isatty() or len(jobs) < 2:
-        return runner.run(jobs, config, rejected)
-    progress = LateProgress(len(jobs))
+    def progress(jobs: int) -> Any:
+        if quiet or not sys.stderr.isatty() or jobs < 2:
+            return None
+        bars.append(LateProgress(jobs))
+        return bars[-1].step
+
     try:
-        return runner.run(jobs, config, rejected, progress.step)
+        return collect.report(progress)
     finally:
-        progress.stop()
+        for bar in bars:
+            bar.stop()
 
 
 def run_list(options: ListOptions) -> ExitCode:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..config.settings import CheckConfig
 from ..errors import GradtoolError, InputError, NothingToCheck, SpecError
@@ -58,11 +58,12 @@ class Run:
         return collect(list(self.arguments), self.config, empty_ok=self.empty_ok,
                        **self.parsed())
 
-    def report(self) -> Report:
+    def report(self, progress: Callable[[int], Callable[[str], None] | None] | None = None
+               ) -> Report:
         """Collect, then run every job in this process (runner.run: a failure never stops the
-        others)."""
+        others); progress(number of jobs) may give a callback told each target's name."""
         jobs, rejected = self()
-        return run(jobs, self.config, rejected)
+        return run(jobs, self.config, rejected, progress(len(jobs)) if progress else None)
 
     def parsed(self) -> dict[str, Any]:
         """The sources parsed: input specs, a factory's cases, constructor arguments, sweeps."""
