@@ -37,11 +37,12 @@ class Call:
     ctx: Any = None
     extra: dict[str, Any] = field(default_factory=dict)  # what a hook keeps for its backward
 
-    def run(self, args: tuple[Any, ...] | None = None) -> Any:
-        """The real forward, on these (or other) arguments, ctx given where it takes one."""
+    def run(self, args: tuple[Any, ...] | None = None, ctx: Any = None) -> Any:
+        """The real forward, on apply's arguments (or others), given apply's ctx (or another)
+        where it takes one."""
         args = self.args if args is None else args
         if takes_ctx(self.cls):
-            return self.forward(self.ctx, *args, **self.kwargs)
+            return self.forward(self.ctx if ctx is None else ctx, *args, **self.kwargs)
         return self.forward(*args, **self.kwargs)
 
 

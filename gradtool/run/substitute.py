@@ -13,7 +13,7 @@ from ..config.settings import CheckConfig
 from ..errors import InternalError
 from ..numerics.problem import Problem
 from ..results import Outcome
-from .applyhook import Call, Hook, hooked, takes_ctx
+from .applyhook import Call, Hook, hooked
 
 
 class _PlainCtx(FunctionCtx):
@@ -40,10 +40,7 @@ class _ByForward(Hook):
         with torch.enable_grad():
             leaves = {k: call.args[k].detach().requires_grad_() for k in positions}
             args = tuple(leaves.get(k, a) for k, a in enumerate(call.args))
-            if takes_ctx(call.cls):
-                out = call.forward(_PlainCtx(args), *args, **call.kwargs)
-            else:
-                out = call.forward(*args, **call.kwargs)
+            out = call.run(args, ctx=_PlainCtx(args))
         outputs = list(out) if isinstance(out, tuple) else [out]
         call.extra["derived"] = (list(leaves.values()), positions, outputs)
         detached = [o.detach() if isinstance(o, torch.Tensor) else o for o in outputs]
