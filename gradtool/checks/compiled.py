@@ -113,8 +113,9 @@ def _vectors(outs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor], seed:
              ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """v (one per output) and w (one per input), the same for eager and compiled."""
     g = torch.Generator().manual_seed(seed + 59)
-    vs = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(o) for o in outs]
-    ws = [torch.randn(x.shape, generator=g, dtype=torch.float64).to(x) for x in leaves]
+    vs = [torch.randn(o.shape, generator=g, dtype=torch.float64, device="cpu").to(o) for o in outs]
+    ws = [torch.randn(x.shape, generator=g, dtype=torch.float64, device="cpu").to(x)
+          for x in leaves]
     return vs, ws
 
 

@@ -56,7 +56,7 @@ def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
     if (i, o) in verdict.dense:
         analytical, numerical = verdict.dense[(i, o)]
         sign = parts_sign(out_complex[o] if o < len(out_complex) else False, in_complex[i],
-                          *analytical.shape).to(analytical.dtype)
+                          *analytical.shape, analytical.device).to(analytical.dtype)
         atol, rtol = config.tolerance("atol"), config.tolerance("rtol")
         if not _close(analytical, numerical, atol, rtol) and \
                 _close(analytical * sign, numerical, atol, rtol):

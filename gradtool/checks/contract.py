@@ -76,8 +76,11 @@ def _findings(case: Case, target: Target, config: CheckConfig
     if backward is None:
         return found, notes
     gen = torch.Generator().manual_seed(case.seed + 101)
-    g1 = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in diff_outs]
-    g2 = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in diff_outs]
+    # drawn on the CPU from a CPU generator (the same on every device), then put by their output
+    g1 = [torch.randn(o.shape, generator=gen, dtype=o.dtype, device="cpu").to(o.device)
+          for o in diff_outs]
+    g2 = [torch.randn(o.shape, generator=gen, dtype=o.dtype, device="cpu").to(o.device)
+          for o in diff_outs]
     modified, r1 = _grad_output_untouched(backward, g1)
     found += modified
     found += _outputs_used(problem, target, leaves, (outs, diff_outs), g1, config)
@@ -281,7 +284,8 @@ def _depends_on_inputs(problem: Problem, outs: list[torch.Tensor], index: int) -
     of one that does not (a constant placeholder, zeros) is right, its Jacobian being zero."""
     gen = torch.Generator().manual_seed(131)
     values = [v.detach() + 1e-3 * (1 + v.detach().abs()) *
-              torch.randn(v.shape, generator=gen, dtype=v.dtype) for v in problem.inputs]
+              torch.randn(v.shape, generator=gen, dtype=v.dtype, device="cpu").to(v.device)
+              for v in problem.inputs]
     with torch.no_grad(), problem.rng():
         problem.calls["forward"] += 1
         result = problem.fn(*problem.with_inputs(values))

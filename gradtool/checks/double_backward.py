@@ -125,7 +125,8 @@ def _derive(problem: Problem, seed: int
     if not outs:
         return None, None
     gen = torch.Generator().manual_seed(seed + 202)
-    grads = [torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device) for o in outs]
+    grads = [torch.randn(o.shape, generator=gen, dtype=o.dtype, device="cpu").to(o.device)
+             for o in outs]
     n = len(leaves)
     g = _Backward(problem, n, problem.cache.take_graphs())
     names = problem.input_names + [_grad_name(name) for name in problem.output_names or

@@ -142,7 +142,7 @@ def compare_layouts(problem: Problem, config: CheckConfig, seed: int,
     input variant (on the differentiable inputs numbered in `movable`) through a forward."""
     leaves, outs = _forward(problem, [v.detach().clone() for v in problem.inputs])
     gen = torch.Generator().manual_seed(seed + 53)
-    grads = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o)
+    grads = [torch.randn(o.shape, generator=gen, dtype=torch.float64, device="cpu").to(o)
              if o.requires_grad else torch.zeros_like(o) for o in outs]
     base = _backward(problem, leaves, outs, grads)
     check = _Comparer(problem, config, leaves, outs, base, source)

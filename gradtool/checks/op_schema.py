@@ -111,7 +111,7 @@ def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _equal_elements(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.shape != b.shape or a.dtype != b.dtype:
-        return torch.zeros(a.shape, dtype=torch.bool)
+        return torch.zeros(a.shape, dtype=torch.bool, device=a.device)
     same = a == b
     if a.is_floating_point() or a.is_complex():
         same |= torch.isnan(a) & torch.isnan(b)

@@ -107,7 +107,8 @@ def _vjp_run(problem: Problem, seed: int,
     leaves, outs = problem.graph()
     if grad_outputs is None:
         generator = torch.Generator().manual_seed(seed + 1)
-        grad_outputs = [[torch.randn(o.shape, generator=generator, dtype=torch.float64)
+        grad_outputs = [[torch.randn(o.shape, generator=generator, dtype=torch.float64,
+                                     device="cpu")
                          .to(dtype=o.dtype, device=o.device) for o in outs]
                         for _ in range(DRAWS)]
     values = [o.detach() for o in outs]
@@ -228,8 +229,8 @@ def _worst_lines(kind: str, name: str, shape: tuple[int, ...], low: torch.Tensor
     for flat in torch.argsort(excess, descending=True)[:3].tolist():
         if not excess[flat] > 0:
             break
-        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), shape)) \
-            if shape else ()
+        index = tuple(int(i) for i in torch.unravel_index(
+            torch.tensor(flat, device="cpu"), shape)) if shape else ()  # a label only
         what = f"output {name!r}" if kind == "forward" else f"gradient of {name!r}"
         lines.append(f"{what} at {index}: low precision {float(low.reshape(-1)[flat]):.6g}, "
                      f"float64 reference {float(exact.reshape(-1)[flat]):.6g}, diff "

@@ -90,7 +90,8 @@ def _samples(problem: Problem, seed: int) -> list[list[torch.Tensor]]:
     base = [v.detach() for v in problem.inputs]
     out = [base]
     for _ in range(SAMPLES - 1):
-        out.append([v + 0.5 * torch.randn(v.shape, generator=gen, dtype=torch.float64).to(v)
+        out.append([v + 0.5 * torch.randn(v.shape, generator=gen, dtype=torch.float64,
+                                          device="cpu").to(v)
                     for v in base])
     return out
 
@@ -123,7 +124,8 @@ def _backward(problem: Problem, samples: list[list[torch.Tensor]], seed: int,
     """vmap of x -> vᵀJ(x) (torch.func.vjp inside torch.func.vmap) against autograd per sample."""
     outs0 = _call(problem, samples[0])
     gen = torch.Generator().manual_seed(seed + 37)
-    grads = [torch.randn((SAMPLES, *o.shape), generator=gen, dtype=torch.float64).to(o)
+    grads = [torch.randn((SAMPLES, *o.shape), generator=gen, dtype=torch.float64,
+                         device="cpu").to(o)
              for o in outs0]
 
     stacked = [torch.stack([s[k] for s in samples]) for k in range(len(samples[0]))]
@@ -151,7 +153,8 @@ def _grads_batched(problem: Problem, seed: int, config: Any, skipped: list[str]
     with torch.enable_grad():
         outs = [o for o in _call(problem, leaves) if o.requires_grad]
     gen = torch.Generator().manual_seed(seed + 41)
-    grads = [torch.randn((SAMPLES, *o.shape), generator=gen, dtype=torch.float64).to(o)
+    grads = [torch.randn((SAMPLES, *o.shape), generator=gen, dtype=torch.float64,
+                         device="cpu").to(o)
              for o in outs]
     try:
         got = grads_batched(outs, leaves, grads)

@@ -28,7 +28,8 @@ def run_backward(order: list[Any], outs: list[torch.Tensor], seed: int
     if not roots:
         return flows, None
     generator = torch.Generator().manual_seed(seed)
-    seeds = [torch.randn(t.shape, generator=generator, dtype=t.dtype).to(t.device) for t in roots]
+    seeds = [torch.randn(t.shape, generator=generator, dtype=t.dtype, device="cpu").to(t.device)
+             for t in roots]
     error = None
     try:
         # autograd.grad, not backward: leaf gradients are returned instead of written to .grad

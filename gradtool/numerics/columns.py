@@ -45,18 +45,23 @@ class Sweep:
     # the kept ones: recomputing failing colours whole then costs nothing extra
     dense_on_failure: bool = False
 
+    @property
+    def device(self) -> torch.device:
+        return self.values[self.which].device
+
     def rows_of(self, o: int) -> slice:
         return slice(self.out_bounds[o], self.out_bounds[o + 1])
 
     def output_of(self, rows: torch.Tensor) -> torch.Tensor:
-        return torch.bucketize(rows, torch.tensor(self.out_bounds[1:]), right=True)
+        return torch.bucketize(rows, torch.tensor(self.out_bounds[1:], device=rows.device),
+                               right=True)
 
 
 def sweep_dense(sweep: Sweep, jac: AnalyticalJacobian) -> None:
     """Central differences column by column (batched), compared chunk by chunk."""
     step = chunk_size(sweep.out_bounds[-1] + sweep.size, limit=1024)
     for start in range(0, sweep.size, step):
-        _exact(sweep, jac, torch.arange(start, min(sweep.size, start + step)))
+        _exact(sweep, jac, torch.arange(start, min(sweep.size, start + step), device=sweep.device))
 
 
 def _exact(sweep: Sweep, jac: AnalyticalJacobian, cols: torch.Tensor) -> torch.Tensor:
@@ -74,8 +79,8 @@ def _columns(sweep: Sweep, cols: torch.Tensor) -> torch.Tensor:
     """Central-difference columns (n_out, len(cols)), as steps.numerical_columns computes
     them, keeping both evaluations of each column when the sweep keeps them."""
     base = sweep.values[sweep.which].detach().reshape(-1)
-    d = torch.zeros(len(cols), base.numel(), dtype=base.dtype)
-    d[torch.arange(len(cols)), cols] = 1
+    d = torch.zeros(len(cols), base.numel(), dtype=base.dtype, device=base.device)
+    d[torch.arange(len(cols), device=base.device), cols] = 1
     d = d * sweep.h
     shape = sweep.values[sweep.which].shape
     if sweep.which in sweep.problem.linear_in and len(cols) > 1:
@@ -99,9 +104,9 @@ class Flags:
     """Failing comparisons of a coloured sweep, already counted as mismatches; confirming
     them exactly replaces those counts."""
 
-    def __init__(self, n_outputs: int, size: int) -> None:
-        self.by_column = torch.zeros(n_outputs, size, dtype=torch.long)
-        self.excess = torch.zeros(size, dtype=torch.float64)
+    def __init__(self, n_outputs: int, size: int, device: torch.device) -> None:
+        self.by_column = torch.zeros(n_outputs, size, dtype=torch.long, device=device)
+        self.excess = torch.zeros(size, dtype=torch.float64, device=device)
         self.entries: list[torch.Tensor] = []   # (row, col) of failing in-pattern entries
         self.stray: list[torch.Tensor] = []     # (colour, row, |value|): nonzero, no entry
 
@@ -116,12 +121,12 @@ def sweep_coloured(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor,
         return
     n_colours = int(colour.max()) + 1
     rows, cols, vals = jac.entries(sweep.offset, sweep.offset + sweep.size)
-    gen = torch.Generator().manual_seed(seed + 31337)
-    r = torch.rand(2, sweep.size, generator=gen, dtype=torch.float32).mul_(2)
-    weights = torch.where(r < 1, r - 2, r).to(vals.dtype)     # ±[1, 2): random sign, size
+    gen = torch.Generator().manual_seed(seed + 31337)  # drawn on the CPU: the same everywhere
+    r = torch.rand(2, sweep.size, generator=gen, dtype=torch.float32, device="cpu").mul_(2)
+    weights = torch.where(r < 1, r - 2, r).to(vals)     # ±[1, 2): random sign, size
     entry_colour = colour[cols]
     step = max(1, chunk_size(4 * (sweep.out_bounds[-1] + sweep.size)))
-    flags = Flags(len(sweep.tallies), sweep.size)
+    flags = Flags(len(sweep.tallies), sweep.size, sweep.device)
     for start in range(0, n_colours, step):
         stop = min(n_colours, start + step)
         if start == 0 and stop == n_colours:  # the usual case: one chunk, no masking
@@ -131,10 +136,14 @@ def sweep_coloured(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor,
         _compare_colours(sweep, colour, weights, start, stop, rows[mask], cols[mask],
                          vals[mask], flags)
     if flags.any() and _whole_pays(sweep, colour, flags):
-        stray = torch.cat(flags.stray, dim=1) if flags.stray else torch.zeros(3, 0)
+        stray = torch.cat(flags.stray, dim=1) if flags.stray else _no_stray(sweep)
         _unconfirmed(sweep, jac, colour, flags, stray)
     elif flags.any():
         _confirm(sweep, jac, colour, weights[0], flags)
+
+
+def _no_stray(sweep: Sweep) -> torch.Tensor:
+    return torch.zeros(3, 0, dtype=torch.float64, device=sweep.device)
 
 
 def _whole_pays(sweep: Sweep, colour: torch.Tensor, flags: Flags) -> bool:
@@ -143,7 +152,8 @@ def _whole_pays(sweep: Sweep, colour: torch.Tensor, flags: Flags) -> bool:
     suspect = set(colour[torch.nonzero(flags.by_column.sum(0)).reshape(-1)].tolist())
     for s in flags.stray:
         suspect |= set(s[0].long().tolist())
-    whole = int(torch.isin(colour, torch.tensor(sorted(suspect))).sum()) if suspect else 0
+    whole = int(torch.isin(colour, torch.tensor(sorted(suspect), device=colour.device)).sum()
+                ) if suspect else 0
     if sweep.dense_on_failure and sweep.kept is not None:
         return 0 < whole <= WHOLE_COLUMNS
     flagged = min(EXACT_COLUMNS, int((flags.by_column.sum(0) > 0).sum()))
@@ -159,11 +169,11 @@ def _compare_colours(sweep: Sweep, colour: torch.Tensor, weights: torch.Tensor, 
     """Compare colours [start, stop): every element is counted as checked, failures flagged."""
     k = stop - start
     if start == 0 and stop == int(colour.max()) + 1:
-        members = torch.arange(sweep.size)
+        members = torch.arange(sweep.size, device=colour.device)
     else:
         members = torch.nonzero((colour >= start) & (colour < stop)).reshape(-1)
     local_m = colour[members] - start
-    dirs = torch.zeros(2, k, sweep.size, dtype=vals.dtype)
+    dirs = torch.zeros(2, k, sweep.size, dtype=vals.dtype, device=vals.device)
     dirs[:, local_m, members] = weights[:, members]
     atol, rtol = sweep.tallies[0].atol, sweep.tallies[0].rtol
     sums = _weighted_sums(sweep, dirs, len(rows) == 0 and k == 1, atol, rtol)
@@ -178,7 +188,8 @@ def _compare_colours(sweep: Sweep, colour: torch.Tensor, weights: torch.Tensor, 
     output = sweep.output_of(rows) if len(sweep.tallies) > 1 else None
     if bool(bad.any()):
         at = (output[bad] if output is not None else torch.zeros_like(cols[bad]), cols[bad])
-        flags.by_column.index_put_(at, torch.ones((), dtype=torch.long), True)
+        flags.by_column.index_put_(at, torch.ones((), dtype=torch.long, device=cols.device),
+                                   True)
         flags.excess.index_put_((cols[bad],), excess[bad].to(torch.float64), True)
         flags.entries.append(torch.stack([rows[bad], cols[bad]]))
     if bool(bad_stray.any()):
@@ -219,9 +230,9 @@ def _confirm(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor, weight
     numerical nonzero the analytical pattern lacks) by bisection within their colour."""
     flagged = torch.nonzero(flags.by_column.sum(0)).reshape(-1)
     worst = flagged[torch.argsort(flags.excess[flagged], descending=True)][:EXACT_COLUMNS]
-    stray = torch.cat(flags.stray, dim=1) if flags.stray else torch.zeros(3, 0)
+    stray = torch.cat(flags.stray, dim=1) if flags.stray else _no_stray(sweep)
     entries = (torch.cat(flags.entries, dim=1) if flags.entries
-               else torch.zeros(2, 0, dtype=torch.long))
+               else torch.zeros(2, 0, dtype=torch.long, device=sweep.device))
     suspects: list[tuple[int, int]] = []
     if len(worst):
         stray, failing = _settle(sweep, jac, colour, worst, flags, stray)
@@ -244,7 +255,8 @@ def _confirm(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor, weight
         for col in (found or [])[:1]:
             if col not in done:
                 done.add(col)
-                stray, _ = _settle(sweep, jac, colour, torch.tensor([col]), flags, stray)
+                stray, _ = _settle(sweep, jac, colour, torch.tensor([col], device=colour.device),
+                                   flags, stray)
     if not any(t.worst for t in sweep.tallies):
         _unconfirmed(sweep, jac, colour, flags, stray)
 
@@ -256,7 +268,8 @@ def _unconfirmed(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor, fl
     the verdict is slow mode's. Past a budget of columns the flags stand, conservatively."""
     suspect = set(stray[0].long().tolist())
     suspect |= set(colour[torch.nonzero(flags.by_column.sum(0)).reshape(-1)].tolist())
-    cols = torch.nonzero(torch.isin(colour, torch.tensor(sorted(suspect)))).reshape(-1)
+    cols = torch.nonzero(torch.isin(colour, torch.tensor(sorted(suspect), device=colour.device))
+                         ).reshape(-1)
     if not suspect or len(cols) > WHOLE_COLUMNS:
         return
     rows_o = sweep.output_of(stray[1].long())
@@ -277,11 +290,11 @@ def _settle(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor, cols: t
         tally.mismatched -= int(flags.by_column[o, cols].sum())
         tally.checked -= (sweep.out_bounds[o + 1] - sweep.out_bounds[o]) * len(cols)
     flags.by_column[:, cols] = 0
-    failing = torch.zeros(sweep.out_bounds[-1], len(cols), dtype=torch.bool)
+    failing = torch.zeros(sweep.out_bounds[-1], len(cols), dtype=torch.bool, device=cols.device)
     step = chunk_size(sweep.out_bounds[-1] + sweep.size, limit=1024)
     for start in range(0, len(cols), step):
         failing[:, start:start + step] = _exact(sweep, jac, cols[start:start + step])
-    explained = torch.zeros(stray.shape[1], dtype=torch.bool)
+    explained = torch.zeros(stray.shape[1], dtype=torch.bool, device=stray.device)
     for k, col in enumerate(cols.tolist()):
         explained |= (stray[0] == float(colour[col])) & failing[stray[1].long(), k]
     rows_o = sweep.output_of(stray[1, explained].long())
@@ -293,7 +306,7 @@ def _settle(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor, cols: t
 def _subset_fails(sweep: Sweep, weights: torch.Tensor, subset: torch.Tensor, row: int,
                   analytical_row: torch.Tensor) -> bool:
     """Whether one weighted central difference over `subset` disagrees at `row`."""
-    direction = torch.zeros(1, sweep.size, dtype=weights.dtype)
+    direction = torch.zeros(1, sweep.size, dtype=weights.dtype, device=weights.device)
     direction[0, subset] = weights[subset]
     numerical = float(central(sweep.problem, sweep.values, sweep.which, direction,
                               sweep.h)[0, row])

@@ -105,7 +105,7 @@ def judged_mask(tally: BlockTally, analytical: torch.Tensor,
     """The block's mismatched elements as its tally judged them: the measured verdict's
     standing elements, else |a - n| > atol + rtol |n| at the tally's own tolerance."""
     if tally.standing is not None:
-        mask = torch.zeros(analytical.shape, dtype=torch.bool)
+        mask = torch.zeros(analytical.shape, dtype=torch.bool, device=analytical.device)
         mask[tally.standing] = True
         return mask
     return ~((analytical - numerical).abs() <= tally.atol + tally.rtol * numerical.abs())

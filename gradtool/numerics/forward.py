@@ -28,7 +28,7 @@ def jvp(problem: Problem, values: Sequence[torch.Tensor],
         for out in outs:
             t = fwad.unpack_dual(out).tangent
             tangent_out.append(torch.zeros_like(out.detach()) if t is None else t.detach())
-    return flat_cat(tangent_out) if tangent_out else torch.zeros(0)
+    return flat_cat(tangent_out) if tangent_out else torch.zeros(0, device=values[0].device)
 
 
 def jvp_columns(problem: Problem, values: Sequence[torch.Tensor], which: int) -> torch.Tensor:
@@ -47,7 +47,8 @@ def jvp_columns(problem: Problem, values: Sequence[torch.Tensor], which: int) ->
 def _batched_columns(problem: Problem, values: Sequence[torch.Tensor],
                      which: int) -> torch.Tensor | None:
     shape = values[which].shape
-    eye = torch.eye(values[which].numel(), dtype=values[which].dtype).view(-1, *shape)
+    eye = torch.eye(values[which].numel(), dtype=values[which].dtype,
+                    device=values[which].device).view(-1, *shape)
     primals = tuple(v.detach() for v in values)
 
     def f(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -109,11 +110,12 @@ def _full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
                        config.max_worst)
     bounds = _bounds(outs)
     dense = {}
-    ju = torch.zeros(bounds[-1], dtype=values[0].dtype)
+    ju = torch.zeros(bounds[-1], dtype=values[0].dtype, device=values[0].device)
     for i in range(len(values)):
         analytical = jvp_columns(problem, values, i)
         ju += analytical @ u[i].reshape(-1).to(analytical.dtype)
-        numerical = numerical_columns(problem, values, i, torch.arange(values[i].numel()),
+        numerical = numerical_columns(problem, values, i,
+                                      torch.arange(values[i].numel(), device=values[i].device),
                                       config.tolerance("eps"))
         for o in range(len(outs)):
             rows = slice(bounds[o], bounds[o + 1])
@@ -166,8 +168,9 @@ def _probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor]
 
 def _direction(v: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """±[1, 2) per element: no element hidden by a tiny weight."""
-    r = torch.rand(v.shape, generator=gen, dtype=torch.float32) * 2  # half float64's cost
-    return torch.where(r < 1, r - 2, r).to(v.dtype)
+    # half float64's cost; drawn on the CPU: the same directions on every device
+    r = torch.rand(v.shape, generator=gen, dtype=torch.float32, device="cpu") * 2
+    return torch.where(r < 1, r - 2, r).to(dtype=v.dtype, device=v.device)
 
 
 def _mismatch(problem: Problem, config: CheckConfig, values: Sequence[torch.Tensor],
@@ -191,7 +194,7 @@ def _bisect(problem: Problem, config: CheckConfig, values: Sequence[torch.Tensor
             u: torch.Tensor, f0: torch.Tensor, row: int) -> tuple[int, float, float]:
     """Halve the direction's support, keeping a half that still disagrees at output `row`; the
     element left, with its jvp and numerical column entries (log2 n jvps and differences)."""
-    support = torch.arange(u.numel())
+    support = torch.arange(u.numel(), device=u.device)
     while len(support) > 1:
         half = support[: len(support) // 2]
         masked = torch.zeros_like(u).view(-1)

@@ -37,7 +37,7 @@ def _pool(values: torch.Tensor, row_tile: int, col_tile: int, how: str) -> torch
     which changes neither a max of non-negative values nor a sum)."""
     n_rows, n_cols = values.shape
     rows, cols = math.ceil(n_rows / row_tile), math.ceil(n_cols / col_tile)
-    padded = torch.zeros(rows * row_tile, cols * col_tile, dtype=values.dtype)
+    padded = torch.zeros(rows * row_tile, cols * col_tile, dtype=values.dtype, device=values.device)
     padded[:n_rows, :n_cols] = values
     tiles = padded.reshape(rows, row_tile, cols, col_tile)
     return tiles.amax(dim=(1, 3)) if how == "max" else tiles.sum(dim=(1, 3))

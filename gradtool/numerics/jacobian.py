@@ -121,7 +121,7 @@ def plan_full(problem: Problem, leaves: Sequence[torch.Tensor],
     and extrapolate; a forward's cost is the priming forward's."""
     n_out = sum(o.numel() for o in outs)
     in_sizes = [v.numel() for v in leaves]
-    sample = torch.tensor(sorted({0, n_out // 2}))
+    sample = torch.tensor(sorted({0, n_out // 2}), device=outs[0].device)
     start = time.perf_counter()
     rows = analytical_rows(problem, leaves, outs, sample)
     per_row = (time.perf_counter() - start) / len(sample)
@@ -362,8 +362,8 @@ def _check_reference(problem: Problem, config: CheckConfig, leaves: Sequence[tor
                      tallies: list[list[BlockTally]], reason: str) -> Verdict:
     """A declared surrogate: its intended rows against the analytical ones, densely."""
     n_out = sum(o.numel() for o in outs)
-    analytical = analytical_rows(problem, leaves, outs, torch.arange(n_out))
-    expected = reference(torch.eye(n_out, dtype=outs[0].dtype))
+    analytical = analytical_rows(problem, leaves, outs, torch.arange(n_out, device=outs[0].device))
+    expected = reference(torch.eye(n_out, dtype=outs[0].dtype, device=outs[0].device))
     dense, in_off = {}, 0
     keep = n_out * analytical.shape[1] <= DENSE_LIMIT
     for i, leaf in enumerate(leaves):
@@ -396,15 +396,17 @@ def _dense_blocks(problem: Problem, config: CheckConfig, jac: AnalyticalJacobian
         if not failing[i] and len(kept[i]) < leaf.numel():
             offset += leaf.numel()
             continue
-        numerical = torch.empty(bounds[-1], leaf.numel(), dtype=leaf.dtype)
+        numerical = torch.empty(bounds[-1], leaf.numel(), dtype=leaf.dtype, device=leaf.device)
         known = [c for c in range(leaf.numel()) if c in kept[i]]
         for c in known:
             plus, minus = kept[i][c]
             numerical[:, c] = (plus - minus) / (2 * h)
-        missing = torch.tensor(sorted(set(range(leaf.numel())) - set(known)), dtype=torch.long)
+        missing = torch.tensor(sorted(set(range(leaf.numel())) - set(known)), dtype=torch.long,
+                               device=leaf.device)
         if len(missing):
             numerical[:, missing] = numerical_columns(problem, problem.inputs, i, missing, h)
-        analytical = jac.columns(torch.arange(leaf.numel()) + offset, numerical.dtype)
+        analytical = jac.columns(torch.arange(leaf.numel(), device=leaf.device) + offset,
+                                 numerical.dtype)
         for o in range(len(bounds) - 1):
             rows = slice(bounds[o], bounds[o + 1])
             dense[(i, o)] = (analytical[rows].clone(), numerical[rows].clone())

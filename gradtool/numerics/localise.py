@@ -73,10 +73,12 @@ class Locator:
         self.eps_m = FINITE_MACHINE.get(self.values[0].dtype, 2.2e-16)
         self.f_all = flat_cat(outs).detach()
         self.f0 = self.f_all[out_slice]
-        gen = torch.Generator().manual_seed(4242)
-        self.signs = (torch.randint(0, 2, (self.f0.numel(),), generator=gen) * 2 - 1
-                      ).to(self.f0.dtype) * (1 + torch.rand(self.f0.numel(), generator=gen,
-                                                            dtype=self.f0.dtype))
+        gen = torch.Generator().manual_seed(4242)  # drawn on the CPU: the same everywhere
+        n = self.f0.numel()
+        self.signs = ((torch.randint(0, 2, (n,), generator=gen, device="cpu") * 2 - 1
+                       ).to(self.f0.dtype)
+                      * (1 + torch.rand(n, generator=gen, dtype=self.f0.dtype, device="cpu"))
+                      ).to(self.f0.device)
         self.tally = BlockTally(problem.input_names[i], tuple(self.values[i].shape),
                                 _output_name(problem, outs, out_slice),
                                 tuple(_output_of(outs, out_slice).shape), 0, 0)
@@ -95,7 +97,7 @@ class Locator:
         return found
 
     def _remaining(self, excluded: list[int]) -> torch.Tensor:
-        mask = torch.ones(self.g.numel(), dtype=torch.bool)
+        mask = torch.ones(self.g.numel(), dtype=torch.bool, device=self.g.device)
         mask[excluded] = False
         return torch.nonzero(mask).reshape(-1)
 
@@ -114,9 +116,9 @@ class Locator:
         column = {k: e[self.out_slice] for k, e in estimates.items()}
         noise = (column["central"] - column["central x10"]).abs()
         rows = bisect(lambda s: self._output_subset_fails(s, col, column["central"], noise),
-                      torch.arange(self.v.numel()))
+                      torch.arange(self.v.numel(), device=self.v.device))
         row = int(rows[0]) if rows is not None else int(column["central"].abs().argmax())
-        analytical = float(self._vjp_at(torch.tensor([row]))[col])
+        analytical = float(self._vjp_at(torch.tensor([row], device=self.f0.device))[col])
         values = [column[k][row].item() for k in KINK_TEST]
         numerical = column["central"][row].item()
         spread = max(values) - min(values)
@@ -138,7 +140,8 @@ class Locator:
 
     def _vjp_at(self, subset: torch.Tensor, signs: torch.Tensor | None = None) -> torch.Tensor:
         """Σ of the analytical rows in `subset` (signed), restricted to this block's input."""
-        grad = torch.zeros(sum(o.numel() for o in self.outs), dtype=self.f0.dtype)
+        grad = torch.zeros(sum(o.numel() for o in self.outs), dtype=self.f0.dtype,
+                           device=self.f0.device)
         grad[self.out_slice.start + subset] = 1.0 if signs is None else signs
         return vjp_rows(self.problem, self.leaves, self.outs, grad.unsqueeze(0))[0, self.in_slice]
 

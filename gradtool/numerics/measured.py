@@ -102,7 +102,7 @@ def remeasure(problem: Problem, values: Sequence[torch.Tensor], tallies: list[li
     standing = False
     complete = True
     for i, row in enumerate(tallies):
-        flags = _flags(row, bounds)
+        flags = _flags(row, bounds, f0.device)
         if flags is None:
             complete = False
             continue
@@ -122,7 +122,8 @@ def remeasure(problem: Problem, values: Sequence[torch.Tensor], tallies: list[li
     return found
 
 
-def _flags(row: list[BlockTally], bounds: Sequence[int]) -> tuple[torch.Tensor, ...] | None:
+def _flags(row: list[BlockTally], bounds: Sequence[int], device: torch.device
+           ) -> tuple[torch.Tensor, ...] | None:
     """(flat rows, cols, analytical, numerical) of one input's flagged elements over its outputs,
     deduplicated; None when some mismatch has no recorded value."""
     parts = []
@@ -132,7 +133,8 @@ def _flags(row: list[BlockTally], bounds: Sequence[int]) -> tuple[torch.Tensor, 
         for r, c, a, n in tally.flagged:
             parts.append((r + bounds[o], c, a, n))
     if not parts:
-        return (torch.zeros(0, dtype=torch.long),) * 2 + (torch.zeros(0),) * 2
+        return ((torch.zeros(0, dtype=torch.long, device=device),) * 2
+                + (torch.zeros(0, device=device),) * 2)
     r, c, a, n = (torch.cat(p) for p in zip(*parts))
     key = r * (int(c.max()) + 1) + c
     _, first = _unique_first(key)
@@ -142,8 +144,9 @@ def _flags(row: list[BlockTally], bounds: Sequence[int]) -> tuple[torch.Tensor, 
 def _unique_first(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Unique keys and the position of the LAST occurrence of each (the latest comparison)."""
     uniq, inverse = torch.unique(key, return_inverse=True)
-    last = torch.zeros(len(uniq), dtype=torch.long)
-    last.scatter_reduce_(0, inverse, torch.arange(len(key)), reduce="amax", include_self=False)
+    last = torch.zeros(len(uniq), dtype=torch.long, device=key.device)
+    last.scatter_reduce_(0, inverse, torch.arange(len(key), device=key.device), reduce="amax",
+                         include_self=False)
     return uniq, last
 
 
@@ -152,7 +155,7 @@ class _Result:
     stands: torch.Tensor      # per flagged element: beyond its measured tolerance (or fixed)
     measured: torch.Tensor    # per flagged element: measured (its column was evaluated)
     tolerance: torch.Tensor   # per flagged element: the tolerance it was judged by (inf: none)
-    sampled: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
+    sampled: torch.Tensor     # per flagged element: judged by the sampled column's model
     model: tuple[float, float, float] | None = None  # _judge_far's, for the other columns
     any_standing: bool = False
     complete: bool = True
@@ -170,9 +173,9 @@ def _measure_input(problem: Problem, values: Sequence[torch.Tensor], i: int,
     fixed_tol = fixed[0] + fixed[1] * n.abs()
     beyond = diff > fixed_tol
     found.fixed_settled |= bool(beyond.any())
-    result = _Result(beyond.clone(), torch.zeros(len(rows), dtype=torch.bool),
+    result = _Result(beyond.clone(), torch.zeros_like(beyond),
                      torch.where(beyond, fixed_tol, torch.full_like(fixed_tol, math.inf)),
-                     torch.zeros(len(rows), dtype=torch.bool), any_standing=bool(beyond.any()))
+                     torch.zeros_like(beyond), any_standing=bool(beyond.any()))
     excess = diff - (found.first_atol + found.first_rtol * n.abs())
     order = torch.argsort(torch.where(beyond, -math.inf, excess), descending=True)
     columns = list(dict.fromkeys(cols[order[~beyond[order]]].tolist()))[:MAX_COLUMNS]
@@ -215,7 +218,7 @@ def _measure(problem: Problem, values: Sequence[torch.Tensor], i: int,
     pooled_sum, pooled_n = pooled or (torch.zeros_like(f0, dtype=torch.float64), 0)
     pooled_sum, pooled_n = pooled_sum + sigma2.sum(0), pooled_n + len(batch)
     where = {c: k for k, c in enumerate(batch)}
-    mine = torch.tensor([where.get(c, -1) for c in cols.tolist()])
+    mine = torch.tensor([where.get(c, -1) for c in cols.tolist()], device=cols.device)
     pick = mine >= 0
     k, r = mine[pick], rows[pick]
     sigma = torch.maximum(sigma2[k, r], pooled_sum[r] / pooled_n).sqrt()
@@ -269,8 +272,9 @@ def _judge_far(p: torch.Tensor, f_abs: torch.Tensor, x_abs: float, a: torch.Tens
     between steps h and 10h (truncation by Richardson, noise by the fourth divided difference
     over the five points, pooled over the column), and its tolerance; with the model that
     judges other columns: (noise, truncation where |D| is small, truncation relative to |D|)."""
-    t = torch.tensor([-FAR, -1.0, 0.0, 1.0, FAR], dtype=torch.float64)
-    w = torch.stack([1 / torch.prod(t[k] - t[torch.arange(5) != k]) for k in range(5)])
+    t = torch.tensor([-FAR, -1.0, 0.0, 1.0, FAR], dtype=torch.float64, device=p.device)
+    w = torch.stack([1 / torch.prod(t[k] - t[torch.arange(5, device=p.device) != k])
+                     for k in range(5)])
     sigma = (torch.tensordot(w, p, dims=1).abs() / w.norm()).nan_to_num(nan=math.inf)
     sigma = torch.maximum(sigma, sigma.square().mean().sqrt())
     d1 = (p[3] - p[1]) / (2 * h)
@@ -353,9 +357,10 @@ def _evaluate(problem: Problem, values: Sequence[torch.Tensor], i: int, cols: li
     """f at x + m h e_c for m in -3..3 (f(x) and kept ±h reused): (7, len(cols), n_out)."""
     base = values[i].detach().reshape(-1)
     need = [m for m in STEPS if abs(m) > 1 or any(c not in kept for c in cols)]
-    d = torch.zeros(len(need) * len(cols), base.numel(), dtype=base.dtype)
+    d = torch.zeros(len(need) * len(cols), base.numel(), dtype=base.dtype, device=base.device)
+    index = torch.tensor(cols, device=base.device)
     for j, m in enumerate(need):
-        d[torch.arange(len(cols)) + j * len(cols), torch.tensor(cols)] = m * h
+        d[torch.arange(len(cols), device=base.device) + j * len(cols), index] = m * h
     out = outputs_of(problem, values, i, (base + d).view(-1, *values[i].shape))
     out = out.view(len(need), len(cols), -1).double()
     at = {m: out[j] for j, m in enumerate(need)}
@@ -371,7 +376,7 @@ def _evaluate(problem: Problem, values: Sequence[torch.Tensor], i: int, cols: li
 def _fourth_differences(p: torch.Tensor) -> torch.Tensor:
     """Per (column, output): mean square of the three fourth differences over 7 points / 70,
     an estimate of f's noise variance (sigma^2)."""
-    w = torch.tensor([1.0, -4.0, 6.0, -4.0, 1.0], dtype=p.dtype)
+    w = torch.tensor([1.0, -4.0, 6.0, -4.0, 1.0], dtype=p.dtype, device=p.device)
     d4 = torch.stack([torch.tensordot(w, p[s:s + 5], dims=1) for s in range(3)])
     return (d4.nan_to_num(nan=math.inf) ** 2).mean(0) / 70.0
 

@@ -40,8 +40,10 @@ def probes(problem: Problem, config: CheckConfig, i: int, o: int, seed: int) -> 
     h = config.tolerance("eps")
     found = Probes(others={problem.input_names[j]: [] for j in same})
     for _ in range(PROBES):
-        v = torch.randn(out.shape, generator=gen, dtype=out.dtype)
-        u = torch.randn(values[i].shape, generator=gen, dtype=values[i].dtype)
+        # drawn on the CPU (a CPU generator): the same probes on every device
+        v = torch.randn(out.shape, generator=gen, dtype=out.dtype, device="cpu").to(out.device)
+        u = torch.randn(values[i].shape, generator=gen, dtype=values[i].dtype,
+                        device="cpu").to(values[i].device)
         grads = [v if k == o else torch.zeros_like(t) for k, t in enumerate(outs)]
         g = problem.vjp(leaves, outs, grads)[i]
         placed = [[u if k == j else torch.zeros_like(x) for k, x in enumerate(values)]
@@ -57,4 +59,4 @@ def probes(problem: Problem, config: CheckConfig, i: int, o: int, seed: int) -> 
 
 
 def _flat(t: torch.Tensor) -> Any:
-    return t.detach().reshape(-1).double().numpy()
+    return t.detach().reshape(-1).double().cpu().numpy()

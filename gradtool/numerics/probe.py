@@ -107,7 +107,7 @@ def _vectors(problem: Problem, outs: Sequence[torch.Tensor], config: CheckConfig
     # The generator costs more than a forward at 1e5 elements, so one draw serves u and v:
     # v is the draw read from an offset (rotated), so each output weight comes from another
     # position than the input weights it meets in an elementwise op, and stays independent.
-    drawn = _uniform(max(n_dirs * n_in, n_out + 1), gen, values[0].dtype)
+    drawn = _uniform(max(n_dirs * n_in, n_out + 1), gen, values[0])
     u = [[d.view(x.shape) for d, x in zip(drawn[k * n_in:(k + 1) * n_in].split(sizes), values)]
          for k in range(n_dirs)]
     shift = max(1, n_out // 2)
@@ -115,10 +115,11 @@ def _vectors(problem: Problem, outs: Sequence[torch.Tensor], config: CheckConfig
     return u, v
 
 
-def _uniform(size: int, gen: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
-    """±[1, 2), from float32 draws (half the generator's and the memory's work of float64)."""
-    r = torch.rand(size, generator=gen, dtype=torch.float32).mul_(2)   # [0, 2)
-    return torch.where(r < 1, r - 2, r).to(dtype)                   # [-2, -1) ∪ [1, 2)
+def _uniform(size: int, gen: torch.Generator, like: torch.Tensor) -> torch.Tensor:
+    """±[1, 2) in like's dtype and on its device, from float32 draws on the CPU (half the
+    generator's and the memory's work of float64; the same probes on every device)."""
+    r = torch.rand(size, generator=gen, dtype=torch.float32, device="cpu").mul_(2)   # [0, 2)
+    return torch.where(r < 1, r - 2, r).to(like)                  # [-2, -1) ∪ [1, 2)
 
 
 def _slices(sizes: Sequence[int]) -> list[slice]:
@@ -201,7 +202,7 @@ def _failing_blocks(problem: Problem, config: CheckConfig, leaves: Sequence[torc
     fails: one direction per input, one cotangent per output."""
     values = [x.detach() for x in problem.inputs]
     n_in, n_out = len(values), len(outs)
-    v_rows = torch.zeros(n_out, probes.v.shape[1], dtype=probes.v.dtype)
+    v_rows = torch.zeros(n_out, probes.v.shape[1], dtype=probes.v.dtype, device=probes.v.device)
     for o, sl in enumerate(probes.out_slices):
         v_rows[o, sl] = probes.v[q, sl]
     grads = vjp_rows(problem, leaves, outs, v_rows) if n_out > 1 else probes.grads[q:q + 1]
@@ -253,7 +254,7 @@ def _against_reference(problem: Problem, leaves: Sequence[torch.Tensor],
                        v: torch.Tensor, reference: Reference, in_slices: list[slice],
                        out_slices: list[slice], reason: str) -> Verdict:
     """A declared surrogate is exact: compare the VJP vectors element by element, per output."""
-    rows = torch.zeros(len(v) * len(out_slices), v.shape[1], dtype=v.dtype)
+    rows = torch.zeros(len(v) * len(out_slices), v.shape[1], dtype=v.dtype, device=v.device)
     for k in range(len(v)):
         for o, sl in enumerate(out_slices):
             rows[k * len(out_slices) + o, sl] = v[k, sl]

@@ -158,12 +158,20 @@ class Problem:
         """Differentiable outputs of a forward at `values`, without building a graph."""
         # Fresh tensors every call: the forward may mark them (requires_grad_), resize or keep
         # them, and gradtool writes into its own buffers afterwards (the failing path does).
+        self.placed(values)
         values = [_fresh(v) for v in values]
         if self.cache.recording and len(self.cache.graphs) < RECORDED:
             return self._recorded(values)
         with torch.no_grad(), self.rng():
             self.calls["forward"] += 1
             return select_outputs(self.fn(*self.with_inputs(values)), self.output_mask)
+
+    def placed(self, values: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        """values, once each is shown to be on its argument's device (a leading batch
+        dimension allowed): a value gradtool made elsewhere is gradtool's bug, caught here
+        before the target sees it, never an error blamed on the target."""
+        same_devices(values, self.inputs, "value of input")
+        return values
 
     def recording(self, on: bool) -> None:
         """Record (on) the graphs of the forwards evaluated call by call from now on, for double
@@ -196,7 +204,7 @@ class Problem:
     def graph(self, values: Sequence[torch.Tensor] | None = None
               ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(leaves, outputs) of a forward that records the autograd graph."""
-        source = self.inputs if values is None else values
+        source = self.inputs if values is None else self.placed(values)
         # Fresh leaves: a forward that writes to its inputs cannot corrupt the case.
         leaves = [v.detach().clone().requires_grad_(True) for v in source]
         with torch.enable_grad(), self.rng():
@@ -233,6 +241,7 @@ class Problem:
             grads: Sequence[torch.Tensor], create_graph: bool = False) -> list[torch.Tensor]:
         """vᵀJ for every leaf (zeros where unused), straight through autograd's engine."""
         self.calls["backward"] += 1
+        same_devices(grads, outs, "grad_output")
         with self._bound_to(leaves):
             return vjp(outs, leaves, own_storage(grads), create_graph=create_graph)
 
@@ -241,11 +250,25 @@ class Problem:
         """Many VJPs at once: each grads[k] has a leading batch dimension."""
         from torch._vmap_internals import _vmap
 
+        same_devices(grads, outs, "grad_output")
+
         # The legacy vmap batches the engine itself (autograd.grad's is_grads_batched path).
         with self._bound_to(leaves), quiet_batching():
             result = list(_vmap(lambda *g: tuple(vjp(outs, leaves, g)), 0, 0)(*grads))
         self.calls["backward"] += int(grads[0].shape[0]) if grads else 0
         return result
+
+
+def same_devices(made: Sequence[Any], theirs: Sequence[Any], what: str) -> None:
+    """A tensor gradtool made lives on the device of the one it stands beside (an input's
+    value, an output's grad_output); else a RuntimeError raised here, in gradtool's frame:
+    an internal error (exit 3), not the target's."""
+    for k, (mine, user) in enumerate(zip(made, theirs)):
+        if (isinstance(mine, torch.Tensor) and isinstance(user, torch.Tensor)
+                and mine.device != user.device):
+            raise RuntimeError(f"gradtool made a {what} {k} on {mine.device} for a tensor on "
+                               f"{user.device}: every tensor gradtool makes must live on its "
+                               f"target's device")
 
 
 RECORDED = 512  # graphs recorded for double backward at most (2 per input element)

@@ -134,7 +134,7 @@ class _Pool:
         values = self.values.get(key)
         if values is None or values.numel() < 4 * n:
             generator = torch.Generator().manual_seed(self.seed)
-            values = torch.randn(4 * n, generator=generator, dtype=torch.float64)
+            values = torch.randn(4 * n, generator=generator, dtype=torch.float64, device="cpu")
             values = values.to(dtype=t.dtype, device=t.device)
             self.values[key] = values
         start = self.offsets.randrange(values.numel() - n + 1)

@@ -36,6 +36,10 @@ class AnalyticalJacobian:
     vjps: int = 0           # one-hot-equivalent rows it took (for reports and tests)
 
     @property
+    def device(self) -> torch.device:
+        return (self.dense if self.dense is not None else self.vals).device
+
+    @property
     def sparse(self) -> bool:
         return self.dense is None
 
@@ -44,7 +48,8 @@ class AnalyticalJacobian:
         if self.dense is not None:
             rows, cols = torch.nonzero(self.dense[:, start:stop], as_tuple=True)
             return rows, cols, self.dense[:, start:stop][rows, cols]
-        lo, hi = torch.searchsorted(self.cols, torch.tensor([start, stop])).tolist()
+        lo, hi = torch.searchsorted(self.cols, torch.tensor([start, stop], device=self.cols.device)
+                                  ).tolist()
         return self.rows[lo:hi], self.cols[lo:hi] - start, self.vals[lo:hi]
 
     def row(self, r: int, start: int, stop: int) -> torch.Tensor:
@@ -52,7 +57,7 @@ class AnalyticalJacobian:
         if self.dense is not None:
             return self.dense[r, start:stop]
         rows, cols, vals = self.entries(start, stop)
-        out = torch.zeros(stop - start, dtype=self.vals.dtype)
+        out = torch.zeros(stop - start, dtype=self.vals.dtype, device=self.vals.device)
         out[cols[rows == r]] = vals[rows == r]
         return out
 
@@ -60,11 +65,11 @@ class AnalyticalJacobian:
         """Dense columns (n_out, len(cols))."""
         if self.dense is not None:
             return self.dense[:, cols]
-        out = torch.zeros(self.n_out, len(cols), dtype=dtype)
+        out = torch.zeros(self.n_out, len(cols), dtype=dtype, device=self.vals.device)
         if len(cols) == 0:
             return out
-        where = torch.full((self.n_in,), -1, dtype=torch.long)
-        where[cols] = torch.arange(len(cols))
+        where = torch.full((self.n_in,), -1, dtype=torch.long, device=self.cols.device)
+        where[cols] = torch.arange(len(cols), device=self.cols.device)
         lo, hi = torch.searchsorted(self.cols, torch.stack([cols.min(), cols.max() + 1])).tolist()
         pos = where[self.cols[lo:hi]]
         keep = pos >= 0
@@ -85,7 +90,7 @@ def analytical_jacobian(problem: Problem, leaves: Sequence[torch.Tensor],
     if strides is None:
         strides, trials = find_strides(problem, leaves, outs)
     if not any(strides):
-        dense = analytical_rows(problem, leaves, outs, torch.arange(n_out))
+        dense = analytical_rows(problem, leaves, outs, torch.arange(n_out, device=outs[0].device))
         return AnalyticalJacobian(n_out, n_in, dense=dense, vjps=n_out)
     return _grouped(problem, leaves, outs, strides, trials or {})
 
@@ -105,7 +110,8 @@ def find_strides(problem: Problem, leaves: Sequence[torch.Tensor],
         stride = None
         for m in row_strides(n, tuple(out.shape)) if float64 and n >= MIN_ROWS else []:
             groups = sorted({0, m // 2, m - 1})
-            decoded = _decode_groups(problem, leaves, outs, _members(offset, n, m, groups))
+            decoded = _decode_groups(problem, leaves, outs,
+                                     _members(offset, n, m, groups, out.device))
             if not decoded.collided:
                 stride, trials[o] = m, (groups, decoded)
                 break
@@ -128,10 +134,11 @@ def row_strides(n: int, shape: tuple[int, ...]) -> list[int]:
     return [m for m in ordered if 1 <= m <= n // SAVING]
 
 
-def _members(offset: int, n: int, m: int, groups: Sequence[int]) -> torch.Tensor:
+def _members(offset: int, n: int, m: int, groups: Sequence[int], device: torch.device
+             ) -> torch.Tensor:
     """(len(groups), ceil(n / m)) flat rows of each group, -1 past the output's end."""
-    t = torch.arange((n + m - 1) // m)
-    local = torch.tensor(list(groups))[:, None] + m * t[None, :]
+    t = torch.arange((n + m - 1) // m, device=device)
+    local = torch.tensor(list(groups), device=device)[:, None] + m * t[None, :]
     return torch.where(local < n, local + offset, torch.full_like(local, -1))
 
 
@@ -143,9 +150,9 @@ class _Decoded:
     collided: list[torch.Tensor]   # the member rows of each group that did not decode
 
 
-def _weights(n_out: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(20240607)
-    return 1.0 + torch.rand(n_out, generator=gen, dtype=torch.float64)
+def _weights(n_out: int, device: torch.device) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(20240607)  # drawn on the CPU: the same on every device
+    return 1.0 + torch.rand(n_out, generator=gen, dtype=torch.float64, device="cpu").to(device)
 
 
 def _decode_groups(problem: Problem, leaves: Sequence[torch.Tensor],
@@ -154,7 +161,8 @@ def _decode_groups(problem: Problem, leaves: Sequence[torch.Tensor],
     and with weights 1, and decode."""
     n_out = sum(o.numel() for o in outs)
     n_in = sum(v.numel() for v in leaves)
-    t = _weights(n_out)
+    device = outs[0].device
+    t = _weights(n_out, device)
     decoded = _Decoded([], [], [], [])
     # Each group costs two VJP rows and ~8 (n_in)-sized temporaries while decoding.
     step = max(1, chunk_size(8 * n_in + 2 * n_out) // 2)
@@ -162,9 +170,9 @@ def _decode_groups(problem: Problem, leaves: Sequence[torch.Tensor],
         chunk = members[start:start + step]
         valid = chunk >= 0
         safe = chunk.clamp(min=0)
-        weights = torch.where(valid, t[safe], torch.zeros(()))
-        grads = torch.zeros(2 * len(chunk), n_out, dtype=outs[0].dtype)
-        rows_k = torch.arange(len(chunk))[:, None].expand_as(chunk)
+        weights = torch.where(valid, t[safe], torch.zeros((), dtype=t.dtype, device=device))
+        grads = torch.zeros(2 * len(chunk), n_out, dtype=outs[0].dtype, device=device)
+        rows_k = torch.arange(len(chunk), device=device)[:, None].expand_as(chunk)
         grads[rows_k[valid], chunk[valid]] = weights[valid].to(grads.dtype)
         grads[len(chunk) + rows_k[valid], chunk[valid]] = 1.0
         result = vjp_rows(problem, leaves, outs, grads)
@@ -180,7 +188,7 @@ def _decode(v_t: torch.Tensor, v_1: torch.Tensor, members: torch.Tensor, valid: 
     sorted_t, order = torch.sort(key, dim=1)
     pos = torch.searchsorted(sorted_t, ratio.nan_to_num(nan=-1.0).contiguous())
     best = torch.zeros_like(pos)
-    best_err = torch.full(ratio.shape, float("inf"), dtype=ratio.dtype)
+    best_err = torch.full_like(ratio, float("inf"))
     for cand in (pos - 1, pos):
         cand = cand.clamp(0, sorted_t.shape[1] - 1)
         err = (torch.gather(sorted_t, 1, cand) - ratio).abs()
@@ -216,10 +224,10 @@ def _grouped(problem: Problem, leaves: Sequence[torch.Tensor], outs: Sequence[to
                     mine.extend(theirs)
             rest = [g for g in range(m) if g not in set(done)]
             if rest:
-                groups.append(_members(offset, n, m, rest))
+                groups.append(_members(offset, n, m, rest, out.device))
             vjps += 2 * m
         else:
-            one_hot.append(torch.arange(offset, offset + n))
+            one_hot.append(torch.arange(offset, offset + n, device=out.device))
         offset += n
     if groups:
         width = max(g.shape[1] for g in groups)
@@ -230,9 +238,10 @@ def _grouped(problem: Problem, leaves: Sequence[torch.Tensor], outs: Sequence[to
                              (decoded.vals, more.vals), (decoded.collided, more.collided)):
             mine.extend(theirs)
     vjps += _one_hot_rows(problem, leaves, outs, one_hot + decoded.collided, decoded)
-    rows_t, cols_t, vals_t = (torch.cat(x) if x else torch.zeros(0, dtype=d) for x, d in
-                              ((decoded.rows, torch.long), (decoded.cols, torch.long),
-                               (decoded.vals, outs[0].dtype)))
+    device = outs[0].device
+    rows_t, cols_t, vals_t = (torch.cat(x) if x else torch.zeros(0, dtype=d, device=device)
+                              for x, d in ((decoded.rows, torch.long), (decoded.cols, torch.long),
+                                           (decoded.vals, outs[0].dtype)))
     cols_t, order = torch.sort(cols_t, stable=True)
     return AnalyticalJacobian(n_out, n_in, rows=rows_t[order], cols=cols_t, vals=vals_t[order],
                               vjps=vjps)
@@ -266,10 +275,10 @@ def colour_columns(rows: torch.Tensor, cols: torch.Tensor, n_out: int,
     for dim in shape:
         n_cols *= int(dim)
     if len(rows) == 0:
-        return torch.zeros(n_cols, dtype=torch.long)
+        return torch.zeros(n_cols, dtype=torch.long, device=rows.device)
     low = int(torch.bincount(rows, minlength=n_out).max())
     limit = n_cols // SAVING
-    index = torch.arange(n_cols)
+    index = torch.arange(n_cols, device=rows.device)
     for m in _colour_counts(low, shape, limit):
         for colour in _candidates(index, m, shape):
             if _proper(rows, colour[cols], m, n_out):

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ..tracebacks import calls_user_code
-from .problem import Problem, flat_cat, quiet_batching, select_outputs, split_flat
+from .problem import Problem, flat_cat, quiet_batching, same_devices, select_outputs, split_flat
 from .transforms import vmap
 
 # Per batched call. Kept under glibc's 32 MB mmap ceiling: bigger buffers are mmapped afresh on
@@ -40,7 +40,7 @@ def analytical_rows(problem: Problem, leaves: Sequence[torch.Tensor],
 
 def one_hot(idx: torch.Tensor, n_out: int, outs: Sequence[torch.Tensor]) -> torch.Tensor:
     eye = torch.zeros(len(idx), n_out, dtype=outs[0].dtype, device=outs[0].device)
-    eye[torch.arange(len(idx)), idx] = 1
+    eye[torch.arange(len(idx), device=eye.device), idx] = 1
     return eye
 
 
@@ -64,8 +64,9 @@ def vjp_rows(problem: Problem, leaves: Sequence[torch.Tensor], outs: Sequence[to
 def numerical_columns(problem: Problem, values: Sequence[torch.Tensor], which: int,
                       cols: torch.Tensor, h: float) -> torch.Tensor:
     """Central-difference columns (n_out, len(cols)) for elements `cols` of input `which`."""
-    eye = torch.zeros(len(cols), values[which].numel(), dtype=values[which].dtype)
-    eye[torch.arange(len(cols)), cols] = 1
+    eye = torch.zeros(len(cols), values[which].numel(), dtype=values[which].dtype,
+                      device=values[which].device)
+    eye[torch.arange(len(cols), device=eye.device), cols] = 1
     return central(problem, values, which, eye, h).T
 
 
@@ -111,6 +112,7 @@ def batched_outputs(problem: Problem, values: Sequence[torch.Tensor], which: int
         raise _NotBatchable()
     positions = problem.diff if which is None else [problem.diff[which]]
     batches = list(batch) if which is None else [batch]
+    same_devices(batches, [problem.args[p] for p in positions], "batch of input")
     args = problem.with_inputs([v.detach() for v in values])
     in_dims = tuple(0 if k in positions else None for k in range(len(args)))
     for position, b in zip(positions, batches):
@@ -167,7 +169,8 @@ def directional(problem: Problem, values: Sequence[torch.Tensor],
         try:
             out = _directional_batched(problem, values, directions,
                                        torch.tensor([h, -h, 2 * h, -2 * h],
-                                                    dtype=values[0].dtype))
+                                                    dtype=values[0].dtype,
+                                                    device=values[0].device))
             return _differences(out.view(4, k, -1), h)
         except _NotBatchable:
             problem.cache.vmap_ok = False
@@ -176,7 +179,8 @@ def directional(problem: Problem, values: Sequence[torch.Tensor],
         outs = [flat_cat(problem.outputs([torch.add(v, d, alpha=f) for v, d in zip(values, u)]))
                 for f in factors]
         if diff is None:
-            diff = torch.empty(2, k, outs[0].numel(), dtype=outs[0].dtype)
+            diff = torch.empty(2, k, outs[0].numel(), dtype=outs[0].dtype,
+                               device=outs[0].device)
         torch.sub(outs[0], outs[1], out=diff[0, k_dir]).div_(2 * h)
         if f0 is None:
             torch.sub(outs[2], outs[3], out=diff[1, k_dir]).div_(4 * h)

@@ -28,7 +28,7 @@ class ByOutput:
         self.problem, self.leaves, self.outs, self.bounds = problem, leaves, outs, bounds
         n_in = sum(v.numel() for v in leaves)
         self.jac = AnalyticalJacobian(bounds[-1], n_in, dense=torch.full(
-            (bounds[-1], n_in), float("nan"), dtype=leaves[0].dtype))
+            (bounds[-1], n_in), float("nan"), dtype=leaves[0].dtype, device=leaves[0].device))
         self.known = 0  # outputs [0, known) computed
 
     @property
@@ -39,7 +39,8 @@ class ByOutput:
         """Compute the next output's rows; False when every output is known already."""
         if self.whole:
             return False
-        rows = torch.arange(self.bounds[self.known], self.bounds[self.known + 1])
+        rows = torch.arange(self.bounds[self.known], self.bounds[self.known + 1],
+                            device=self.jac.device)
         if len(rows):
             self.jac.dense[rows] = analytical_rows(self.problem, self.leaves, self.outs, rows)
         self.jac.vjps += len(rows)
@@ -69,7 +70,7 @@ def compare_kept(tallies: Sequence[BlockTally], jac: AnalyticalJacobian, o: int,
     rows = slice(bounds[o], bounds[o + 1])
     step = chunk_size(bounds[-1] + size, limit=1024)
     for start in range(0, size, step):
-        cols = torch.arange(start, min(size, start + step))
+        cols = torch.arange(start, min(size, start + step), device=jac.device)
         plus = torch.stack([kept[c][0] for c in cols.tolist()])
         minus = torch.stack([kept[c][1] for c in cols.tolist()])
         numerical = ((plus - minus) / (2 * h)).T

@@ -58,7 +58,8 @@ def taylor_test(problem: Problem, seed: int) -> TaylorVerdict:
 
 
 def _draw(t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    return torch.randn(t.shape, generator=generator, dtype=torch.float64).to(t.dtype).to(t.device)
+    # drawn on the CPU from a CPU generator: the same draws on every device
+    return torch.randn(t.shape, generator=generator, dtype=torch.float64, device="cpu").to(t)
 
 
 def _value(problem: Problem, xs: Sequence[torch.Tensor], weights: Sequence[torch.Tensor]) -> float:

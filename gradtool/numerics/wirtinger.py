@@ -53,11 +53,12 @@ def _wrap(fn: Callable[..., Any], complex_at: list[int]) -> Callable[..., Any]:
     return real_fn
 
 
-def parts_sign(rows_complex: bool, cols_complex: bool, n_rows: int, n_cols: int) -> torch.Tensor:
+def parts_sign(rows_complex: bool, cols_complex: bool, n_rows: int, n_cols: int,
+               device: torch.device) -> torch.Tensor:
     """+1, or -1 where exactly one of (row, column) is an imaginary part: multiplying a realified
     Jacobian block by it gives the block of z -> conj(f(conj z))."""
-    r = torch.ones(n_rows, dtype=torch.float64)
-    c = torch.ones(n_cols, dtype=torch.float64)
+    r = torch.ones(n_rows, dtype=torch.float64, device=device)
+    c = torch.ones(n_cols, dtype=torch.float64, device=device)
     if rows_complex:
         r[1::2] = -1
     if cols_complex:

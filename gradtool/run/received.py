@@ -72,7 +72,8 @@ def capture(problem: Problem) -> list[tuple[Application, Received]]:
         handles.append(app.node.register_prehook(hook))
     try:
         gen = torch.Generator().manual_seed(59)
-        grads = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o) for o in outs]
+        grads = [torch.randn(o.shape, generator=gen, dtype=torch.float64, device="cpu").to(o)
+                 for o in outs]
         problem.vjp(leaves, outs, grads)
     finally:
         for handle in handles:
@@ -115,7 +116,7 @@ def _overlaps(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
 def describe(strides: Strides) -> str:
     """'transposed', 'expanded (stride-0)', 'channels_last', or the strides themselves."""
     shape, stride, offset = strides
-    probe = torch.empty_strided(shape, stride)
+    probe = torch.empty_strided(shape, stride, device="meta")  # strides only, no memory
     if any(s == 0 and n > 1 for s, n in zip(stride, shape)):
         return "expanded (stride-0)"
     if len(shape) in (4, 5) and probe.is_contiguous(
@@ -193,4 +194,4 @@ def _recheck(finding: FunctionFinding, app: Application, received: Received,
 
 def _moved(strides: Strides) -> bool:
     shape, stride, offset = strides
-    return offset != 0 or not torch.empty_strided(shape, stride).is_contiguous()
+    return offset != 0 or not torch.empty_strided(shape, stride, device="meta").is_contiguous()

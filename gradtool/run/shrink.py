@@ -189,7 +189,7 @@ def simplified(specs: Sequence[Any], args: Sequence[Any], decimals: int) -> list
         step = float(f"{10.0 ** -decimals:.{decimals}f}")
         # Rounded through decimal text, so the test file's literals are exactly these values.
         rounded = torch.tensor([float(f"{x:.{decimals}f}") for x in value.reshape(-1).tolist()],
-                               dtype=value.dtype).reshape(value.shape)
+                               dtype=value.dtype, device=value.device).reshape(value.shape)
         rounded = torch.where(rounded == 0, torch.where(value < 0, -step, step), rounded)
         changed |= not torch.equal(rounded, value)
         given = ValueSpec(rounded.detach().clone(), spec.differentiable(), spec.name)

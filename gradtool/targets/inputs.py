@@ -301,13 +301,14 @@ def sample(spec: TensorSpec, generator: Any, default_dtype: str, device: str) ->
     shape, kind = spec.shape, spec.domain.kind
     if kind == "integer" or dtype_name in INTEGER_DTYPES:
         lo, hi = (spec.domain.lo, spec.domain.hi) if spec.domain.lo is not None else (0, 10)
-        values = torch.randint(int(lo), int(hi) + 1, shape, generator=generator)
+        # drawn on the CPU from the case's CPU generator: the same values on every device
+        values = torch.randint(int(lo), int(hi) + 1, shape, generator=generator, device="cpu")
         return values.to(dtype=dtype, device=device)
-    base = torch.randn(shape, generator=generator, dtype=torch.float64)
-    unit = torch.rand(shape, generator=generator, dtype=torch.float64)
+    base = torch.randn(shape, generator=generator, dtype=torch.float64, device="cpu")
+    unit = torch.rand(shape, generator=generator, dtype=torch.float64, device="cpu")
     values = _in_domain(spec.domain, base, unit, shape)
     if dtype_name in COMPLEX_DTYPES:  # the domain holds for the real part; imag is N(0, 1)
-        imag = torch.randn(shape, generator=generator, dtype=torch.float64)
+        imag = torch.randn(shape, generator=generator, dtype=torch.float64, device="cpu")
         values = torch.complex(values, imag)
     return values.to(dtype=dtype, device=device)
 
@@ -329,7 +330,7 @@ def _in_domain(domain: Domain, base: Any, unit: Any, shape: tuple[int, ...]) -> 
         return (base + base.mT) / 2
     if kind == "spd":
         n = shape[-1]
-        return base @ base.mT / n + torch.eye(n, dtype=base.dtype)
+        return base @ base.mT / n + torch.eye(n, dtype=base.dtype, device=base.device)
     if kind == "simplex":
         return torch.softmax(base, dim=-1)
     return base
