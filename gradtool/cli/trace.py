@@ -273,7 +273,7 @@ def _annotated(report: Report, recording: Recording, unusable: list[Rejected],
     targets = []
     for target in report.targets:
         entry = by_name.get(target.target)
-        notes = _notes(entry, recording) if entry else []
+        notes = _notes(entry, recording, report.config.get("device", "cpu")) if entry else []
         cases = tuple(replace(c, notes=(*c.notes, *notes)) for c in target.cases)
         targets.append(replace(target, cases=cases))
     rejected = list(report.rejected) + [r for r in unusable if r not in report.rejected]
@@ -283,13 +283,15 @@ def _annotated(report: Report, recording: Recording, unusable: list[Rejected],
     return replace(report, targets=tuple(targets), rejected=tuple(rejected))
 
 
-def _notes(entry: dict[str, Any], recording: Recording) -> list[str]:
+def _notes(entry: dict[str, Any], recording: Recording, device: str) -> list[str]:
     notes = [f"recorded from the script: called {_times(entry, recording)} with this signature"]
     grads = recording.grads.get(entry["index"])
     notes.append(f"grad_outputs its backward received: {'; '.join(grads)}" if grads else
                  "its backward did not run in the script (only its forward was used)")
-    if any(d != "cpu" for d in entry.get("devices", [])):
-        notes.append(f"recorded on {', '.join(entry['devices'])}; replayed on cpu")
+    recorded = entry.get("devices", [])
+    if any(d.split(":")[0] != device.split(":")[0] for d in recorded):  # loaded onto --device
+        hint = "" if device != "cpu" else f" (--device {recorded[-1]} replays it there)"
+        notes.append(f"recorded on {', '.join(recorded)}; replayed on {device}{hint}")
     return notes
 
 

@@ -125,10 +125,16 @@ def test_source(target: str, name: str, shrunk: Shrunk, config: CheckConfig,
              + (" (values simplified)." if shrunk.values else "."),
              "It fails while the bug is there and passes once it is fixed.",
              '"""', "", "from pathlib import Path", ""]
-    if values:
+    device = _device(config, [_inner(s).value for _, s in values])
+    if device is not None:
+        lines.append("import pytest")
+    if values or device is not None:
         lines.append("import torch")
     lines += ["import gradtool", "", "HERE = Path(__file__).resolve().parent",
               f"TARGET = {target}", "", "", f"def test_{name}():"]
+    if device is not None:  # replayed where it failed, or skipped saying what it needs
+        lines += ["    if not torch.cuda.is_available():",
+                  f"        pytest.skip('this reproducer runs on {device}: it needs CUDA')"]
     big = [(k, s) for k, s in values if _inner(s).value.numel() > MAX_VALUES]
     if big:  # too many to write out: saved beside the test
         import torch
@@ -175,5 +181,14 @@ def _tensor_text(spec: Any, k: int, big: list[tuple[int, Any]]) -> str:
     if any(j == k for j, _ in big):
         return f"saved[{str(k)!r}]{grad}"
     dtype = str(value.dtype).removeprefix("torch.")
-    return (f"torch.tensor({value.tolist()!r}, dtype=torch.{dtype}, "
+    place = "" if value.device.type == "cpu" else f"device={str(value.device)!r}, "
+    return (f"torch.tensor({value.tolist()!r}, dtype=torch.{dtype}, {place}"
             f"requires_grad={spec.requires_grad})")
+
+
+def _device(config: CheckConfig, values: Sequence[Any]) -> str | None:
+    """The CUDA device the failure happened on (the run's, or a given value's), else None."""
+    for device in [config.device, *(str(v.device) for v in values)]:
+        if str(device).startswith("cuda"):
+            return str(device)
+    return None

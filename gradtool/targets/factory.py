@@ -17,14 +17,14 @@ EXPECTED = ("a tuple of positional arguments, a pair (args tuple, kwargs dict), 
 def load_inputs(text: str, seed: int, dtype: str, device: str) -> list[tuple[str, list[Any]]]:
     """[(case label, specs)] from a factory 'file.py:name' / 'module:name' or a .pt file."""
     if text.endswith(".pt"):
-        data, where = _load_pt(text), text
+        data, where = _load_pt(text, device), text
     else:
         fn, where = _factory(text)
         data = _call(fn, where, seed, dtype, device)
     return _cases(data, where)
 
 
-def _load_pt(text: str) -> Any:
+def _load_pt(text: str, device: str) -> Any:
     import torch
 
     if not Path(text).is_file():
@@ -32,7 +32,8 @@ def _load_pt(text: str) -> Any:
                          "write one with gradtool check ... --save-inputs FILE.pt")
     try:
         # weights_only: tensors, tuples, dicts and numbers load; no pickled code ever runs.
-        return torch.load(text, map_location="cpu", weights_only=True)
+        # Onto the run's device: values saved on a GPU replay on the CPU and the reverse.
+        return torch.load(text, map_location=device, weights_only=True)
     except Exception as exc:
         raise InputError(f"--inputs-from {text}: cannot load it with torch.load(weights_only=True)"
                          f": {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
