@@ -47,3 +47,34 @@ def test_changelog_leads_with_this_version():
     assert headings[0] == __version__, headings
     assert headings == sorted(headings, key=lambda v: [int(x) for x in v.split(".")],
                               reverse=True)
+
+
+# Metadata a setuptools release first understood: the declared build requirement must reach it,
+# or `pip install --no-build-isolation .` on an older image fails (a GPU machine's, typically).
+# Measured: setuptools 76.1 refuses `license = "MIT"`, 77.0.3 builds the wheel (docs/compatibility.md).
+NEEDS_SETUPTOOLS = {"license as a string (PEP 639)": 77, "license-files": 77}
+
+
+def _declared_setuptools_floor(requires: list[str]) -> int:
+    [spec] = [r for r in requires if r.startswith("setuptools")]
+    match = re.fullmatch(r"setuptools>=(\d+)(\.\d+)*", spec.replace(" ", ""))
+    assert match, f"build requirement {spec!r}: give a lower bound, setuptools>=N"
+    return int(match.group(1))
+
+
+def test_the_build_requirement_builds_the_declared_metadata():
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    used = []
+    if isinstance(pyproject["project"].get("license"), str):
+        used.append("license as a string (PEP 639)")
+    if "license-files" in pyproject["project"]:
+        used.append("license-files")
+    floor = _declared_setuptools_floor(pyproject["build-system"]["requires"])
+    for feature in used:
+        assert floor >= NEEDS_SETUPTOOLS[feature], \
+            f"{feature} needs setuptools>={NEEDS_SETUPTOOLS[feature]}, the build declares >={floor}"
+
+
+def test_the_floor_rule_reads_a_stale_requirement():
+    assert _declared_setuptools_floor(["setuptools>=64"]) == 64 < NEEDS_SETUPTOOLS[
+        "license as a string (PEP 639)"]
