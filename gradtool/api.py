@@ -25,9 +25,11 @@ def _input_specs(inputs: Any, kwargs: dict[str, Any] | None) -> list[Any] | None
     return given_specs(list(inputs or ()), kwargs, parse_input)
 
 
-def _given_dtype(specs: list[Any] | None, settings: dict[str, Any]) -> dict[str, Any]:
+def _given_dtype(specs: list[Any] | None, settings: dict[str, Any], target: Any = None
+                 ) -> dict[str, Any]:
     """Given tensors of one floating dtype (one device) set the run's dtype (so its tolerances)
-    and device, unless the caller set them: the check runs where the values are."""
+    and device, unless the caller set them: the check runs where the values are, else where a
+    module's parameters and buffers are."""
     import torch
 
     from .targets.values import ValueSpec, leaves
@@ -35,10 +37,19 @@ def _given_dtype(specs: list[Any] | None, settings: dict[str, Any]) -> dict[str,
     given = [leaf.value for _, leaf in leaves([getattr(s, "spec", s) for s in specs or []])
              if isinstance(leaf, ValueSpec) and isinstance(leaf.value, torch.Tensor)]
     dtypes = {str(t.dtype).removeprefix("torch.") for t in given if t.is_floating_point()}
-    devices = {str(t.device) for t in given}
+    devices = {str(t.device) for t in given} or module_devices(target)
     found = {"dtype": dtypes.pop() if len(dtypes) == 1 else None,
              "device": devices.pop() if len(devices) == 1 else None}
     return {**{k: v for k, v in found.items() if v is not None}, **settings}
+
+
+def module_devices(target: Any) -> set[str]:
+    """The devices of an nn.Module instance's parameters and buffers (empty for anything else)."""
+    import torch
+
+    if not isinstance(target, torch.nn.Module):
+        return set()
+    return {str(t.device) for t in [*target.parameters(), *target.buffers()]}
 
 
 def check(target: Any, inputs: Any = None, kwargs: dict[str, Any] | None = None,
@@ -53,7 +64,7 @@ def check(target: Any, inputs: Any = None, kwargs: dict[str, Any] | None = None,
     (seed, dtype, eps, atol, rtol, nondet_tol, checks, mode, probes, ...).
     """
     specs = _input_specs(inputs, kwargs)
-    settings = _given_dtype(specs, settings)
+    settings = _given_dtype(specs, settings, target)
     config = CheckConfig(**{k: (tuple(v) if k == "checks" else v) for k, v in settings.items()})
     if isinstance(target, str) and is_spec_argument(target) and specs is not None:
         raise GradtoolError(f"{target} is a spec: its inputs come from the file")

@@ -111,3 +111,14 @@ def test_a_wrong_device_inside_a_check_is_an_internal_error(monkeypatch):
     monkeypatch.setattr(steps, "one_hot", misplaced)
     with pytest.raises(InternalError, match="grad_output 0 on meta"):
         gradtool.check(_Double, inputs=("4x3",), checks=("gradient",))
+
+
+def test_a_module_is_checked_where_its_parameters_are():
+    from gradtool.api import _given_dtype, _input_specs
+
+    on_meta = torch.nn.Linear(3, 2, device="meta")
+    assert _given_dtype(None, {}, on_meta)["device"] == "meta"
+    assert _given_dtype(None, {"device": "cpu"}, on_meta)["device"] == "cpu"  # asked: kept
+    x = torch.zeros(2, 3)
+    assert "device" not in _given_dtype(None, {}, lambda v: v)
+    assert _given_dtype(_input_specs((x,), None), {}, on_meta)["device"] == "cpu"  # values decide
