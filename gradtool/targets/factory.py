@@ -56,7 +56,8 @@ def _factory(text: str) -> tuple[Any, str]:
 def _call(fn: Any, where: str, seed: int, dtype: str, device: str) -> Any:
     import torch
 
-    offered = {"generator": torch.Generator().manual_seed(seed),
+    # A generator of the run's device: the factory draws there with generator=, device=.
+    offered = {"generator": torch.Generator(device=device).manual_seed(seed),
                "dtype": getattr(torch, dtype), "device": device}
     try:
         params = inspect.signature(fn).parameters
