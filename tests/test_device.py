@@ -55,6 +55,17 @@ def test_a_failing_run_makes_no_tensor_without_a_device(checks):
     assert "failed" in _outcomes(report)
 
 
+@pytest.mark.parametrize("target, inputs", [
+    ("tests/fixtures/three_functions.py:ThreeFunctionNet", None),   # the culprit search
+    ("tests/fixtures/models.py:InnerBroken", None),                  # a Function inside a model
+    ("specs/examples/mul_constant.py:MulConstantUnscaled", ("3x3", "5"))])
+def test_models_and_their_culprits_make_no_tensor_without_a_device(target, inputs, tmp_path):
+    with FactoryGuard() as guard:
+        report = gradtool.check(target, inputs)
+    assert guard.found == []
+    assert _outcomes(report) - {"passed", "skipped", "xfailed"}  # each has a failure to diagnose
+
+
 def test_the_runtime_guard_finds_a_factory_planted_in_numerics():
     # Compiled under a numerics/ file name: to the guard, a frame of gradtool's numerics.
     planted = textwrap.dedent("""
