@@ -240,7 +240,9 @@ def instantiate(target: Target, seed: int) -> torch.nn.Module:
     if not inspect.isclass(target.obj):
         return target.obj
     init = target.init
-    with torch.random.fork_rng(devices=[]):
+    # manual_seed seeds every device: the CUDA generators already in use are forked too
+    devices = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         try:
             if isinstance(init, dict):
