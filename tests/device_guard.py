@@ -14,9 +14,11 @@ import sys
 from pathlib import Path
 
 import torch
+
+import gradtool
 from torch.overrides import TorchFunctionMode
 
-PACKAGE = Path(__file__).resolve().parent.parent / "gradtool"
+PACKAGE = Path(gradtool.__file__).resolve().parent  # the gradtool that runs
 # torch functions that make a tensor from nothing (or from Python/numpy data): without device=
 # they make it on the CPU, wrong for a CUDA target. *_like and Tensor.new_* inherit a device.
 FACTORIES = frozenset({

@@ -11,7 +11,7 @@ import torch
 import gradtool
 from gradtool.errors import InternalError
 from gradtool.numerics.problem import Problem
-from tests.device_guard import PACKAGE, FactoryGuard, package_violations, violations
+from device_guard import PACKAGE, FactoryGuard, package_violations, violations
 
 
 def test_every_factory_gradtool_calls_names_its_device():
