@@ -118,7 +118,8 @@ def batched_outputs(problem: Problem, values: Sequence[torch.Tensor], which: int
 
     @calls_user_code
     def run(*a: object) -> tuple[torch.Tensor, ...]:
-        return tuple(select_outputs(problem.batched_fn(*a), problem.output_mask))
+        return tuple(o.detach() for o in select_outputs(problem.batched_fn(*a),
+                                                        problem.output_mask))
 
     size = int(batches[0].shape[0])
     try:
