@@ -57,10 +57,12 @@ class Encoding:
             blocksize = tuple(p.values().shape[1:3]) if p.layout in BLOCKED else None
             return value.to_sparse(layout=p.layout, blocksize=blocksize, dense_dim=p.dense_dim())
         if p.layout == torch.sparse_coo:
-            return torch.sparse_coo_tensor(p.indices(), value, p.shape, is_coalesced=True)
+            return torch.sparse_coo_tensor(p.indices(), value, p.shape, is_coalesced=True,
+                                           check_invariants=False)
         compressed, plain = ((p.crow_indices(), p.col_indices()) if p.layout in ROW_MAJOR
                              else (p.ccol_indices(), p.row_indices()))
-        return torch.sparse_compressed_tensor(compressed, plain, value, p.shape, layout=p.layout)
+        return torch.sparse_compressed_tensor(compressed, plain, value, p.shape, layout=p.layout,
+                                           check_invariants=False)
 
     def describe(self) -> str:
         elements = "specified elements (masked)" if self.masked else "every element (unmasked)"
