@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gradtool
-from conftest import load_fixture, outcomes, result
+from conftest import FIXTURES, load_fixture, outcomes, result
 
 LAYOUTS = {"coo": torch.sparse_coo, "csr": torch.sparse_csr}
 
@@ -129,3 +129,21 @@ def test_a_wrong_sparse_function_inside_a_model_is_named(fx):
     gradient = result(gradtool.check(fx.graph_conv_dropped(), ["5x3"]), "gradient")
     assert gradient.outcome.value == "failed"
     assert any("DroppedMatmul" in line and "w.r.t. b" in line for line in gradient.details)
+
+
+def test_the_command_line_replays_sparse_inputs_masked_or_not(fx, tmp_path):
+    from click.testing import CliRunner
+
+    from gradtool.cli.main import main
+
+    a, b = fx.operands(torch.sparse_coo)
+    saved = tmp_path / "inputs.pt"
+    torch.save(((a.detach(), b.detach()), {}), saved)  # torch.save drops a sparse requires_grad
+    target = f"{FIXTURES}/sparse_functions.py:SparseMatmul"
+    args = ["check", target, "--inputs-from", str(saved), "--no-isolate", "--check", "gradient"]
+    masked = CliRunner().invoke(main, [*args, "--masked"])
+    assert masked.exit_code == 0, masked.output
+    assert "a: sparse_coo, specified elements (masked) compared" in masked.output
+    unmasked = CliRunner().invoke(main, args)
+    assert unmasked.exit_code == 1, unmasked.output
+    assert "--masked" in unmasked.output
