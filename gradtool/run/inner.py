@@ -82,7 +82,9 @@ def _contract_of(app: Application, config: CheckConfig, freeze_seed: int | None
         return [Finding("contract.inner_raised", _not_rerun(app, checked.summary),
                         Severity.WARNING, checked.source or target.source)]
     return [Finding(f.rule, f"{prefix}: {f.message}", f.severity,
-                    f.source or checked.source or target.source) for f in checked.findings]
+                    f.source or checked.source or target.source,
+                    data={**f.data, "function": app.cls.__qualname__})
+            for f in checked.findings]
 
 
 def _not_rerun(app: Application, why: str) -> str:
