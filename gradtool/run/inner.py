@@ -1,4 +1,5 @@
-"""Contract of every custom Function inside a module or callable, on the inputs it received."""
+"""Contract of every custom Function inside a module or callable, on the inputs it received;
+which of those findings a right gradient makes warnings."""
 
 from __future__ import annotations
 
@@ -91,3 +92,28 @@ def _not_rerun(app: Application, why: str) -> str:
     where = f" at {app.created_at}" if app.created_at else ""
     return (f"gradtool could not re-run {app.cls.__qualname__}{where} alone to check its "
             f"contract (not a finding about your code): {why}")
+
+
+def inner_algebra_waived(result: CheckResult) -> CheckResult:
+    """A composite whose gradient check passed: the rules about an inner Function's algebra
+    (registry `Rule.algebra`) it broke did not make the user's gradient wrong; warnings naming
+    the rule and the Function (--strict fails them). Rules about data keep failing."""
+    from ..config.registry import RULES
+
+    def waived(f: Finding) -> bool:
+        rule = RULES.get(f.rule)
+        return (rule is not None and rule.algebra and "function" in f.data
+                and f.severity is Severity.FAILURE)
+
+    if not any(waived(f) for f in result.findings):
+        return result
+    findings = tuple(Finding(f.rule, f"{f.message} — inside, where the gradient you get is "
+                             "right (the gradient check passed): a warning", Severity.WARNING,
+                             f.source, f.data)
+                     if waived(f) else f for f in result.findings)
+    failures = [f for f in findings if f.severity is Severity.FAILURE]
+    if result.outcome is not Outcome.FAILED or failures or result.blocks:
+        return replace(result, findings=findings)
+    return replace(result, outcome=Outcome.PASSED, findings=findings,
+                   summary="the gradient is right; custom Functions inside break rules about "
+                           "backward's algebra (warnings)", source=None)

@@ -145,6 +145,8 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
             checks.append(_once(result, checks, case.problem))
     checks = _repeats_told(checks, errors)
     if job.target.kind.composite and case.problem.cache.first_order is Outcome.PASSED:
+        from .inner import inner_algebra_waived
+
         checks = [inner_algebra_waived(c) for c in checks]
     notes = list(case.notes)
     if has_given_values(case.specs) and not spec.origin:
@@ -305,32 +307,6 @@ def silence(result: CheckResult, ignore: Sequence[str]) -> CheckResult:
     summary = failures[0].message if failures and not result.blocks and first is not None \
         and first.rule in ignore else result.summary
     return replace(result, findings=kept, summary=summary, details=(*result.details, note))
-
-
-def inner_algebra_waived(result: CheckResult) -> CheckResult:
-    """A composite whose gradient check passed: the rules about an inner Function's algebra
-    (registry `Rule.algebra`) it broke did not make the user's gradient wrong; warnings naming
-    the rule and the Function (--strict fails them). Rules about data keep failing."""
-    from ..config.registry import RULES
-    from ..results import Severity
-
-    def waived(f: Finding) -> bool:
-        rule = RULES.get(f.rule)
-        return (rule is not None and rule.algebra and "function" in f.data
-                and f.severity is Severity.FAILURE)
-
-    if not any(waived(f) for f in result.findings):
-        return result
-    findings = tuple(Finding(f.rule, f"{f.message} — inside, where the gradient you get is "
-                             "right (the gradient check passed): a warning", Severity.WARNING,
-                             f.source, f.data)
-                     if waived(f) else f for f in result.findings)
-    failures = [f for f in findings if f.severity is Severity.FAILURE]
-    if result.outcome is not Outcome.FAILED or failures or result.blocks:
-        return replace(result, findings=findings)
-    return replace(result, outcome=Outcome.PASSED, findings=findings,
-                   summary="the gradient is right; custom Functions inside break rules about "
-                           "backward's algebra (warnings)", source=None)
 
 
 def _variant(name: str, case: Case, job: Job, config: CheckConfig) -> Any:
