@@ -1,5 +1,4 @@
-"""Contract of every custom Function inside a module or callable, on the inputs it received;
-which of those findings a right gradient makes warnings."""
+"""The contract of each custom Function inside a model or callable, on the inputs it received."""
 
 from __future__ import annotations
 
