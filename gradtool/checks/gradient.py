@@ -241,7 +241,7 @@ def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: in
 def _judged(verdict: Verdict, i: int, o: int) -> Any:
     """The elements the verdict judged wrong (numpy), so the diagnosis counts what it counted."""
     mask = verdict.mismatch.get((i, o))
-    return None if mask is None else mask.numpy()
+    return None if mask is None else mask.cpu().numpy()
 
 
 def _permuted(problem: Problem, block: Block, i: int, o: int, config: CheckConfig
@@ -277,7 +277,9 @@ def _zero_cotangent(problem: Problem, i: int) -> Any:
 
 
 def as_numpy(t: torch.Tensor) -> Any:
-    """A numpy array of t; bfloat16, which numpy lacks, widened to float32."""
+    """A numpy array of t's values, on the host; bfloat16, which numpy lacks, widened to float32
+    (the analytical rows live on the inputs' device)."""
+    t = t.detach().cpu()
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 

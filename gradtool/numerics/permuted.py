@@ -57,4 +57,4 @@ def probes(problem: Problem, config: CheckConfig, i: int, o: int, seed: int) -> 
 
 
 def _flat(t: torch.Tensor) -> Any:
-    return t.detach().reshape(-1).double().numpy()
+    return t.detach().reshape(-1).double().cpu().numpy()
