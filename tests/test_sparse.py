@@ -31,6 +31,9 @@ def test_correct_sparse_functions_pass_under_masked_semantics(fx, name, layout):
     assert a.grad is None and a.layout == LAYOUTS[layout]  # the user's tensor untouched
     case = report.targets[0].cases[0]
     assert any("specified elements (masked)" in note for note in case.notes)
+    layout = result(report, "layout")  # b moved to other strides; a, rebuilt sparse, is not
+    assert layout.outcome.value == "passed" and "'b'" in layout.summary
+    assert "'a'" not in layout.summary and "'t'" not in layout.summary
 
 
 @pytest.mark.parametrize("name, kind", [
