@@ -150,3 +150,21 @@ def test_the_command_line_replays_sparse_inputs_masked_or_not(fx, tmp_path):
     unmasked = CliRunner().invoke(main, args)
     assert unmasked.exit_code == 1, unmasked.output
     assert "--masked" in unmasked.output
+
+
+def test_saved_inputs_keep_their_sparse_layout(fx, tmp_path):
+    from click.testing import CliRunner
+
+    from gradtool.cli.main import main
+
+    a, b = fx.operands(torch.sparse_csr)
+    given = tmp_path / "given.pt"
+    torch.save(((a.detach(), b.detach()), {}), given)
+    target = f"{FIXTURES}/sparse_functions.py:SparseSolve"
+    saved = tmp_path / "saved.pt"
+    out = CliRunner().invoke(main, ["check", target, "--inputs-from", str(given), "--masked",
+                                    "--save-inputs", str(saved), "--no-isolate"])
+    assert out.exit_code == 0, out.output
+    (args, _), = [torch.load(saved, weights_only=True)]
+    assert args[0].layout == torch.sparse_csr
+    assert torch.equal(args[0].to_dense(), a.detach().to_dense())

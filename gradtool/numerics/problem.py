@@ -15,7 +15,7 @@ from torch.autograd.variable import Variable
 from ..heartbeat import Calls
 from ..tracebacks import calls_user_code
 from .facts import Facts, output_names  # noqa: F401 - output_names re-exported
-from .sparse import dense_output
+from .sparse import Encoding, dense_output
 
 
 @dataclass
@@ -98,9 +98,9 @@ class Problem:
     # the contract's linearity test found): f(x - d) = 2 f(x) - f(x + d), so a difference
     # along them evaluates one side.
     linear_in: tuple[int, ...] = ()
-    # Positions (in args) of sparse arguments held as strided values and rebuilt in their layout
-    # inside fn (numerics/sparse.py): a check that needs the layout itself skips them.
-    sparse: tuple[int, ...] = ()
+    # Sparse arguments by position (in args), held as strided values and rebuilt in their
+    # layout inside fn (numerics/sparse.py): a check that needs the layout itself skips them.
+    sparse: dict[int, Encoding] = field(default_factory=dict)
 
     def learn(self, facts: Facts) -> None:
         """Replace the facts whole (the probe phase, or the first forward of a Problem the
@@ -148,6 +148,11 @@ class Problem:
     @property
     def input_names(self) -> list[str]:
         return [self.names[i] for i in self.diff]
+
+    def given_args(self) -> list[Any]:
+        """The arguments as the target receives them (sparse ones rebuilt): what to save."""
+        return [self.sparse[k].rebuild(a).detach() if k in self.sparse else a
+                for k, a in enumerate(self.args)]
 
     def with_inputs(self, values: Sequence[torch.Tensor]) -> list[Any]:
         """The full argument list with the differentiable ones replaced; the other tensors are

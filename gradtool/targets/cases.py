@@ -114,7 +114,7 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
         notes.append(f"{', '.join(names[p] for p in symmetric)}: perturbed along symmetric "
                      "directions, both gradients symmetrised (the tangent space of sym/spd)")
     problem = Problem(fn, args, names, diff, batched_fn=batched_fn, scope=scope,
-                      sparse=tuple(encodings))
+                      sparse=encodings)
     return Case(label, seed, list(specs), problem, infos, inferred, notes)
 
 
