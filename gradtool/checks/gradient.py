@@ -62,7 +62,9 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
         config = config.fixed()
     try:
         leaves, outs = prime(problem)
-        if first_order and any(BY_NAME[check].reuses_graph for check in config.checks):
+        # double backward derives from this graph, except of sparse inputs (which it skips)
+        if first_order and not problem.sparse and any(BY_NAME[check].reuses_graph
+                                                      for check in config.checks):
             problem.cache.gradient_graph = (leaves, outs)  # double backward derives G from it
         if not outs:
             return CheckResult(name, Outcome.SKIPPED, "forward returns no differentiable output")
