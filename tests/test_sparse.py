@@ -168,3 +168,31 @@ def test_saved_inputs_keep_their_sparse_layout(fx, tmp_path):
     (args, _), = [torch.load(saved, weights_only=True)]
     assert args[0].layout == torch.sparse_csr
     assert torch.equal(args[0].to_dense(), a.detach().to_dense())
+
+
+def _specified_half() -> torch.Tensor:
+    dense = torch.randn(3, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    return dense * (dense.abs() > 0.5)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("given", [
+    pytest.param(lambda: torch.randn(3, 4, 2, dtype=torch.float64).to_sparse(sparse_dim=2),
+                 id="hybrid_coo"),
+    pytest.param(lambda: torch.sparse_coo_tensor([[0, 0, 1], [1, 1, 2]], [1.0, 2.0, 3.0], (2, 3),
+                                                 dtype=torch.float64), id="uncoalesced_coo"),
+    pytest.param(lambda: _specified_half().float().to_sparse_csr(), id="float32_csr"),
+    pytest.param(lambda: _specified_half().to_sparse_bsc((1, 2)), id="bsc")])
+def test_other_sparse_tensors_are_checked_too(given, masked):
+    report = gradtool.check(lambda x: x.to_dense(masked_grad=masked).sin(),
+                            [given().requires_grad_(True)], masked=masked)
+    assert outcomes(report)["gradient"] == "passed"
+
+
+def test_a_complex_sparse_input_is_compared_masked_and_refused_unmasked_saying_why():
+    z = (_specified_half() * (1 + 1j)).to_sparse().requires_grad_(True)
+    masked = gradtool.check(lambda x: x.to_dense() * 2, [z], masked=True)
+    assert outcomes(masked)["complex"] == "passed"
+    assert outcomes(masked)["double_backward"] == "skipped"
+    unmasked = gradtool.check(lambda x: x.to_dense() * 2, [z])
+    assert not unmasked.targets and "masked=True" in unmasked.rejected[0].message

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..errors import InputError
 from ..tracebacks import calls_user_code
 
 COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
@@ -38,6 +39,11 @@ class Encoding:
 
     @staticmethod
     def of(tensor: torch.Tensor, masked: bool) -> Encoding:
+        if tensor.is_complex() and not masked:
+            raise InputError("a complex sparse input can only be compared on its specified "
+                             "elements: torch cannot differentiate to_sparse of a complex "
+                             "tensor, by which every element would be", "pass masked=True "
+                             "(--masked), or check the dense function with tensor.to_dense()")
         tensor = tensor.detach()
         if tensor.layout == torch.sparse_coo:
             tensor = tensor.coalesce()
