@@ -334,8 +334,8 @@ def difference(have: torch.Tensor, want: torch.Tensor, nondet_tol: float, name: 
 def _forward(problem: Problem, leaves: list[torch.Tensor],
              moved: dict[int, Callable[..., torch.Tensor]] | None = None
              ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """(leaves, outputs) with a recorded graph; inputs numbered in `moved` are passed rebuilt
-    in another layout by differentiable ops, so gradients reach the contiguous leaves."""
+    """(the tensors to differentiate at, outputs) with a recorded graph; inputs numbered in
+    `moved` are passed rebuilt in another layout (the same values) by differentiable ops."""
     leaves = [leaf.detach().requires_grad_(True) for leaf in leaves]
     with torch.enable_grad(), problem.rng():
         problem.calls["forward"] += 1
@@ -343,7 +343,10 @@ def _forward(problem: Problem, leaves: list[torch.Tensor],
         for k, build in (moved or {}).items():
             passed[k] = build(passed[k], k)  # differentiable: gradients reach the leaf
         outs = select_outputs(problem.fn(*problem.with_inputs(passed)), problem.output_mask)
-    return leaves, outs
+    # Differentiated at the tensors the target received: a gradient the layout's view ops
+    # cannot carry back (nn.Embedding(sparse=True)'s) needs no trip through them. A forward
+    # that writes its inputs wrote those tensors: it is differentiated at the leaves.
+    return (leaves if problem.mutates else passed), outs
 
 
 @calls_user_code
