@@ -196,3 +196,21 @@ def test_a_complex_sparse_input_is_compared_masked_and_refused_unmasked_saying_w
     assert outcomes(masked)["double_backward"] == "skipped"
     unmasked = gradtool.check(lambda x: x.to_dense() * 2, [z])
     assert not unmasked.targets and "masked=True" in unmasked.rejected[0].message
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_target_sees_the_given_pattern_explicit_zeros_included(layout, masked):
+    indices = torch.tensor([[0, 0, 1], [0, 2, 1]])
+    given = torch.sparse_coo_tensor(indices, torch.tensor([1.5, 0.0, -2.0], dtype=torch.float64),
+                                    (2, 3)).coalesce()  # (0, 2) specified, and zero
+    given = (given if layout == "coo" else given.to_sparse_csr()).requires_grad_(True)
+    seen = []
+
+    def pattern_dependent(x):  # unspecified elements count as -inf in a sparse softmax
+        seen.append(x._nnz())
+        coo = x.to_sparse_coo() if x.layout != torch.sparse_coo else x
+        return torch.sparse.softmax(coo, dim=1).to_dense()
+
+    gradtool.check(pattern_dependent, [given], masked=masked, checks=["contract"])
+    assert seen and set(seen) == {3}

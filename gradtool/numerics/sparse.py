@@ -59,9 +59,7 @@ class Encoding:
         """The argument in its layout, from the engine's value (differentiable in it)."""
         p = self.pattern
         if not self.masked:
-            # Perturbing an unspecified element specifies it, as gradcheck's densified input does.
-            blocksize = tuple(p.values().shape[1:3]) if p.layout in BLOCKED else None
-            return value.to_sparse(layout=p.layout, blocksize=blocksize, dense_dim=p.dense_dim())
+            return self._every_element(value)
         if p.layout == torch.sparse_coo:
             return torch.sparse_coo_tensor(p.indices(), value, p.shape, is_coalesced=True,
                                            check_invariants=False)
@@ -69,6 +67,25 @@ class Encoding:
                              else (p.ccol_indices(), p.row_indices()))
         return torch.sparse_compressed_tensor(compressed, plain, value, p.shape, layout=p.layout,
                                            check_invariants=False)
+
+    def _every_element(self, value: torch.Tensor) -> torch.Tensor:
+        """The given pattern (explicit zeros kept) holding value's elements there, plus every
+        element a perturbation made nonzero off it (specified then, as in gradcheck's densified
+        input); its gradient is backward's whole gradient, wherever backward put it."""
+        p = self.pattern
+        coo = p if p.layout == torch.sparse_coo else p.to_sparse_coo().coalesce()
+        at = coo.indices()
+        kept = torch.sparse_coo_tensor(at, value[tuple(at)], p.shape, is_coalesced=True,
+                                       check_invariants=False)
+        outside = torch.ones(p.shape[:coo.sparse_dim()], dtype=torch.bool)
+        outside[tuple(at)] = False
+        off = (value * outside.reshape(*outside.shape, *[1] * coo.dense_dim())).to_sparse(
+            sparse_dim=coo.sparse_dim())
+        whole = (kept + off).coalesce()  # off empty at x itself, but in the graph: its gradient
+        if p.layout == torch.sparse_coo:
+            return whole
+        blocksize = tuple(p.values().shape[1:3]) if p.layout in BLOCKED else None
+        return whole.to_sparse(layout=p.layout, blocksize=blocksize)
 
     def describe(self) -> str:
         elements = "specified elements (masked)" if self.masked else "every element (unmasked)"
