@@ -25,6 +25,7 @@ FACTORIES = frozenset({
     "zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange",
     "linspace", "logspace", "eye", "tensor", "as_tensor", "scalar_tensor", "empty_strided",
     "tril_indices", "triu_indices", "sparse_coo_tensor", "sparse_csr_tensor",
+    "sparse_csc_tensor", "sparse_bsr_tensor", "sparse_bsc_tensor", "sparse_compressed_tensor",
 })
 # torch.from_numpy takes no device and escapes a TorchFunctionMode: as_tensor(..., device=).
 BANNED = frozenset({"from_numpy"})

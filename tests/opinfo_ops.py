@@ -158,5 +158,5 @@ def check_at_values(fn: Callable[..., Any], values: Sequence[torch.Tensor], name
 
 
 def is_sparse(values: Sequence[torch.Tensor]) -> bool:
-    """A sample with a sparse tensor: gradtool refuses it (a usage error naming the fix)."""
+    """A sample with a sparse tensor (checked under gradcheck's masked semantics)."""
     return any(v.layout != torch.strided for v in values)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradtool.errors import InputError, InternalError
+from gradtool.errors import InternalError
 from opinfo_ops import autograd_ops, check_at_values, declared, is_empty, is_sparse, samples, \
     unavailable
 
@@ -98,9 +98,10 @@ def test_op_agrees_with_pytorch(name, record_property):
     op = autograd_ops()[name]
     expected = declared(op)
     for label, fn, values in samples(op):
-        if is_sparse(values):  # refused up front, naming the layout and the fix
-            with pytest.raises(InputError, match="gradtool checks dense"):
-                check_at_values(fn, values, name)
+        if is_sparse(values):  # under masked semantics, as PyTorch's sparse tests check them
+            report = check_at_values(fn, values, name, masked=True)
+            verdicts = {c.outcome.value for _, _, c in report.checks()}
+            assert verdicts <= {"passed", "skipped"}, f"{name} ({label}): {verdicts}"
             continue
         empty = is_empty(fn, values)
         try:

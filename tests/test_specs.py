@@ -56,8 +56,8 @@ INVALID = [
     (spec_file("- target: ops.py:Double", "  atoll: 1.0e-5"),
      "a.yaml:4: specs[0].atoll: unknown key 'atoll'; allowed: name, target, expr, init, inputs, "
      "kwargs, inputs_from, cases, seed, dtype, device, eps, atol, rtol, nondet_tol, mode, checks, "
-     "reference, autocast, timeout, ignore, tolerances, xfail, surrogate, trust_callable, op, "
-     "import, sweep",
+     "reference, autocast, timeout, ignore, masked, tolerances, xfail, surrogate, trust_callable, "
+     "op, import, sweep",
      "did you mean 'atol'?"),
     (spec_file("- name: both", "  target: ops.py:Double", "  expr: x", f"  {X}"),
      "a.yaml:3: specs[0]: give exactly one of target: (file.py:Name or module:Name), op: or "

@@ -10,6 +10,7 @@ import torch
 
 from ..config.settings import CheckConfig
 from ..numerics.problem import Problem, tensor_outputs
+from ..numerics.sparse import dense_output
 from ..results import CheckResult, Finding, Outcome, Severity
 from ..targets.cases import Case
 from ..targets.load import Target
@@ -108,7 +109,9 @@ def _backward_caller(problem: Problem, target: Target, leaves: list[torch.Tensor
     diff_outs = [t for t in tensors if (t.is_floating_point() or t.is_complex()) and t.requires_grad]
     node = diff_outs[0].grad_fn
     own_node = getattr(type(node), "_forward_cls", None) is target.obj
-    if target.kind.function_class and own_node:
+    # A sparse input reaches backward rebuilt from gradtool's strided value: only the engine
+    # maps its gradient back (the raw one is in the sparse tensor's terms).
+    if target.kind.function_class and own_node and not problem.sparse:
         raw_call = _raw_backward(problem, node, result, diff_outs)
         found += _arity_and_shapes(problem, raw_call, diff_outs)
         if any(f.rule in ENGINE_ERRORS for f in found):
@@ -135,7 +138,10 @@ def _raw_backward(problem: Problem, node: Any, result: Any, diff_outs: list[torc
 
 
 def _positions(problem: Problem, raw: tuple[Any, ...]) -> list[torch.Tensor | None]:
-    return [raw[p] if p < len(raw) else None for p in problem.diff]
+    """The gradient of each differentiable input (a sparse one densified: legal for a dense
+    input, as nn.Embedding(sparse=True)'s)."""
+    return [dense_output(raw[p]) if p < len(raw) and isinstance(raw[p], torch.Tensor)
+            else raw[p] if p < len(raw) else None for p in problem.diff]
 
 
 def _arity_and_shapes(problem: Problem, raw_call, diff_outs: list[torch.Tensor]

@@ -28,6 +28,9 @@ def applies(case: Case, context: Context) -> str | None:
         return "not a custom Function: forward mode is only checked for a Function's own jvp"
     if getattr(cls, "jvp", Function.jvp) is Function.jvp:
         return "the Function defines no jvp (forward-mode AD is not supported by it)"
+    if case.problem.sparse:
+        return ("sparse inputs: forward mode through sparse layouts is not checked (torch "
+                "supports few sparse tangents)")
     return None
 
 

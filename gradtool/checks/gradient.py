@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,8 +29,22 @@ Engine = Callable[..., Verdict]  # (problem, config, leaves, outs, seed, referen
 def check_gradient(case: Case, target: Target, config: CheckConfig,
                    reference: Reference | None = None, surrogate: str | None = None) -> CheckResult:
     """First-order check of every (input, output) pair."""
-    return jacobian_result("gradient", case.problem, target, config, case.seed, reference,
-                           surrogate, diagnose_first_order, first_order=True)
+    found = jacobian_result("gradient", case.problem, target, config, case.seed, reference,
+                            surrogate, diagnose_first_order, first_order=True)
+    return _masked_hint(found, case.problem, config)
+
+
+def _masked_hint(found: CheckResult, problem: Problem, config: CheckConfig) -> CheckResult:
+    """A sparse input compared at every element failed: say how to compare the specified ones
+    (a gradient kept on the input's pattern, as torch.sparse.mm's, is right only there)."""
+    names = {problem.names[p] for p in problem.sparse}
+    if config.masked or not any(b.mismatched and b.input in names for b in found.blocks):
+        return found
+    hint = (f"{', '.join(sorted(names))}: sparse, compared at every element (gradcheck's "
+            "default); a backward whose gradient keeps the input's pattern is right only on its "
+            "specified elements: compare those with --masked (masked=True, a spec's masked: "
+            "true)")
+    return replace(found, details=(*found.details, hint))
 
 
 def jacobian_result(name: str, problem: Problem, target: Target, config: CheckConfig, seed: int,
@@ -47,7 +62,9 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
         config = config.fixed()
     try:
         leaves, outs = prime(problem)
-        if first_order and any(BY_NAME[check].reuses_graph for check in config.checks):
+        # double backward derives from this graph, except of sparse inputs (which it skips)
+        if first_order and not problem.sparse and any(BY_NAME[check].reuses_graph
+                                                      for check in config.checks):
             problem.cache.gradient_graph = (leaves, outs)  # double backward derives G from it
         if not outs:
             return CheckResult(name, Outcome.SKIPPED, "forward returns no differentiable output")
@@ -262,8 +279,8 @@ def _zero_cotangent(problem: Problem, i: int) -> Any:
 
 
 def as_numpy(t: torch.Tensor) -> Any:
-    """A numpy array of t's values (brought to the host); bfloat16, which numpy lacks, widened
-    to float32."""
+    """A numpy array of t's values, on the host; bfloat16, which numpy lacks, widened to float32
+    (the analytical rows live on the inputs' device)."""
     t = t.detach().cpu()
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 

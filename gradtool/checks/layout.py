@@ -102,9 +102,12 @@ def run(case: Case, context: Context) -> CheckResult:
     before = dict(problem.calls)
     source = context.target.source
     # A stochastic forward's draws (rand_like) follow its input's memory layout: another
-    # layout is another mask, not a bug. Only grad_output layouts are tried then.
+    # layout is another mask, not a bug. Only grad_output layouts are tried then. A sparse
+    # input is rebuilt in its own layout for every call: gradtool's strides never reach it.
+    sparse = {problem.diff.index(p) for p in problem.sparse}
     movable = [] if problem.freeze_seed is not None else \
-        [k for k, info in enumerate(_diff_infos(case)) if not _is_parameter(info)]
+        [k for k, info in enumerate(_diff_infos(case)) if not _is_parameter(info)
+         and k not in sparse]
     findings, tried = compare_layouts(problem, context.config, case.seed, GRAD_VARIANTS,
                                       INPUT_VARIANTS, movable, source)
     calls = calls_since(problem, before)
@@ -331,8 +334,8 @@ def difference(have: torch.Tensor, want: torch.Tensor, nondet_tol: float, name: 
 def _forward(problem: Problem, leaves: list[torch.Tensor],
              moved: dict[int, Callable[..., torch.Tensor]] | None = None
              ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """(leaves, outputs) with a recorded graph; inputs numbered in `moved` are passed rebuilt
-    in another layout by differentiable ops, so gradients reach the contiguous leaves."""
+    """(the tensors to differentiate at, outputs) with a recorded graph; inputs numbered in
+    `moved` are passed rebuilt in another layout (the same values) by differentiable ops."""
     leaves = [leaf.detach().requires_grad_(True) for leaf in leaves]
     with torch.enable_grad(), problem.rng():
         problem.calls["forward"] += 1
@@ -340,7 +343,10 @@ def _forward(problem: Problem, leaves: list[torch.Tensor],
         for k, build in (moved or {}).items():
             passed[k] = build(passed[k], k)  # differentiable: gradients reach the leaf
         outs = select_outputs(problem.fn(*problem.with_inputs(passed)), problem.output_mask)
-    return leaves, outs
+    # Differentiated at the tensors the target received: a gradient the layout's view ops
+    # cannot carry back (nn.Embedding(sparse=True)'s) needs no trip through them. A forward
+    # that writes its inputs wrote those tensors: it is differentiated at the leaves.
+    return (leaves if problem.mutates else passed), outs
 
 
 @calls_user_code

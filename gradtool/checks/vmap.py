@@ -26,6 +26,8 @@ def applies(case: Case, context: Context) -> str | None:
         return "no vmap rule (the Function sets no generate_vmap_rule and defines no vmap)"
     if not case.problem.diff:
         return "no differentiable inputs to batch"
+    if case.problem.sparse:
+        return "sparse inputs: torch.vmap batches no sparse tensor"
     return None
 
 

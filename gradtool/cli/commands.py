@@ -116,7 +116,7 @@ def _save_inputs(path: str, jobs: list[Any]) -> None:
                             "name one target")
     job = jobs[0]
     built = [case_for(job, spec) for spec in job.cases]
-    save_inputs(path, [(c.label, c.specs, c.problem.args) for c in built])
+    save_inputs(path, [(c.label, c.specs, c.problem.given_args()) for c in built])
 
 
 def supervised(collect: Any, config: CheckConfig, targets: list[str],

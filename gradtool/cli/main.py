@@ -206,6 +206,9 @@ CHECK_EPILOG = "\b\nInputs:\n" + INPUT_HELP
               help="Bytes a full-mode Jacobian may take before refusing [2e9].")
 @click.option("--strict/--no-strict", default=None,
               help="Inconclusive checks and warnings fail the run.")
+@click.option("--masked/--no-masked", default=None,
+              help="Sparse inputs: compare their specified elements only (gradcheck's masked) "
+                   "[every element].")
 @click.option("--resample", type=int, default=None,
               help="Draw up to N new inputs when a case is inconclusive (kinks, ties).")
 @click.option("--trust-callables", is_flag=True, default=False,

@@ -10,7 +10,7 @@ T = TypeVar("T", bound="Options")
 # The options [tool.gradtool] also sets: the command line wins over pyproject, which wins over the
 # defaults (config/pyproject.py merges them). `format` is --format's, for the report formats only.
 SETTINGS = ("seed", "dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode", "strict",
-            "probes", "max_memory", "timeout", "annotations")
+            "masked", "probes", "max_memory", "timeout", "annotations")
 
 
 def file_param(name: str) -> str:
@@ -107,6 +107,7 @@ class CheckOptions(TargetOptions, ReportOptions, IsolationOptions):
     probes: int | None = None
     max_memory: float | None = None
     strict: bool | None = None
+    masked: bool | None = None
     resample: int | None = None
     trust_callables: bool = False
     save_inputs: str | None = None

@@ -39,6 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "mode": "auto",
     "checks": list(DEFAULT_CHECKS),
     "strict": False,
+    "masked": False,    # sparse inputs: specified elements only (gradcheck's masked)
     "probes": 4,
     "max_memory": 2e9,
     "timeout": 600.0,
@@ -51,7 +52,7 @@ KEYS = tuple(DEFAULTS)
 
 # Settings CheckConfig takes; the rest (paths, output options) are for the CLI.
 CHECK_CONFIG_KEYS = ("seed", "dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode",
-                     "checks", "strict", "probes", "max_memory", "timeout", "ignore")
+                     "checks", "strict", "masked", "probes", "max_memory", "timeout", "ignore")
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,7 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "checks": (f"a list of check names among {', '.join(CHECK_NAMES)}",
                lambda v: _str_list(v, CHECK_NAMES) and len(v) > 0),
     "strict": ("true or false", lambda v: isinstance(v, bool)),
+    "masked": ("true or false", lambda v: isinstance(v, bool)),
     "probes": ("a positive integer", lambda v: _is_int(v) and v >= 1),
     "max_memory": ("a positive number of bytes", lambda v: _is_number(v) and v > 0),
     "timeout": ("a non-negative number of seconds (0: no limit)",

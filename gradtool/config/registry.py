@@ -32,6 +32,10 @@ class Rule:
     needs_backward: bool = True              # found only where a backward exists
     unsilenceable: str = ""                  # why ignore: refuses it (empty: it may be ignored)
     diagnosis: bool = False                  # names the mistake behind a mismatch
+    # About backward's algebra alone (linear in grad_output, zero in -> zero out), not about
+    # data: broken by a Function inside a model or callable whose own gradient check passed in
+    # the same run, it is a warning naming the Function (the user's gradient is right).
+    algebra: bool = False
 
     @property
     def check(self) -> str:
@@ -114,8 +118,13 @@ def _jacobian_rules(check: str, what: str, kinds: tuple[tuple[str, str], ...], *
 OP = ("op",)
 
 
+# The contract's rules about backward's algebra alone (see Rule.algebra).
+ALGEBRA = ("contract.constant_term", "contract.nonlinear")
+
+
 def _rules(severity: str, *pairs: tuple[str, str]) -> tuple[Rule, ...]:
-    return tuple(Rule(f"contract.{name}", severity, text) for name, text in pairs)
+    return tuple(Rule(f"contract.{name}", severity, text, algebra=f"contract.{name}" in ALGEBRA)
+                 for name, text in pairs)
 
 
 def _op_rules(check: str, *pairs: tuple[str, str]) -> tuple[Rule, ...]:
@@ -137,12 +146,14 @@ CONTRACT_RULES = _rules(
                        "losing precision silently)"),
     ("gradient_device", "a gradient is on another device than its input"),
     ("grad_output_modified", "backward writes to grad_output in place"),
-    ("constant_term", "backward gives a nonzero gradient for a zero grad_output"),
+    ("constant_term", "backward gives a nonzero gradient for a zero grad_output (a warning for "
+                      "a Function inside a model whose gradient check passed)"),
     ("unused_output_raises", "backward raises when an output's gradient is None"),
     ("unused_output_differs", "a None output gradient acts otherwise than a zero one"),
     ("ignored_output", "backward ignores a differentiable output's gradient"),
     ("gradient_nonfinite", "backward returns NaN/Inf on finite inputs"),
-    ("nonlinear", "backward is not linear in grad_output"),
+    ("nonlinear", "backward is not linear in grad_output (a warning for a Function inside a "
+                  "model whose gradient check passed)"),
     ("nondeterministic", "two backward calls differ by more than nondet_tol"),
 ) + _rules(
     "warning",

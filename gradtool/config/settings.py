@@ -36,6 +36,7 @@ class CheckConfig:
     atol: float | None = None
     rtol: float | None = None
     nondet_tol: float = 0.0
+    masked: bool = False  # sparse inputs: compare specified elements only (gradcheck's masked)
     checks: tuple[str, ...] = DEFAULT_CHECKS
     mode: str = "auto"
     probes: int = 4

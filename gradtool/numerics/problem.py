@@ -15,6 +15,8 @@ from torch.autograd.variable import Variable
 from ..heartbeat import Calls
 from ..tracebacks import calls_user_code
 from .facts import Facts, output_names  # noqa: F401 - output_names re-exported
+from .placement import same_devices
+from .sparse import Encoding, dense_output
 
 
 @dataclass
@@ -97,6 +99,9 @@ class Problem:
     # the contract's linearity test found): f(x - d) = 2 f(x) - f(x + d), so a difference
     # along them evaluates one side.
     linear_in: tuple[int, ...] = ()
+    # Sparse arguments by position (in args), held as strided values and rebuilt in their
+    # layout inside fn (numerics/sparse.py): a check that needs the layout itself skips them.
+    sparse: dict[int, Encoding] = field(default_factory=dict)
 
     def learn(self, facts: Facts) -> None:
         """Replace the facts whole (the probe phase, or the first forward of a Problem the
@@ -145,6 +150,11 @@ class Problem:
     def input_names(self) -> list[str]:
         return [self.names[i] for i in self.diff]
 
+    def given_args(self) -> list[Any]:
+        """The arguments as the target receives them (sparse ones rebuilt): what to save."""
+        return [self.sparse[k].rebuild(a).detach() if k in self.sparse else a
+                for k, a in enumerate(self.args)]
+
     def with_inputs(self, values: Sequence[torch.Tensor]) -> list[Any]:
         """The full argument list with the differentiable ones replaced; the other tensors are
         fresh copies, so a forward that marks, resizes or keeps them cannot change the case."""
@@ -164,7 +174,10 @@ class Problem:
             return self._recorded(values)
         with torch.no_grad(), self.rng():
             self.calls["forward"] += 1
-            return select_outputs(self.fn(*self.with_inputs(values)), self.output_mask)
+            outs = select_outputs(self.fn(*self.with_inputs(values)), self.output_mask)
+        # Values only: a forward that turns grad on itself (a kernel wrapper recomputing under
+        # enable_grad) returns outputs with a graph, which would flow into gradtool's buffers.
+        return [o.detach() for o in outs]
 
     def placed(self, values: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
         """values, once each is shown to be on its argument's device (a leading batch
@@ -259,18 +272,6 @@ class Problem:
         return result
 
 
-def same_devices(made: Sequence[Any], theirs: Sequence[Any], what: str) -> None:
-    """A tensor gradtool made lives on the device of the one it stands beside (an input's
-    value, an output's grad_output); else a RuntimeError raised here, in gradtool's frame:
-    an internal error (exit 3), not the target's."""
-    for k, (mine, user) in enumerate(zip(made, theirs)):
-        if (isinstance(mine, torch.Tensor) and isinstance(user, torch.Tensor)
-                and mine.device != user.device):
-            raise RuntimeError(f"gradtool made a {what} {k} on {mine.device} for a tensor on "
-                               f"{user.device}: every tensor gradtool makes must live on its "
-                               f"target's device")
-
-
 RECORDED = 512  # graphs recorded for double backward at most (2 per input element)
 RECORDED_BYTES = 64 * 2**20
 
@@ -340,7 +341,17 @@ def vjp(outs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor],
         if REENTRANT not in str(exc):
             raise
         result = _into_grad(roots, seeds, leaves, create_graph)
-    return [torch.zeros_like(leaf) if r is None else r for leaf, r in zip(leaves, result)]
+    return [torch.zeros_like(leaf) if r is None else _gradient(r, create_graph)
+            for leaf, r in zip(leaves, result)]
+
+
+def _gradient(r: torch.Tensor, create_graph: bool) -> torch.Tensor:
+    """A leaf's gradient as the engine compares it: dense (a sparse gradient of a dense input
+    is legal: nn.Embedding(sparse=True)) and, without create_graph, free of any graph a backward
+    that turns grad on itself attached to it."""
+    if r.layout != torch.strided:
+        r = r.to_dense()
+    return r if create_graph else r.detach()
 
 
 REENTRANT = "incompatible with .grad()"  # torch.utils.checkpoint(use_reentrant=True)
@@ -357,7 +368,8 @@ def _into_grad(roots: tuple[torch.Tensor, ...], seeds: tuple[torch.Tensor, ...],
             if not leaf.is_leaf:
                 leaf.retain_grad()
         Variable._execution_engine.run_backward(roots, seeds, True, create_graph, (), True, True)
-        return [leaf.grad for leaf in leaves]
+        return [None if leaf.grad is None else _gradient(leaf.grad, create_graph)
+                for leaf in leaves]
     finally:
         for leaf, grad in zip(leaves, saved):
             leaf.grad = grad
@@ -382,7 +394,7 @@ def function_nodes(outputs: Sequence[torch.Tensor]) -> dict[int, Any]:
 def tensor_outputs(result: Any) -> list[Any]:
     """Flatten a forward's result into its tensors, in order (non-tensors dropped)."""
     if isinstance(result, torch.Tensor):
-        return [result]
+        return [dense_output(result)]  # a sparse output is compared as its dense tensor
     if isinstance(result, (tuple, list)):
         return [t for item in result for t in tensor_outputs(item)]
     if isinstance(result, dict):

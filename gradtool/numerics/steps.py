@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import torch
 
 from ..tracebacks import calls_user_code
-from .problem import Problem, flat_cat, quiet_batching, same_devices, select_outputs, split_flat
+from .placement import same_devices
+from .problem import Problem, flat_cat, quiet_batching, select_outputs, split_flat
 from .transforms import vmap
 
 # Per batched call. Kept under glibc's 32 MB mmap ceiling: bigger buffers are mmapped afresh on
@@ -120,7 +121,8 @@ def batched_outputs(problem: Problem, values: Sequence[torch.Tensor], which: int
 
     @calls_user_code
     def run(*a: object) -> tuple[torch.Tensor, ...]:
-        return tuple(select_outputs(problem.batched_fn(*a), problem.output_mask))
+        return tuple(o.detach() for o in select_outputs(problem.batched_fn(*a),
+                                                        problem.output_mask))
 
     size = int(batches[0].shape[0])
     try:

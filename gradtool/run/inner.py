@@ -1,4 +1,4 @@
-"""Contract of every custom Function inside a module or callable, on the inputs it received."""
+"""The contract of each custom Function inside a model or callable, on the inputs it received."""
 
 from __future__ import annotations
 
@@ -82,10 +82,37 @@ def _contract_of(app: Application, config: CheckConfig, freeze_seed: int | None
         return [Finding("contract.inner_raised", _not_rerun(app, checked.summary),
                         Severity.WARNING, checked.source or target.source)]
     return [Finding(f.rule, f"{prefix}: {f.message}", f.severity,
-                    f.source or checked.source or target.source) for f in checked.findings]
+                    f.source or checked.source or target.source,
+                    data={**f.data, "function": app.cls.__qualname__})
+            for f in checked.findings]
 
 
 def _not_rerun(app: Application, why: str) -> str:
     where = f" at {app.created_at}" if app.created_at else ""
     return (f"gradtool could not re-run {app.cls.__qualname__}{where} alone to check its "
             f"contract (not a finding about your code): {why}")
+
+
+def inner_algebra_waived(result: CheckResult) -> CheckResult:
+    """A composite whose gradient check passed: the rules about an inner Function's algebra
+    (registry `Rule.algebra`) it broke did not make the user's gradient wrong; warnings naming
+    the rule and the Function (--strict fails them). Rules about data keep failing."""
+    from ..config.registry import RULES
+
+    def waived(f: Finding) -> bool:
+        rule = RULES.get(f.rule)
+        return (rule is not None and rule.algebra and "function" in f.data
+                and f.severity is Severity.FAILURE)
+
+    if not any(waived(f) for f in result.findings):
+        return result
+    findings = tuple(Finding(f.rule, f"{f.message} — inside, where the gradient you get is "
+                             "right (the gradient check passed): a warning", Severity.WARNING,
+                             f.source, f.data)
+                     if waived(f) else f for f in result.findings)
+    failures = [f for f in findings if f.severity is Severity.FAILURE]
+    if result.outcome is not Outcome.FAILED or failures or result.blocks:
+        return replace(result, findings=findings)
+    return replace(result, outcome=Outcome.PASSED, findings=findings,
+                   summary="the gradient is right; custom Functions inside break rules about "
+                           "backward's algebra (warnings)", source=None)

@@ -20,7 +20,7 @@ from .shrink import MAX_VALUES, Shrunk, shrink
 DEFAULT_BUDGET = 40
 # CheckConfig fields a reproducer passes on when they differ from the defaults.
 SETTINGS = ("dtype", "eps", "atol", "rtol", "nondet_tol", "mode", "probes", "autocast",
-            "reference")
+            "reference", "masked")
 
 
 def write_reproducers(report: Report, jobs: Sequence[Job], folder: str,

@@ -53,6 +53,8 @@ def reproduce_command(target: Target, specs: Sequence[InputSpec], config: CheckC
         parts += [f"--check {name}" for name in config.checks]
     if config.trust_callables:
         parts.append("--trust-callables")
+    if config.masked:
+        parts.append("--masked")
     return " ".join(parts)
 
 

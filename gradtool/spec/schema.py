@@ -18,7 +18,7 @@ InputSpec = TensorSpec | LiteralSpec
 
 FILE_KEYS = ("version", "specs")
 CONFIG_KEYS = ("seed", "dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode", "checks",
-               "reference", "autocast", "timeout", "ignore")
+               "reference", "autocast", "timeout", "ignore", "masked")
 SPEC_KEYS = ("name", "target", "expr", "init", "inputs", "kwargs", "inputs_from", "cases",
              *CONFIG_KEYS, "tolerances", "xfail", "surrogate", "trust_callable", "op", "import")
 CASE_KEYS = ("name", "seed", "inputs")

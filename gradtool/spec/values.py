@@ -268,6 +268,11 @@ def read_setting(name: str, value: Any, key: str, line: int | None, error: Error
         return _checks(value, key, line, error)
     if name == "ignore":
         return _rule_ids(value, key, line, error)
+    if name == "masked":
+        if isinstance(value, bool):
+            return value
+        error(f"expected true or false, got {show(value)}", key, line)
+        return None
     parsed = number(value)
     if parsed is None or parsed < 0 or (name == "eps" and parsed == 0):
         what = "a positive" if name == "eps" else "a non-negative"

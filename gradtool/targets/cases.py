@@ -15,6 +15,7 @@ from ..config.settings import CheckConfig
 from ..errors import InputError, TargetError, did_you_mean
 from ..numerics.facts import Facts
 from ..numerics.problem import Problem
+from ..numerics.sparse import Encoding, is_sparse, rebuilding
 from ..results import InputInfo
 from ..tracebacks import calls_user_code
 from .inputs import InputSpec, LiteralSpec, TensorSpec, sample
@@ -69,6 +70,7 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
     generator = torch.Generator().manual_seed(seed)
     args, infos, diff = [], [], []
     symmetric: list[int] = []  # flat positions perturbed and compared as symmetric matrices
+    encodings: dict[int, Encoding] = {}  # flat positions of sparse inputs, held dense
     named = [(spec_name(s) or _arg_name(target, i), s) for i, s in enumerate(positional)]
     for base, top in named + [(k.name, k.spec) for k in keywords]:
         top = unwrap(top)
@@ -78,6 +80,9 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
                 spec = LiteralSpec(spec)  # a plain value inside a container
             args.append(_leaf_value(spec, generator, config))
             if spec.differentiable(config.dtype):
+                if is_sparse(args[-1]):
+                    encodings[len(args) - 1] = Encoding.of(args[-1], config.masked)
+                    args[-1] = encodings[len(args) - 1].value()
                 diff.append(len(args) - 1)
                 if isinstance(spec, TensorSpec) and spec.projection() == "sym":
                     symmetric.append(len(args) - 1)
@@ -89,6 +94,10 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
         fn = structured(fn, positional, keywords, n_leaves)
         batched_fn = structured(batched_fn, positional, keywords, n_leaves) \
             if batched_fn is not None and (target.kind.batched_keywords or not keywords) else None
+    notes = []
+    if encodings:  # vmap batches no sparse tensor
+        fn, batched_fn = rebuilding(fn, encodings), None
+        notes.extend(f"{names[p]}: {e.describe()} compared" for p, e in encodings.items())
     for pname, value in params:
         diff.append(len(args))
         args.append(value)
@@ -97,7 +106,6 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
                                True, parameter=True))
     if config.autocast:
         fn, batched_fn = autocast(fn, config.autocast, config.device), None
-    notes = []
     if symmetric:
         from ..numerics.tangent import projecting
 
@@ -105,7 +113,8 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
         batched_fn = projecting(batched_fn, symmetric) if batched_fn is not None else None
         notes.append(f"{', '.join(names[p] for p in symmetric)}: perturbed along symmetric "
                      "directions, both gradients symmetrised (the tangent space of sym/spd)")
-    problem = Problem(fn, args, names, diff, batched_fn=batched_fn, scope=scope)
+    problem = Problem(fn, args, names, diff, batched_fn=batched_fn, scope=scope,
+                      sparse=encodings)
     return Case(label, seed, list(specs), problem, infos, inferred, notes)
 
 

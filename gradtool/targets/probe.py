@@ -12,6 +12,7 @@ from ..errors import InternalError
 from ..numerics.facts import Facts, output_facts
 from ..numerics.problem import Problem, function_nodes, tensor_outputs
 from ..numerics.rounding import FINEST_FIRST, dtype_name
+from ..numerics.sparse import dense_output
 from ..results import Finding
 from ..tracebacks import calls_user_code, gradtool_frame, raised_in_gradtool
 from .cases import Case
@@ -139,7 +140,9 @@ def _coarsest(values: Sequence[Any]) -> str | None:
 
 
 def comparable(t: torch.Tensor) -> torch.Tensor:
-    """complex32 has no comparison kernels on the CPU: compare it exactly, as complex64."""
+    """complex32 has no comparison kernels on the CPU: compare it exactly, as complex64; a
+    sparse tensor has none either: compare the dense tensor it stands for."""
+    t = dense_output(t)
     return t.to(torch.complex64) if t.dtype == torch.complex32 else t
 
 

@@ -33,6 +33,8 @@ class ValueSpec:
         if v.dim() == 1:
             shape = f"({v.shape[0]},)"
         text = f"given {shape}:{str(v.dtype).removeprefix('torch.')}"
+        if v.layout != torch.strided:
+            text += f":{str(v.layout).removeprefix('torch.')}"
         if v.device.type != "cpu":
             text += f":{v.device}"
         return text + ("" if self.requires_grad else ":nograd") + f" #{content_hash(v)}"
@@ -58,7 +60,10 @@ def content_hash(tensor: Any) -> str:
     """A short hash of a tensor's values (8 hex digits), to tell two given inputs apart."""
     import torch
 
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    flat = tensor.detach().to("cpu")
+    if flat.layout != torch.strided:  # sparse: the values it stands for
+        flat = flat.to_dense()
+    flat = flat.contiguous().reshape(-1)
     if flat.is_complex():
         flat = torch.view_as_real(flat).reshape(-1)
     return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()[:8]
@@ -110,14 +115,13 @@ def given_specs(args: Any, kwargs: dict[str, Any] | None = None,
     (or complex) tensor is. Strings are --input strings when `parse` is given."""
     import torch
 
+    from ..numerics.sparse import is_sparse
+
     given = [v for v in _values(args, kwargs) if isinstance(v, torch.Tensor)]
     for tensor in given:
-        if tensor.layout != torch.strided:
-            # Finite differences step dense elements; a sparse tensor's missing ones are not zeros
-            # to perturb (gradcheck needs masked=True semantics for them): refuse, say how.
-            raise InputError(f"a given tensor has layout {tensor.layout}: gradtool checks dense "
-                             "(strided) tensors", "pass tensor.to_dense() to check the dense "
-                             "function, or check the op through a dense wrapper")
+        if tensor.layout != torch.strided and not is_sparse(tensor):
+            raise InputError(f"a given tensor has layout {tensor.layout}: gradtool checks "
+                             "strided and sparse tensors", "pass tensor.to_dense()")
     any_grad = any(t.requires_grad for t in given)
 
     def convert(value: Any) -> Any:

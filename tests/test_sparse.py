@@ -1,0 +1,216 @@
+"""Sparse inputs, outputs and gradients: gradcheck's masked semantics, seeded sparse Functions,
+models with sparse gradients inside."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gradtool
+from conftest import FIXTURES, load_fixture, outcomes, result
+
+LAYOUTS = {"coo": torch.sparse_coo, "csr": torch.sparse_csr}
+
+
+@pytest.fixture(scope="module")
+def fx():
+    return load_fixture("sparse_functions")
+
+
+def rules(report, check: str = "gradient") -> set[str]:
+    return {f.rule for f in result(report, check).findings}
+
+
+@pytest.mark.parametrize("name, layout", [("SparseMatmul", "coo"), ("SparseMatmul", "csr"),
+                                          ("SparseSolve", "csr"), ("SparseSolve", "coo")])
+def test_correct_sparse_functions_pass_under_masked_semantics(fx, name, layout):
+    a, b = fx.operands(LAYOUTS[layout])
+    report = gradtool.check(getattr(fx, name), [a, b], masked=True)
+    assert outcomes(report)["gradient"] == "passed"
+    assert report.ok()
+    assert a.grad is None and a.layout == LAYOUTS[layout]  # the user's tensor untouched
+    case = report.targets[0].cases[0]
+    assert any("specified elements (masked)" in note for note in case.notes)
+    layout = result(report, "layout")  # b moved to other strides; a, rebuilt sparse, is not
+    assert layout.outcome.value == "passed" and "'b'" in layout.summary
+    assert "'a'" not in layout.summary and "'t'" not in layout.summary
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("FactorMatmul", "gradient.factor"), ("TransposedMatmul", "gradient.transposed"),
+    ("DroppedMatmul", "gradient.mismatch"), ("FactorSolve", "gradient.factor"),
+    ("TransposedSolve", "gradient.transposed"), ("DroppedSolve", "gradient.mismatch")])
+def test_seeded_sparse_bugs_fail_under_gradient_with_their_diagnosis(fx, name, kind):
+    a, b = fx.operands(torch.sparse_coo if "Matmul" in name else torch.sparse_csr)
+    report = gradtool.check(getattr(fx, name), [a, b], masked=True)
+    assert outcomes(report)["gradient"] == "failed"
+    assert kind in rules(report)
+    assert result(report, "contract").outcome.value == "passed"  # backward's algebra is fine
+
+
+def test_dropped_terms_are_found_where_they_were_dropped(fx):
+    a, b = fx.operands(torch.sparse_coo)
+    matmul = result(gradtool.check(fx.DroppedMatmul, [a, b], masked=True), "gradient")
+    assert [blk.input for blk in matmul.blocks if blk.mismatched] == ["b"]  # the skip's term
+    a, b = fx.operands(torch.sparse_csr)
+    solve = result(gradtool.check(fx.DroppedSolve, [a, b], masked=True), "gradient")
+    assert [blk.input for blk in solve.blocks if blk.mismatched] == ["t"]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_verdicts_follow_gradcheck_in_both_semantics(fx, masked):
+    for name in ("SparseMatmul", "FactorMatmul"):
+        a, b = fx.operands(torch.sparse_coo)
+        theirs = torch.autograd.gradcheck(getattr(fx, name).apply, (a, b), masked=masked,
+                                          check_undefined_grad=False, raise_exception=False)
+        ours = gradtool.check(getattr(fx, name), [a, b], masked=masked)
+        assert (result(ours, "gradient").outcome.value == "passed") == theirs, (name, masked)
+
+
+def test_unmasked_failure_of_a_pattern_gradient_says_how_to_compare_specified_elements(fx):
+    a, b = fx.operands(torch.sparse_coo)
+    gradient = result(gradtool.check(fx.SparseMatmul, [a, b]), "gradient")
+    assert gradient.outcome.value == "failed"
+    assert [blk.input for blk in gradient.blocks if blk.mismatched] == ["a"]
+    assert any("masked=True" in line for line in gradient.details)
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr", "csc", "bsr"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_every_layout_is_rebuilt_in_kind_and_judged_as_gradcheck_judges_it(layout, masked):
+    # to_dense(masked_grad=m) keeps its gradient on the pattern (m) or not. Unmasked, every
+    # element counts: only the full gradient is right, for gradcheck and gradtool alike.
+    # Masked, the unspecified elements' gradients are ignored (gradcheck's documented meaning;
+    # its implementation compares them with zero, so it fails masked_grad=False there).
+    dense = torch.arange(1.0, 13.0, dtype=torch.float64).reshape(3, 4)
+    dense[0, 1] = dense[2, 2] = 0
+    dense[1, :2] = 0  # a whole 1x2 block: unspecified in BSR too
+    layouts = {**LAYOUTS, "csc": torch.sparse_csc, "bsr": torch.sparse_bsr}
+    given = dense.to_sparse(layout=layouts[layout],
+                            blocksize=(1, 2) if layout == "bsr" else None).requires_grad_(True)
+    for masked_grad in (False, True):
+        seen = []
+
+        def scaled(x, masked_grad=masked_grad, seen=seen):
+            seen.append(x.layout)
+            return x.to_dense(masked_grad=masked_grad) * 3
+
+        report = gradtool.check(scaled, [given], masked=masked)
+        right = masked or not masked_grad
+        assert (outcomes(report)["gradient"] == "passed") == right
+        assert set(seen) == {layouts[layout]}
+        if layout == "coo" and (masked_grad or not masked):
+            assert torch.autograd.gradcheck(scaled, (given,), masked=masked,
+                                            check_undefined_grad=False,
+                                            raise_exception=False) == right
+    assert outcomes(report)["double_backward"] == "skipped"
+    assert "sparse" in result(report, "double_backward").summary
+
+
+def test_a_sparse_output_is_compared_as_the_dense_tensor_it_stands_for():
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    report = gradtool.check(lambda x: (x * x).to_sparse(), [x])
+    assert outcomes(report)["gradient"] == "passed"
+    assert report.ok()
+
+
+def test_a_sparse_gradient_for_a_dense_input_is_legal(fx):
+    report = gradtool.check(fx.SparseEmbedding(), [torch.tensor([[1, 2, 1], [3, 3, 0]])])
+    assert report.ok(), outcomes(report)
+    gradient = result(report, "gradient")
+    assert "emb.weight" in {blk.input for blk in gradient.blocks}
+
+
+def test_torch_sparse_mm_inside_a_module_is_checked_by_parameter_name(fx):
+    report = gradtool.check(fx.GraphConv(), ["5x3"])
+    assert report.ok(), outcomes(report)
+    assert {blk.input for blk in result(report, "gradient").blocks} == {"x", "weight"}
+
+
+def test_a_wrong_sparse_function_inside_a_model_is_named(fx):
+    assert gradtool.check(fx.graph_conv_right(), ["5x3"]).ok()
+    gradient = result(gradtool.check(fx.graph_conv_dropped(), ["5x3"]), "gradient")
+    assert gradient.outcome.value == "failed"
+    assert any("DroppedMatmul" in line and "w.r.t. b" in line for line in gradient.details)
+
+
+def test_the_command_line_replays_sparse_inputs_masked_or_not(fx, tmp_path):
+    from click.testing import CliRunner
+
+    from gradtool.cli.main import main
+
+    a, b = fx.operands(torch.sparse_coo)
+    saved = tmp_path / "inputs.pt"
+    torch.save(((a.detach(), b.detach()), {}), saved)  # torch.save drops a sparse requires_grad
+    target = f"{FIXTURES}/sparse_functions.py:SparseMatmul"
+    args = ["check", target, "--inputs-from", str(saved), "--no-isolate", "--check", "gradient"]
+    masked = CliRunner().invoke(main, [*args, "--masked"])
+    assert masked.exit_code == 0, masked.output
+    assert "a: sparse_coo, specified elements (masked) compared" in masked.output
+    unmasked = CliRunner().invoke(main, args)
+    assert unmasked.exit_code == 1, unmasked.output
+    assert "--masked" in unmasked.output
+
+
+def test_saved_inputs_keep_their_sparse_layout(fx, tmp_path):
+    from click.testing import CliRunner
+
+    from gradtool.cli.main import main
+
+    a, b = fx.operands(torch.sparse_csr)
+    given = tmp_path / "given.pt"
+    torch.save(((a.detach(), b.detach()), {}), given)
+    target = f"{FIXTURES}/sparse_functions.py:SparseSolve"
+    saved = tmp_path / "saved.pt"
+    out = CliRunner().invoke(main, ["check", target, "--inputs-from", str(given), "--masked",
+                                    "--save-inputs", str(saved), "--no-isolate"])
+    assert out.exit_code == 0, out.output
+    (args, _), = [torch.load(saved, weights_only=True)]
+    assert args[0].layout == torch.sparse_csr
+    assert torch.equal(args[0].to_dense(), a.detach().to_dense())
+
+
+def _specified_half() -> torch.Tensor:
+    dense = torch.randn(3, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    return dense * (dense.abs() > 0.5)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("given", [
+    pytest.param(lambda: torch.randn(3, 4, 2, dtype=torch.float64).to_sparse(sparse_dim=2),
+                 id="hybrid_coo"),
+    pytest.param(lambda: torch.sparse_coo_tensor([[0, 0, 1], [1, 1, 2]], [1.0, 2.0, 3.0], (2, 3),
+                                                 dtype=torch.float64), id="uncoalesced_coo"),
+    pytest.param(lambda: _specified_half().float().to_sparse_csr(), id="float32_csr"),
+    pytest.param(lambda: _specified_half().to_sparse_bsc((1, 2)), id="bsc")])
+def test_other_sparse_tensors_are_checked_too(given, masked):
+    report = gradtool.check(lambda x: x.to_dense(masked_grad=masked).sin(),
+                            [given().requires_grad_(True)], masked=masked)
+    assert outcomes(report)["gradient"] == "passed"
+
+
+def test_a_complex_sparse_input_is_compared_masked_and_refused_unmasked_saying_why():
+    z = (_specified_half() * (1 + 1j)).to_sparse().requires_grad_(True)
+    masked = gradtool.check(lambda x: x.to_dense() * 2, [z], masked=True)
+    assert outcomes(masked)["complex"] == "passed"
+    assert outcomes(masked)["double_backward"] == "skipped"
+    unmasked = gradtool.check(lambda x: x.to_dense() * 2, [z])
+    assert not unmasked.targets and "masked=True" in unmasked.rejected[0].message
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_target_sees_the_given_pattern_explicit_zeros_included(layout, masked):
+    indices = torch.tensor([[0, 0, 1], [0, 2, 1]])
+    given = torch.sparse_coo_tensor(indices, torch.tensor([1.5, 0.0, -2.0], dtype=torch.float64),
+                                    (2, 3)).coalesce()  # (0, 2) specified, and zero
+    given = (given if layout == "coo" else given.to_sparse_csr()).requires_grad_(True)
+    seen = []
+
+    def pattern_dependent(x):  # unspecified elements count as -inf in a sparse softmax
+        seen.append(x._nnz())
+        coo = x.to_sparse_coo() if x.layout != torch.sparse_coo else x
+        return torch.sparse.softmax(coo, dim=1).to_dense()
+
+    gradtool.check(pattern_dependent, [given], masked=masked, checks=["contract"])
+    assert seen and set(seen) == {3}
