@@ -168,6 +168,49 @@ def test_double_backward_points_at_the_function_whose_backward_is_not_differenti
     assert ok.outcome is Outcome.PASSED
 
 
+def _double_backward_checks(monkeypatch) -> list[str]:
+    """The targets check_double_backward runs on (the model's, then each re-check alone)."""
+    from gradtool.checks import double_backward
+
+    seen: list[str] = []
+    real = double_backward.check_double_backward
+
+    def counted(case, target, config):
+        seen.append(target.name)
+        return real(case, target, config)
+
+    monkeypatch.setattr(double_backward, "check_double_backward", counted)
+    return seen
+
+
+@pytest.mark.parametrize("model, inputs", [("CubeAlone", ["3x4"]),
+                                           ("SineCubeApart", ["3x4", "3x4"])])
+def test_the_one_function_on_the_failing_path_is_named_without_a_second_check(
+        fx, monkeypatch, model, inputs):
+    """Nothing to choose between: the model's only Function, or the only one whose backward
+    computes the failing gradients (Sine reaches x alone, y's blocks fail), is named at once;
+    no double backward is checked again."""
+    seen = _double_backward_checks(monkeypatch)
+    db = result(gradtool.check(getattr(fx, f"{model}Detached"), inputs,
+                               checks=("double_backward",)), "double_backward")
+    assert db.outcome is Outcome.FAILED
+    assert len(seen) == 1  # the model's own check, no re-check alone
+    assert db.source == f"tests/fixtures/truth.py:{line_of(fx.DetachedCube.backward)}"
+    assert db.details[-1].startswith("DetachedCube at tests/fixtures/truth.py:")
+    assert "the only custom Function on the failing path" in db.details[-1]
+    ok = result(gradtool.check(getattr(fx, model), inputs, checks=("double_backward",)),
+                "double_backward")
+    assert ok.outcome is Outcome.PASSED
+
+
+def test_functions_on_one_failing_path_are_each_re_checked_alone(fx, monkeypatch):
+    seen = _double_backward_checks(monkeypatch)
+    db = result(gradtool.check(fx.SineCubeDetached, ["3x4"], checks=("double_backward",)),
+                "double_backward")
+    assert db.outcome is Outcome.FAILED
+    assert len(seen) == 3  # the model's, then Sine's and DetachedCube's alone
+
+
 def marked(text: str) -> int:
     """The line of tests/fixtures/truth.py holding `text`."""
     from conftest import FIXTURES

@@ -56,6 +56,8 @@ class Application:
     # re-checked by replaying that forward (run/replay.py), so closures over them stay true.
     anchors: dict[int, int] = field(default_factory=dict)
     outer: Problem | None = None
+    # The forward's leaves, in input order: which inputs its node reaches (run/second.py)
+    leaves: list[Any] = field(default_factory=list, repr=False)
 
 
 class _Recorder(Hook):
@@ -146,6 +148,7 @@ def _record(problem: Problem) -> tuple[list[Application], list[Any]]:
     for app in recorder.calls:
         app.anchors = {} if app.kwargs else anchors_of(recorder.originals[id(app)], given)
         app.outer = problem if app.anchors else None
+        app.leaves = leaves
     if any(_is_torch(node._forward_cls) for node in nodes.values()):
         grads = [torch.ones_like(o) for o in outs]
         with hooked(recorder):
