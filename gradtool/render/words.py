@@ -62,10 +62,11 @@ def check_body(check: CheckResult) -> list[str]:
 
 def finding_lines(check: CheckResult) -> list[str]:
     """The failures a check without blocks found beyond its first (which its summary says);
-    a check with blocks says its findings in them."""
+    a check with blocks says its findings in them. An error's summary is the exception: every
+    finding is told (a model's inner Function that raises on a None grad_output says why)."""
     if check.blocks:
         return []
-    return [f.message for f in check.failures[1:]]
+    return [f.message for f in check.failures[0 if check.outcome is Outcome.ERROR else 1:]]
 
 
 def other_label(check: CheckResult) -> str:
