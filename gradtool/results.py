@@ -258,8 +258,8 @@ class Report:
 
     def time_parts(self) -> dict[str, float]:
         """Where the run's seconds went: in checks, in setting up cases, and the run's own
-        (collection, worker processes); the three add up to duration_s (workers running in
-        parallel can make the first two exceed it: the run's own is then 0)."""
+        (collection, worker processes, --repro's shrinking); the three add up to duration_s
+        (workers running in parallel can make the first two exceed it: the run's own is 0)."""
         checks = sum(k.duration_s for _, _, k in self.checks())
         setup = sum(c.setup_s for t in self.targets for c in t.cases)
         return {"checks": checks, "setup": setup,

@@ -134,7 +134,7 @@ def time_text(report: Report) -> str:
     parts = report.time_parts()
     return (f"time: {parts['checks']:.2f}s in checks (each with its culprit search, hooks and "
             f"diagnosis), {parts['setup']:.2f}s setting up cases (inputs, probe phase), "
-            f"{parts['run']:.2f}s the run's own (collection, workers) = "
+            f"{parts['run']:.2f}s the run's own (collection, workers, --repro) = "
             f"{report.duration_s:.2f}s")
 
 
