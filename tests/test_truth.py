@@ -203,6 +203,16 @@ def test_the_one_function_on_the_failing_path_is_named_without_a_second_check(
     assert ok.outcome is Outcome.PASSED
 
 
+def test_no_function_on_the_failing_path_is_re_checked_or_blamed(fx, monkeypatch):
+    seen = _double_backward_checks(monkeypatch)
+    db = result(gradtool.check(fx.SineAndHookedCube, ["3x4", "3x4"],
+                               checks=("double_backward",)), "double_backward")
+    assert db.outcome is Outcome.FAILED
+    assert len(seen) == 1
+    assert db.details[-1].startswith("no custom Function's backward computes the failing")
+    assert db.source != f"tests/fixtures/truth.py:{line_of(fx.Sine.backward)}"
+
+
 def test_functions_on_one_failing_path_are_each_re_checked_alone(fx, monkeypatch):
     seen = _double_backward_checks(monkeypatch)
     db = result(gradtool.check(fx.SineCubeDetached, ["3x4"], checks=("double_backward",)),

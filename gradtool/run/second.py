@@ -27,7 +27,12 @@ def annotate_double(result: CheckResult, problem: Problem, config: CheckConfig,
         raise
     except Exception:  # noqa: BLE001 - a diagnosis: the result so far still stands
         return result
-    suspects = on_failing_path(result, problem, unique(applications))
+    applied = unique(applications)
+    suspects = on_failing_path(result, problem, applied)
+    if applied and not suspects:
+        line = ("no custom Function's backward computes the failing gradients (none reaches "
+                "their inputs): the wrong second derivative comes from code between them")
+        return replace(result, details=(*result.details, line))
     if len(suspects) == 1 and not _custom_ops():
         return _only(result, suspects[0])
     verdicts = [(app, *_alone(app, config, problem.freeze_seed)) for app in suspects]
