@@ -221,6 +221,47 @@ def test_functions_on_one_failing_path_are_each_re_checked_alone(fx, monkeypatch
     assert len(seen) == 3  # the model's, then Sine's and DetachedCube's alone
 
 
+def _alone_checks(monkeypatch) -> list[str]:
+    """The Functions the first-order culprit search re-checks alone."""
+    from gradtool.run import culprit
+
+    seen: list[str] = []
+    real = culprit.check_application
+
+    def counted(app, *args, **kw):
+        seen.append(app.cls.__qualname__)
+        return real(app, *args, **kw)
+
+    monkeypatch.setattr(culprit, "check_application", counted)
+    return seen
+
+
+def test_a_model_that_is_one_function_names_it_without_checking_it_again(fx, monkeypatch):
+    """Its blocks are rows of the Function's Jacobian at the arguments it received: the
+    Function is named from them, no gradient check of it alone runs."""
+    seen = _alone_checks(monkeypatch)
+    report = gradtool.check(fx.SineWholeFlipped, ["3x4"], checks=("gradient",))
+    gradient = result(report, "gradient")
+    assert gradient.outcome is Outcome.FAILED
+    assert seen == []
+    assert gradient.source == f"tests/fixtures/truth.py:{line_of(fx.SineFlipped.backward)}"
+    assert gradient.details[-2].startswith("SineFlipped at tests/fixtures/truth.py:")
+    assert "is wrong w.r.t. x (backward at" in gradient.details[-2]
+    assert gradient.details[-1].startswith("not re-checked alone: the model is SineFlipped")
+    assert gradtool.check(fx.SineWhole, ["3x4"], checks=("gradient",)).ok()
+
+
+@pytest.mark.parametrize("model", ["SineFlippedAfterScale", "SineFlippedThenScale"])
+def test_code_around_the_one_function_keeps_the_search(fx, monkeypatch, model):
+    seen = _alone_checks(monkeypatch)
+    gradient = result(gradtool.check(getattr(fx, model), ["3x4"], checks=("gradient",)),
+                      "gradient")
+    assert gradient.outcome is Outcome.FAILED
+    assert seen == ["SineFlipped"]
+    assert gradient.source == f"tests/fixtures/truth.py:{line_of(fx.SineFlipped.backward)}"
+    assert not any(d.startswith("not re-checked alone") for d in gradient.details)
+
+
 def marked(text: str) -> int:
     """The line of tests/fixtures/truth.py holding `text`."""
     from conftest import FIXTURES

@@ -11,7 +11,7 @@ from ..config.settings import CheckConfig
 from ..errors import InternalError
 from ..numerics.problem import Problem
 from ..results import CheckResult, Outcome
-from .culprit import Application, captured_case, record, unique
+from .culprit import Application, calls_user_ops, captured_case, record, unique
 
 
 def annotate_double(result: CheckResult, problem: Problem, config: CheckConfig,
@@ -33,7 +33,7 @@ def annotate_double(result: CheckResult, problem: Problem, config: CheckConfig,
         line = ("no custom Function's backward computes the failing gradients (none reaches "
                 "their inputs): the wrong second derivative comes from code between them")
         return replace(result, details=(*result.details, line))
-    if len(suspects) == 1 and not _custom_ops(problem):
+    if len(suspects) == 1 and not calls_user_ops(problem):
         return _only(result, suspects[0])
     verdicts = [(app, *_alone(app, config, problem.freeze_seed)) for app in suspects]
     failing = [(app, source, text) for app, outcome, source, text in verdicts
@@ -80,19 +80,6 @@ def _reaches(app: Application) -> set[int]:
             found.add(index[id(leaf)])
         stack.extend(n for n, _ in node.next_functions)
     return found
-
-
-def _custom_ops(problem: Problem) -> bool:
-    """Whether the model calls a custom op of the user's (then the op, not the one Function,
-    may be wrong: no shortcut); one forward, only once such an op is registered."""
-    from .ops_inside import record_ops, user_ops_exist
-
-    if not user_ops_exist():
-        return False
-    try:
-        return bool(record_ops(problem))
-    except Exception:  # noqa: BLE001 - not knowing is no evidence for the shortcut
-        return True
 
 
 def _only(result: CheckResult, app: Application) -> CheckResult:
