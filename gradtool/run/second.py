@@ -11,7 +11,8 @@ from ..config.settings import CheckConfig
 from ..errors import InternalError
 from ..numerics.problem import Problem
 from ..results import CheckResult, Outcome
-from .culprit import Application, calls_user_ops, captured_case, record, unique
+from .culprit import Application, captured_case, record, unique
+from .paths import calls_user_ops, reaches
 
 
 def annotate_double(result: CheckResult, problem: Problem, config: CheckConfig,
@@ -63,23 +64,7 @@ def on_failing_path(result: CheckResult, problem: Problem,
     if not failed or not failed <= set(names):
         return applications
     wanted = {k for k, name in enumerate(names) if name in failed}
-    return [app for app in applications if _reaches(app) & wanted or not app.leaves]
-
-
-def _reaches(app: Application) -> set[int]:
-    """The positions of the forward's leaves that the application's node depends on."""
-    index = {id(leaf): k for k, leaf in enumerate(app.leaves)}
-    stack, seen, found = [app.node], set(), set()
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        leaf = getattr(node, "variable", None)  # an AccumulateGrad node holds its leaf
-        if leaf is not None and id(leaf) in index:
-            found.add(index[id(leaf)])
-        stack.extend(n for n, _ in node.next_functions)
-    return found
+    return [app for app in applications if reaches(app) & wanted or not app.leaves]
 
 
 def _only(result: CheckResult, app: Application) -> CheckResult:
