@@ -166,7 +166,9 @@ def _record(problem: Problem) -> tuple[list[Application], list[Any]]:
             and not _is_torch(app.cls)]
     missed = [node for key, node in nodes.items()
               if key not in seen and not _is_torch(node._forward_cls)]
-    if len(used) == 1 and not missed and len(nodes) == 1:
+    # (a structured input reaches user code through its projection: not the leaf itself)
+    if len(used) == 1 and not missed and len(nodes) == 1 and \
+            all(g is leaf for g, leaf in zip(given, leaves)):
         used[0].whole = is_whole(used[0], outs, len(leaves))
     return used, missed
 
