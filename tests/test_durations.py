@@ -18,13 +18,14 @@ FX = load_fixture("truth")
 
 
 class _Slowed(nn.Module):
-    """A model of two custom Functions (sin, then cube) whose forward takes 2 ms more, so the
-    run lasts long enough for its parts to be measured against its wall time."""
+    """A model of two custom Functions (sin, then cube) whose forward takes 5 ms more, so the
+    run lasts long enough (about 0.5 s) for a scheduler's hiccup outside the run to stay
+    far below 5 % of it."""
 
     cube = FX.Cube
 
     def forward(self, x):
-        time.sleep(0.002)
+        time.sleep(0.005)
         return self.cube.apply(FX.Sine.apply(x) + 0.5)
 
 

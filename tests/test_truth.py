@@ -213,6 +213,19 @@ def test_no_function_on_the_failing_path_is_re_checked_or_blamed(fx, monkeypatch
     assert db.source != f"tests/fixtures/truth.py:{line_of(fx.Sine.backward)}"
 
 
+def test_a_hook_on_the_only_function_keeps_its_re_check(fx, monkeypatch):
+    """A hook that may change the gradient is seen: the one Function is checked alone, passes,
+    and is not blamed."""
+    seen = _double_backward_checks(monkeypatch)
+    db = result(gradtool.check(fx.CubeHooked, ["3x4"], checks=("double_backward",)),
+                "double_backward")
+    assert db.outcome is Outcome.FAILED
+    assert len(seen) == 2
+    assert db.details[-1].startswith("every custom Function's backward differentiates "
+                                     "correctly alone")
+    assert db.source != f"tests/fixtures/truth.py:{line_of(fx.Cube.backward)}"
+
+
 def test_functions_on_one_failing_path_are_each_re_checked_alone(fx, monkeypatch):
     seen = _double_backward_checks(monkeypatch)
     db = result(gradtool.check(fx.SineCubeDetached, ["3x4"], checks=("double_backward",)),

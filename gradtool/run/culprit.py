@@ -62,6 +62,9 @@ class Application:
     # The model is this application: the only one, fed the forward's leaves themselves, every
     # output a view of its outputs (so the model's check is the Function's own)
     whole: bool = False
+    # A hook on its outputs, or on the forward's inputs or outputs, that may change gradients:
+    # no shortcut names it without a re-check (hooks on other tensors are not seen)
+    hooked: bool = False
 
 
 class _Recorder(Hook):
@@ -102,7 +105,13 @@ class _Recorder(Hook):
             # an input handed back as itself with this node: marked dirty (written in place)
             app.mutates = any(o is v and o.grad_fn is ctx for o in outputs
                               for v in self.originals.get(id(app), ()))
+            app.hooked = app.hooked or _hooks_on(outputs)
         self._open.clear()
+
+
+def _hooks_on(tensors: Sequence[Any]) -> bool:
+    """A tensor hook (register_hook) may change the gradient between Functions."""
+    return any(getattr(t, "_backward_hooks", None) for t in tensors)
 
 
 def _snapshot(value: Any) -> Any:
@@ -166,6 +175,9 @@ def _record(problem: Problem) -> tuple[list[Application], list[Any]]:
             and not _is_torch(app.cls)]
     missed = [node for key, node in nodes.items()
               if key not in seen and not _is_torch(node._forward_cls)]
+    if _hooks_on([*leaves, *outs]):
+        for app in used:
+            app.hooked = True
     # (a structured input reaches user code through its projection: not the leaf itself)
     if len(used) == 1 and not missed and len(nodes) == 1 and \
             all(g is leaf for g, leaf in zip(given, leaves)):
@@ -389,7 +401,8 @@ def _whole_model(result: CheckResult, problem: Problem) -> Application | None:
         applications, _ = record(problem)
     except Exception:  # noqa: BLE001 - no shortcut then: the search decides
         return None
-    if len(applications) != 1 or not applications[0].whole or calls_user_ops(problem):
+    if len(applications) != 1 or not applications[0].whole or applications[0].hooked or \
+            calls_user_ops(problem):
         return None
     return applications[0]
 

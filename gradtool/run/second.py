@@ -34,7 +34,7 @@ def annotate_double(result: CheckResult, problem: Problem, config: CheckConfig,
         line = ("no custom Function's backward computes the failing gradients (none reaches "
                 "their inputs): the wrong second derivative comes from code between them")
         return replace(result, details=(*result.details, line))
-    if len(suspects) == 1 and not calls_user_ops(problem):
+    if len(suspects) == 1 and not suspects[0].hooked and not calls_user_ops(problem):
         return _only(result, suspects[0])
     verdicts = [(app, *_alone(app, config, problem.freeze_seed)) for app in suspects]
     failing = [(app, source, text) for app, outcome, source, text in verdicts
