@@ -176,6 +176,10 @@ class CaseResult:
     notes: tuple[str, ...] = ()
     reproduce: str = ""
     pin: str = ""  # the --input flags that pin these inputs (shown when they were inferred)
+    # The case's seconds outside its checks (each check's duration_s holds everything done on
+    # its behalf, its hooks' culprit search included): sampling the inputs, the probe phase,
+    # a first sample found inconclusive and resampled.
+    setup_s: float = 0.0
 
     @property
     def outcome(self) -> Outcome:
@@ -251,6 +255,15 @@ class Report:
         # --strict fails on warnings too, as on inconclusive outcomes.
         return not any(k.outcome.is_bad(strict) or (strict and k.warnings)
                        for _, _, k in self.checks())
+
+    def time_parts(self) -> dict[str, float]:
+        """Where the run's seconds went: in checks, in setting up cases, and the run's own
+        (collection, worker processes, --repro's shrinking); the three add up to duration_s
+        (workers running in parallel can make the first two exceed it: the run's own is 0)."""
+        checks = sum(k.duration_s for _, _, k in self.checks())
+        setup = sum(c.setup_s for t in self.targets for c in t.cases)
+        return {"checks": checks, "setup": setup,
+                "run": max(0.0, self.duration_s - checks - setup)}
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (enums as their string values)."""

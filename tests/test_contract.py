@@ -30,8 +30,9 @@ def contract(target, inputs, **kw):
      "backward ignores the gradient of output 1: mark it with ctx.mark_non_differentiable, "
      "or differentiate it"),
     ("SquareCubeNoneCrash", "SquareCube", ["3x4"],
-     "backward fails when output 0 is unused (its gradient is None, as with "
-     "ctx.set_materialize_grads(False)): TypeError"),
+     "backward fails when output 0 is unused: forward turned materialization off "
+     "(ctx.set_materialize_grads(False)), so that output's grad_output arrives as None, and "
+     "backward uses it as a tensor (TypeError"),
     ("SquareCubeNoneWrong", "SquareCube", ["3x4"], "when output 0 is unused (None gradient)"),
     ("SquareAddsConstant", "Square", ["5x5"],
      "backward adds 0.001 to 4 of 25 elements of the gradient of 'x' even when grad_output "

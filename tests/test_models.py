@@ -138,6 +138,23 @@ def test_contract_of_functions_inside_a_module(models):
     assert checks(gradtool.check(models.Inner, ["2x3"]))["contract"].outcome.value == "passed"
 
 
+def test_a_none_grad_output_under_materialization_off_is_explained(models):
+    """The model's backward raises on the None its inner Function gets for an unused output:
+    the report says materialization was turned off and names the fix, not the TypeError alone."""
+    from gradtool.render.words import check_body
+
+    contract = checks(gradtool.check(models.FirstOfPair, ["2x3"]))["contract"]
+    assert contract.outcome.value == "error"
+    assert contract.summary.startswith("TypeError raised")
+    finding = next(f for f in contract.findings if f.rule == "contract.unused_output_raises")
+    assert finding.data["materialized"] is False
+    body = "\n".join(check_body(contract))
+    assert "PairNoneCrash at " in body
+    assert "forward turned materialization off (ctx.set_materialize_grads(False))" in body
+    assert "treat a None grad_output as zeros in backward, or keep materialization on" in body
+    assert gradtool.check(models.FirstOfPairSafe, ["2x3"]).ok()
+
+
 def test_no_recording_without_custom_functions(monkeypatch):
     from gradtool.run import culprit
 

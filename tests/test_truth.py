@@ -168,6 +168,113 @@ def test_double_backward_points_at_the_function_whose_backward_is_not_differenti
     assert ok.outcome is Outcome.PASSED
 
 
+def _double_backward_checks(monkeypatch) -> list[str]:
+    """The targets check_double_backward runs on (the model's, then each re-check alone)."""
+    from gradtool.checks import double_backward
+
+    seen: list[str] = []
+    real = double_backward.check_double_backward
+
+    def counted(case, target, config):
+        seen.append(target.name)
+        return real(case, target, config)
+
+    monkeypatch.setattr(double_backward, "check_double_backward", counted)
+    return seen
+
+
+@pytest.mark.parametrize("model, inputs", [("CubeAlone", ["3x4"]),
+                                           ("SineCubeApart", ["3x4", "3x4"])])
+def test_the_one_function_on_the_failing_path_is_named_without_a_second_check(
+        fx, monkeypatch, model, inputs):
+    """Nothing to choose between: the model's only Function, or the only one whose backward
+    computes the failing gradients (Sine reaches x alone, y's blocks fail), is named at once;
+    no double backward is checked again."""
+    seen = _double_backward_checks(monkeypatch)
+    db = result(gradtool.check(getattr(fx, f"{model}Detached"), inputs,
+                               checks=("double_backward",)), "double_backward")
+    assert db.outcome is Outcome.FAILED
+    assert len(seen) == 1  # the model's own check, no re-check alone
+    assert db.source == f"tests/fixtures/truth.py:{line_of(fx.DetachedCube.backward)}"
+    assert db.details[-1].startswith("DetachedCube at tests/fixtures/truth.py:")
+    assert "the only custom Function on the failing path" in db.details[-1]
+    ok = result(gradtool.check(getattr(fx, model), inputs, checks=("double_backward",)),
+                "double_backward")
+    assert ok.outcome is Outcome.PASSED
+
+
+def test_no_function_on_the_failing_path_is_re_checked_or_blamed(fx, monkeypatch):
+    seen = _double_backward_checks(monkeypatch)
+    db = result(gradtool.check(fx.SineAndHookedCube, ["3x4", "3x4"],
+                               checks=("double_backward",)), "double_backward")
+    assert db.outcome is Outcome.FAILED
+    assert len(seen) == 1
+    assert db.details[-1].startswith("no custom Function's backward computes the failing")
+    assert db.source != f"tests/fixtures/truth.py:{line_of(fx.Sine.backward)}"
+
+
+def test_a_hook_on_the_only_function_keeps_its_re_check(fx, monkeypatch):
+    """A hook that may change the gradient is seen: the one Function is checked alone, passes,
+    and is not blamed."""
+    seen = _double_backward_checks(monkeypatch)
+    db = result(gradtool.check(fx.CubeHooked, ["3x4"], checks=("double_backward",)),
+                "double_backward")
+    assert db.outcome is Outcome.FAILED
+    assert len(seen) == 2
+    assert db.details[-1].startswith("every custom Function's backward differentiates "
+                                     "correctly alone")
+    assert db.source != f"tests/fixtures/truth.py:{line_of(fx.Cube.backward)}"
+
+
+def test_functions_on_one_failing_path_are_each_re_checked_alone(fx, monkeypatch):
+    seen = _double_backward_checks(monkeypatch)
+    db = result(gradtool.check(fx.SineCubeDetached, ["3x4"], checks=("double_backward",)),
+                "double_backward")
+    assert db.outcome is Outcome.FAILED
+    assert len(seen) == 3  # the model's, then Sine's and DetachedCube's alone
+
+
+def _alone_checks(monkeypatch) -> list[str]:
+    """The Functions the first-order culprit search re-checks alone."""
+    from gradtool.run import culprit
+
+    seen: list[str] = []
+    real = culprit.check_application
+
+    def counted(app, *args, **kw):
+        seen.append(app.cls.__qualname__)
+        return real(app, *args, **kw)
+
+    monkeypatch.setattr(culprit, "check_application", counted)
+    return seen
+
+
+def test_a_model_that_is_one_function_names_it_without_checking_it_again(fx, monkeypatch):
+    """Its blocks are rows of the Function's Jacobian at the arguments it received: the
+    Function is named from them, no gradient check of it alone runs."""
+    seen = _alone_checks(monkeypatch)
+    report = gradtool.check(fx.SineWholeFlipped, ["3x4"], checks=("gradient",))
+    gradient = result(report, "gradient")
+    assert gradient.outcome is Outcome.FAILED
+    assert seen == []
+    assert gradient.source == f"tests/fixtures/truth.py:{line_of(fx.SineFlipped.backward)}"
+    assert gradient.details[-2].startswith("SineFlipped at tests/fixtures/truth.py:")
+    assert "is wrong w.r.t. x (backward at" in gradient.details[-2]
+    assert gradient.details[-1].startswith("not re-checked alone: the model is SineFlipped")
+    assert gradtool.check(fx.SineWhole, ["3x4"], checks=("gradient",)).ok()
+
+
+@pytest.mark.parametrize("model", ["SineFlippedAfterScale", "SineFlippedThenScale"])
+def test_code_around_the_one_function_keeps_the_search(fx, monkeypatch, model):
+    seen = _alone_checks(monkeypatch)
+    gradient = result(gradtool.check(getattr(fx, model), ["3x4"], checks=("gradient",)),
+                      "gradient")
+    assert gradient.outcome is Outcome.FAILED
+    assert seen == ["SineFlipped"]
+    assert gradient.source == f"tests/fixtures/truth.py:{line_of(fx.SineFlipped.backward)}"
+    assert not any(d.startswith("not re-checked alone") for d in gradient.details)
+
+
 def marked(text: str) -> int:
     """The line of tests/fixtures/truth.py holding `text`."""
     from conftest import FIXTURES

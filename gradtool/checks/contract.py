@@ -233,11 +233,7 @@ def _outputs_used(problem: Problem, target: Target, leaves: list[torch.Tensor],
         try:
             unused = problem.vjp(leaves, [diff_outs[j] for j in rest], [g1[j] for j in rest])
         except Exception as exc:  # noqa: BLE001 - the user's backward raising is the finding
-            first = (str(exc).strip().splitlines() or [""])[0][:200]
-            return found + [Finding(
-                "contract.unused_output_raises",
-                f"backward fails when output {k} is unused (its gradient is None, as with "
-                f"ctx.set_materialize_grads(False)): {type(exc).__name__}: {first}")]
+            return found + [_unused_raises(problem, leaves, diff_outs, g1, k, exc)]
         zeroed = problem.vjp(leaves, diff_outs, [zeros[j] if j == k else g1[j]
                                                 for j in range(len(g1))])
         for name, a, b in zip(problem.input_names, unused, zeroed):
@@ -255,6 +251,29 @@ def _outputs_used(problem: Problem, target: Target, leaves: list[torch.Tensor],
                                  f"backward ignores the gradient of output {k}: mark it with "
                                  "ctx.mark_non_differentiable, or differentiate it"))
     return found
+
+
+def _unused_raises(problem: Problem, leaves: list[torch.Tensor], diff_outs: list[torch.Tensor],
+                   g1: list[torch.Tensor], k: int, exc: Exception) -> Finding:
+    """Backward raised with output k unused. Where it runs with a zero gradient there, the
+    engine handed it None: forward turned materialization off (the engine materializes zeros
+    otherwise), and the finding says so and how to fix it."""
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    raised = f"{type(exc).__name__}: {first}"
+    zeroed = [torch.zeros_like(g) if j == k else g for j, g in enumerate(g1)]
+    try:
+        problem.vjp(leaves, diff_outs, zeroed)
+    except Exception:  # noqa: BLE001 - it fails on zeros too: not about None
+        return Finding("contract.unused_output_raises",
+                       f"backward fails when output {k} is unused (its gradient is None, as "
+                       f"with ctx.set_materialize_grads(False)): {raised}",
+                       data={"output": k, "materialized": None})
+    return Finding("contract.unused_output_raises",
+                   f"backward fails when output {k} is unused: forward turned materialization "
+                   f"off (ctx.set_materialize_grads(False)), so that output's grad_output "
+                   f"arrives as None, and backward uses it as a tensor ({raised}); treat a "
+                   "None grad_output as zeros in backward, or keep materialization on (drop "
+                   "ctx.set_materialize_grads(False))", data={"output": k, "materialized": False})
 
 
 def _zero_gives_zero(problem: Problem, grads: list[torch.Tensor], noise: float

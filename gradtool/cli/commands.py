@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -97,13 +98,16 @@ def _reproduce(report: Report, collect: Any, options: CheckOptions) -> Report:
     from .worker import quiet_expected_warnings
 
     quiet_expected_warnings()
+    start = time.perf_counter()
     try:
         written = write_reproducers(report, collect()[0], options.repro,
                                     options.repro_budget or DEFAULT_BUDGET)
     except KeyboardInterrupt:  # Ctrl-C while shrinking: the run's own report still stands
         click.echo("gradtool: --repro interrupted; no reproducer written", err=True)
         return report
-    return replace(report, reproducers=written)
+    # Shrinking is the run's own time (Report.time_parts): told in the run's duration.
+    return replace(report, reproducers=written,
+                   duration_s=report.duration_s + time.perf_counter() - start)
 
 
 def _save_inputs(path: str, jobs: list[Any]) -> None:

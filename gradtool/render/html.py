@@ -7,7 +7,7 @@ from html import escape
 
 from ..results import Block, CaseResult, CheckResult, ErrorGrid, Outcome, Report, TargetResult
 from .terminal import flat_index, summary_line
-from .words import block_lines, other_label
+from .words import block_lines, other_label, time_text
 
 # ColorBrewer's OrRd, light to dark: level 0 is "no error" (below the scale's floor).
 PALETTE = ("#f4f4f4", "#fee8c8", "#fdd49e", "#fdbb84", "#fc8d59", "#ef6548", "#d7301f",
@@ -63,7 +63,7 @@ def _badge(outcome: Outcome) -> str:
 
 def _summary(report: Report) -> str:
     text, _ = summary_line(report)
-    lines = [f"<p><strong>{escape(text)}</strong></p>"]
+    lines = [f"<p><strong>{escape(text)}</strong></p>", f"<p>{escape(time_text(report))}</p>"]
     lines += [f"<p>rejected <code>{escape(r.source)}</code>: {escape(r.message)}</p>"
               for r in report.rejected]
     if report.not_run:
@@ -76,14 +76,15 @@ def _summary(report: Report) -> str:
 
 def _index(report: Report) -> str:
     rows = ["<table><tr><th>target</th><th>case</th><th>check</th><th>outcome</th>"
-            "<th>summary</th></tr>"]
+            "<th>time</th><th>summary</th></tr>"]
     for target, case, check in report.checks():
         name = escape(check.name)
         if check.outcome not in (Outcome.PASSED, Outcome.SKIPPED, Outcome.XFAILED):
             name = f'<a href="#{anchor(target, case, check)}">{name}</a>'
         rows.append(f"<tr><td><code>{escape(target.target)}</code></td>"
                     f"<td>{escape(case.label)}</td><td>{name}</td>"
-                    f"<td>{_badge(check.outcome)}</td><td>{escape(check.summary)}</td></tr>")
+                    f"<td>{_badge(check.outcome)}</td><td>{check.duration_s:.2f}s</td>"
+                    f"<td>{escape(check.summary)}</td></tr>")
     rows.append("</table>")
     return "\n".join(rows)
 

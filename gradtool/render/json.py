@@ -11,6 +11,7 @@ def render_json(report: Report) -> str:
     """Every target, case and check with outcomes, numbers, diagnosis, seed, config, versions;
     each check's warnings (findings of severity warning, with their rule ids) listed apart."""
     data = report.to_dict()
+    data["time"] = report.time_parts()  # where duration_s went: checks, case setup, the run's own
     for target in data["targets"]:
         for case in target["cases"]:
             for check in case["checks"]:

@@ -34,8 +34,10 @@ def render_junit(report: Report, plain_text: PlainText | None = None,
     strict = bool(report.config.get("strict"))
     root = ET.Element("testsuites", name="gradtool")
     for target in report.targets:
-        suite = _suite(root, target.target,
-                       {**_properties(report, target), **({"html_report": html} if html else {})})
+        # The cases' time outside their checks (inputs, probe phase) is the suite's too.
+        setup = {"time.setup": _seconds(sum(c.setup_s for c in target.cases))}
+        suite = _suite(root, target.target, {**_properties(report, target), **setup,
+                                             **({"html_report": html} if html else {})})
         for case in target.cases:
             for check in case.checks:
                 _add_check(suite, target, case, check, describe, strict)
@@ -174,7 +176,9 @@ def _total(root: ET.Element, duration_s: float) -> None:
         for key, value in counts.items():
             suite.set(key, str(value))
             totals[key] += value
-        suite_time = sum(float(c.get("time", "0")) for c in suite.iter("testcase"))
+        suite_time = sum(float(c.get("time", "0")) for c in suite.iter("testcase")) + \
+            sum(float(p.get("value", "0")) for p in suite.iter("property")
+                if p.get("name") == "time.setup")
         suite.set("time", _seconds(suite_time))
         time_total += suite_time
     for key, value in totals.items():

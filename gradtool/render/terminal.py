@@ -8,7 +8,7 @@ from typing import Any
 
 from ..results import Block, CaseResult, CheckResult, Outcome, Report, Reproducer, TargetResult
 from .words import (LABELS, Line, block_lines, check_body, check_text, element_text,
-                    inputs_lines, warnings_text)
+                    inputs_lines, time_text, warnings_text)
 
 __all__ = ["LABELS", "block_lines", "check_body", "check_text", "element_text", "heatmap_lines",
            "report_lines", "summary_line", "warnings_text"]
@@ -29,6 +29,8 @@ def report_lines(report: Report, verbose: bool = False, quiet: bool = False) -> 
               for name in report.not_run]
     lines += [reproducer_line(r) for r in report.reproducers]
     lines.append(("", ""))
+    if verbose:  # beside each check's own time (-v): where the rest went
+        lines.append((time_text(report), "dim"))
     lines.append(summary_line(report))
     return lines
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..results import Block, CaseResult, CheckResult, Element, Outcome, TargetResult
+from ..results import (Block, CaseResult, CheckResult, Element, Outcome, Report,
+                       TargetResult)
 
 Line = tuple[str, str]  # (text, rich style name)
 
@@ -62,10 +63,11 @@ def check_body(check: CheckResult) -> list[str]:
 
 def finding_lines(check: CheckResult) -> list[str]:
     """The failures a check without blocks found beyond its first (which its summary says);
-    a check with blocks says its findings in them."""
+    a check with blocks says its findings in them. An error's summary is the exception: every
+    finding is told (a model's inner Function that raises on a None grad_output says why)."""
     if check.blocks:
         return []
-    return [f.message for f in check.failures[1:]]
+    return [f.message for f in check.failures[0 if check.outcome is Outcome.ERROR else 1:]]
 
 
 def other_label(check: CheckResult) -> str:
@@ -124,6 +126,16 @@ def element_text(e: Element, label: str = "numerical") -> str:
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def time_text(report: Report) -> str:
+    """'time: 4.12s in checks, 0.31s setting up cases, 0.05s the run's own': every second of
+    the run told (a check's own includes its culprit search and diagnosis)."""
+    parts = report.time_parts()
+    return (f"time: {parts['checks']:.2f}s in checks (each with its culprit search, hooks and "
+            f"diagnosis), {parts['setup']:.2f}s setting up cases (inputs, probe phase), "
+            f"{parts['run']:.2f}s the run's own (collection, workers, --repro) = "
+            f"{report.duration_s:.2f}s")
 
 
 def check_text(target: TargetResult, case: CaseResult, check: CheckResult) -> str:

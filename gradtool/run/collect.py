@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -61,9 +62,12 @@ class Run:
     def report(self, progress: Callable[[int], Callable[[str], None] | None] | None = None
                ) -> Report:
         """Collect, then run every job in this process (runner.run: a failure never stops the
-        others); progress(number of jobs) may give a callback told each target's name."""
+        others); progress(number of jobs) may give a callback told each target's name. Its
+        duration counts the collection too."""
+        start = time.perf_counter()
         jobs, rejected = self()
-        return run(jobs, self.config, rejected, progress(len(jobs)) if progress else None)
+        return run(jobs, self.config, rejected, progress(len(jobs)) if progress else None,
+                   start)
 
     def parsed(self) -> dict[str, Any]:
         """The sources parsed: input specs, a factory's cases, constructor arguments, sweeps."""

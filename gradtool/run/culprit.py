@@ -22,6 +22,7 @@ from ..targets.inputs import InputSpec, LiteralSpec, TensorSpec
 from ..targets.load import Target, display_path
 from ..targets.resolve import make_target
 from .applyhook import Call, Hook, hooked
+from .paths import calls_user_ops, is_whole, named_whole
 from .replay import anchors_of, replaying
 
 _PACKAGE = str(Path(__file__).resolve().parents[1]).replace("\\", "/")  # gradtool/
@@ -56,6 +57,14 @@ class Application:
     # re-checked by replaying that forward (run/replay.py), so closures over them stay true.
     anchors: dict[int, int] = field(default_factory=dict)
     outer: Problem | None = None
+    # The forward's leaves, in input order: which inputs its node reaches (run/second.py)
+    leaves: list[Any] = field(default_factory=list, repr=False)
+    # The model is this application: the only one, fed the forward's leaves themselves, every
+    # output a view of its outputs (so the model's check is the Function's own)
+    whole: bool = False
+    # A hook on its outputs, or on the forward's inputs or outputs, that may change gradients:
+    # no shortcut names it without a re-check (hooks on other tensors are not seen)
+    hooked: bool = False
 
 
 class _Recorder(Hook):
@@ -96,7 +105,13 @@ class _Recorder(Hook):
             # an input handed back as itself with this node: marked dirty (written in place)
             app.mutates = any(o is v and o.grad_fn is ctx for o in outputs
                               for v in self.originals.get(id(app), ()))
+            app.hooked = app.hooked or _hooks_on(outputs)
         self._open.clear()
+
+
+def _hooks_on(tensors: Sequence[Any]) -> bool:
+    """A tensor hook (register_hook) may change the gradient between Functions."""
+    return any(getattr(t, "_backward_hooks", None) for t in tensors)
 
 
 def _snapshot(value: Any) -> Any:
@@ -146,6 +161,7 @@ def _record(problem: Problem) -> tuple[list[Application], list[Any]]:
     for app in recorder.calls:
         app.anchors = {} if app.kwargs else anchors_of(recorder.originals[id(app)], given)
         app.outer = problem if app.anchors else None
+        app.leaves = leaves
     if any(_is_torch(node._forward_cls) for node in nodes.values()):
         grads = [torch.ones_like(o) for o in outs]
         with hooked(recorder):
@@ -157,8 +173,16 @@ def _record(problem: Problem) -> tuple[list[Application], list[Any]]:
     # A Function applied inside another Function's forward records no node: it is not checked.
     used = [app for app in recorder.calls if app.node is not None and id(app.node) in nodes
             and not _is_torch(app.cls)]
-    return used, [node for key, node in nodes.items()
-                  if key not in seen and not _is_torch(node._forward_cls)]
+    missed = [node for key, node in nodes.items()
+              if key not in seen and not _is_torch(node._forward_cls)]
+    if _hooks_on([*leaves, *outs]):
+        for app in used:
+            app.hooked = True
+    # (a structured input reaches user code through its projection: not the leaf itself)
+    if len(used) == 1 and not missed and len(nodes) == 1 and \
+            all(g is leaf for g, leaf in zip(given, leaves)):
+        used[0].whole = is_whole(used[0], outs, len(leaves))
+    return used, missed
 
 
 def _is_torch(cls: type) -> bool:
@@ -355,6 +379,9 @@ def annotate(result: CheckResult, problem: Problem, config: CheckConfig,
     `look at:` names a Function only on evidence specific to it."""
     if result.outcome is not Outcome.FAILED:
         return result
+    whole = _whole_model(result, problem)
+    if whole is not None:
+        return named_whole(result, problem, whole)
     findings = locate_functions(problem, config, recheck)
     if not findings:
         return result
@@ -364,6 +391,20 @@ def annotate(result: CheckResult, problem: Problem, config: CheckConfig,
     bad = failing[0] if failing and failing[0].source else None
     return replace(result, details=(*result.details, *describe(findings)),
                    source=bad.source if bad else result.source)
+
+
+def _whole_model(result: CheckResult, problem: Problem) -> Application | None:
+    """The one application the model is (see _is_whole), when the blocks say what failed."""
+    if not problem.has_functions or not any(b.mismatched for b in result.blocks):
+        return None
+    try:
+        applications, _ = record(problem)
+    except Exception:  # noqa: BLE001 - no shortcut then: the search decides
+        return None
+    if len(applications) != 1 or not applications[0].whole or applications[0].hooked or \
+            calls_user_ops(problem):
+        return None
+    return applications[0]
 
 
 def _several(result: CheckResult, problem: Problem, config: CheckConfig,

@@ -81,8 +81,8 @@ def _contract_of(app: Application, config: CheckConfig, freeze_seed: int | None
         # says nothing of the user's code (a warning: told, failing only under --strict).
         return [Finding("contract.inner_raised", _not_rerun(app, checked.summary),
                         Severity.WARNING, checked.source or target.source)]
-    return [Finding(f.rule, f"{prefix}: {f.message}", f.severity,
-                    f.source or checked.source or target.source,
+    return [replace(f, message=f"{prefix}: {f.message}",
+                    source=f.source or checked.source or target.source,
                     data={**f.data, "function": app.cls.__qualname__})
             for f in checked.findings]
 

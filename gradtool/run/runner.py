@@ -50,10 +50,11 @@ class Job:
 
 
 def run(jobs: Sequence[Job], config: CheckConfig, rejected: Sequence[Rejected] = (),
-        progress: Progress | None = None) -> Report:
-    """Run every job; a failure in one never stops the others."""
+        progress: Progress | None = None, start: float | None = None) -> Report:
+    """Run every job; a failure in one never stops the others. The Report's duration counts
+    from `start` (the caller's perf_counter before collecting), else from here."""
+    start = time.perf_counter() if start is None else start
     check_devices(jobs, config)
-    start = time.perf_counter()
     results = []
     more_rejected = list(rejected)
     for k, job in enumerate(jobs):
@@ -105,8 +106,10 @@ def _run_case_with_resample(job: Job, spec: CaseSpec) -> CaseResult:
                                        spec.origin))
         note = (f"seed {spec.seed} was inconclusive (non-differentiable point); "
                 f"resampled with seed {seed}")
+        # The inconclusive sample's whole time is the retry's setup: nothing of it is reported.
+        spent = result.setup_s + sum(c.duration_s for c in result.checks)
         result = CaseResult(retry.label, retry.seed, retry.inputs, retry.checks, retry.inferred,
-                            (*retry.notes, note), retry.reproduce)
+                            (*retry.notes, note), retry.reproduce, setup_s=retry.setup_s + spent)
     return result
 
 
@@ -129,6 +132,7 @@ def case_for(job: Job, spec: CaseSpec) -> Case:
 def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     """Sample one case and run every configured check on it."""
     config = job.config
+    begun = time.perf_counter()
     heartbeat.enter(target=job.target.name, case=spec.label, check="")
     case = case_for(job, spec)
     _probe(case, config)
@@ -137,12 +141,20 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     # apply is reported skipped, with the reason.
     checks: list[CheckResult] = []
     errors: list[tuple[str | None, str | None]] = []  # each result's error identity, as raised
+    setup = time.perf_counter() - begun  # sampling and the probe phase: told as the case's
     for name in config.checks:
+        # Everything done on the check's behalf is its time: the hooks' culprit search, the
+        # diagnosis, telling a repeated error once.
+        start = time.perf_counter()
         costly = for_cost(name, case, checks, job)
         result = _skipped(name, costly) if costly else _run_check(name, case, job)
-        if result is not None:
-            errors.append(_error_id(result))
-            checks.append(_once(result, checks, case.problem))
+        if result is None:  # left out of the default run: asking why is setup
+            setup += time.perf_counter() - start
+            continue
+        errors.append(_error_id(result))
+        result = _once(result, checks, case.problem)
+        checks.append(replace(result, duration_s=time.perf_counter() - start))
+    begun = time.perf_counter()
     checks = _repeats_told(checks, errors)
     if job.target.kind.composite and case.problem.cache.first_order is Outcome.PASSED:
         from .inner import inner_algebra_waived
@@ -155,8 +167,9 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     if case.facts.stochastic:
         notes.append("forward is stochastic: RNG frozen (re-seeded) around every evaluation")
     pin = "" if has_given_values(case.specs) else pin_flags(case.specs, config)
+    setup += time.perf_counter() - begun
     return CaseResult(case.label, spec.seed, tuple(case.infos), tuple(checks), case.inferred,
-                      tuple(dict.fromkeys(notes)), reproduce, pin)
+                      tuple(dict.fromkeys(notes)), reproduce, pin, setup)
 
 
 def _probe(case: Case, config: CheckConfig) -> None:

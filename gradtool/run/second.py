@@ -1,15 +1,18 @@
 """Which custom Function's backward has the wrong derivative, when a model's double backward
-fails: each Function's double backward checked alone on the inputs it received."""
+fails: the one Function on the failing path named at once, else each one on it checked alone
+on the inputs it received."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from ..config.settings import CheckConfig
 from ..errors import InternalError
 from ..numerics.problem import Problem
 from ..results import CheckResult, Outcome
 from .culprit import Application, captured_case, record, unique
+from .paths import calls_user_ops, reaches
 
 
 def annotate_double(result: CheckResult, problem: Problem, config: CheckConfig,
@@ -25,7 +28,15 @@ def annotate_double(result: CheckResult, problem: Problem, config: CheckConfig,
         raise
     except Exception:  # noqa: BLE001 - a diagnosis: the result so far still stands
         return result
-    verdicts = [(app, *_alone(app, config, problem.freeze_seed)) for app in unique(applications)]
+    applied = unique(applications)
+    suspects = on_failing_path(result, problem, applied)
+    if applied and not suspects:
+        line = ("no custom Function's backward computes the failing gradients (none reaches "
+                "their inputs): the wrong second derivative comes from code between them")
+        return replace(result, details=(*result.details, line))
+    if len(suspects) == 1 and not suspects[0].hooked and not calls_user_ops(problem):
+        return _only(result, suspects[0])
+    verdicts = [(app, *_alone(app, config, problem.freeze_seed)) for app in suspects]
     failing = [(app, source, text) for app, outcome, source, text in verdicts
                if outcome is Outcome.FAILED]
     if not verdicts:
@@ -42,6 +53,30 @@ def annotate_double(result: CheckResult, problem: Problem, config: CheckConfig,
             "received: the wrong second derivative comes from code between them, or from a "
             "first-order gradient that is wrong too (see the gradient check)")
     return replace(result, details=(*result.details, line))
+
+
+def on_failing_path(result: CheckResult, problem: Problem,
+                    applications: list[Application]) -> list[Application]:
+    """The applications whose backward computes a gradient that failed: a block (x, grad of
+    w) runs only through the nodes that reach w. All of them when the blocks do not say."""
+    names = problem.input_names
+    failed = {b.output.removeprefix("grad of ") for b in result.blocks if b.mismatched}
+    if not failed or not failed <= set(names):
+        return applications
+    wanted = {k for k, name in enumerate(names) if name in failed}
+    return [app for app in applications if reaches(app) & wanted or not app.leaves]
+
+
+def _only(result: CheckResult, app: Application) -> CheckResult:
+    """The one Function on the failing path named without a re-check: nothing to choose."""
+    from ..targets.load import source_of
+
+    source: Any = source_of(app.cls.backward)
+    where = f" at {app.created_at}" if app.created_at else ""
+    text = (f"{app.cls.__qualname__}{where}: its backward's derivative is wrong, the only "
+            f"custom Function on the failing path (so not re-checked alone: nothing to choose "
+            f"between; backward at {source})")
+    return replace(result, details=(*result.details, text), source=source or result.source)
 
 
 def _alone(app: Application, config: CheckConfig, freeze_seed: int | None

@@ -1,0 +1,245 @@
+"""Third-party adjoint solvers (torchdiffeq, torchsde), correct and with seeded bugs: every
+default gradtool check against gradcheck slow + gradgradcheck slow, warmed up, side by side."""
+
+#     python benchmarks/adjoint_solvers.py [--repeats 3]
+#
+# Models nobody here wrote: torchdiffeq's `odeint_adjoint` on a linear vector field and
+# torchsde's `sdeint_adjoint` (Stratonovich, reversible Heun: its adjoint is the exact gradient of
+# the discrete solve, a fixed Brownian path), each an
+# nn.Module whose only custom Function is the package's adjoint method. Their double backward
+# fails as expected (an adjoint solve is not differentiable twice): the row that keeps
+# "nothing to choose between" honest. Seeded bugs swap the package's adjoint Function for a
+# subclass whose backward is wrong (a factor 2; the parameters' gradients dropped). Each row:
+# one warm-up of both tools, then gradtool.check (every default check) and gradcheck +
+# gradgradcheck slow on the same tensors (the input and the parameters), interleaved round by
+# round, one torch thread, medians, and gradtool's own split of its time (checks, setup, the
+# run's own). A package that is not installed is skipped with a line saying so.
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import importlib
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.autograd import gradcheck, gradgradcheck
+
+
+@contextlib.contextmanager
+def swapped(module: Any, name: str, replacement: type | None) -> Iterator[None]:
+    """module.name replaced for the forward (the node's class then decides its backward)."""
+    if replacement is None:
+        yield
+        return
+    original = getattr(module, name)
+    setattr(module, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+@functools.cache
+def seeded(base: type, bug: str) -> type:
+    """A subclass of a package's adjoint Function whose backward has the seeded bug (one class
+    per bug: a replayed forward applies the same one again)."""
+
+    class Seeded(base):  # type: ignore[misc, valid-type]
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:
+            out = list(base.backward(ctx, *grads))
+            tensors = [k for k, g in enumerate(out) if isinstance(g, torch.Tensor)]
+            for k in tensors if bug == "factor 2" else tensors[1:]:
+                out[k] = out[k] * 2 if bug == "factor 2" else torch.zeros_like(out[k])
+            return tuple(out)
+
+    Seeded.__name__ = Seeded.__qualname__ = f"{base.__name__}{bug.title().replace(' ', '')}"
+    return Seeded
+
+
+class ODE(nn.Module):
+    """y(1) of dy/dt = A y + b by torchdiffeq's odeint_adjoint (RK4, step 0.05)."""
+
+    bug: str | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.field = nn.Linear(4, 4)
+        with torch.no_grad():
+            self.field.weight.mul_(0.5)
+
+    def forward(self, y0: torch.Tensor) -> torch.Tensor:
+        from torchdiffeq import odeint_adjoint
+        from torchdiffeq._impl import adjoint
+
+        t = torch.tensor([0.0, 1.0], dtype=y0.dtype)
+        bad = seeded(adjoint.OdeintAdjointMethod, self.bug) if self.bug else None
+        with swapped(adjoint, "OdeintAdjointMethod", bad):
+            return odeint_adjoint(lambda _, y: self.field(y), y0, t, method="rk4",
+                                  options={"step_size": 0.05},
+                                  adjoint_params=tuple(self.field.parameters()))[-1]
+
+
+class _Field(nn.Module):
+    noise_type, sde_type = "diagonal", "stratonovich"
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.drift = nn.Linear(3, 3)
+        self.scale = nn.Parameter(torch.full((3,), 0.2))
+
+    def f(self, t: Any, y: torch.Tensor) -> torch.Tensor:
+        return self.drift(y)
+
+    def g(self, t: Any, y: torch.Tensor) -> torch.Tensor:
+        return self.scale * torch.tanh(y)
+
+
+class SDE(nn.Module):
+    """y(1) of a Stratonovich SDE by torchsde's sdeint_adjoint (reversible Heun, dt 0.01), along
+    one fixed Brownian path (entropy 7): deterministic, its gradient exact."""
+
+    bug: str | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sde = _Field()
+
+    def forward(self, y0: torch.Tensor) -> torch.Tensor:
+        import torchsde
+        from torchsde._core import adjoint
+
+        ts = torch.tensor([0.0, 1.0], dtype=y0.dtype)
+        bm = torchsde.BrownianInterval(0.0, 1.0, size=y0.shape, dtype=y0.dtype, entropy=7)
+        bad = seeded(adjoint._SdeintAdjointMethod, self.bug) if self.bug else None
+        with swapped(adjoint, "_SdeintAdjointMethod", bad):
+            return torchsde.sdeint_adjoint(self.sde, y0, ts, bm=bm, method="reversible_heun",
+                                           adjoint_method="adjoint_reversible_heun",
+                                           dt=0.01)[-1]
+
+
+def variant(base: type, bug: str | None) -> type:
+    return type(f"{base.__name__}{'' if bug is None else bug.title().replace(' ', '')}",
+                (base,), {"bug": bug})
+
+
+# family -> (package, model class, inputs, bugs)
+FAMILIES: dict[str, tuple[str, type, list[str], tuple[str, ...]]] = {
+    "torchdiffeq odeint_adjoint": ("torchdiffeq", ODE, ["2x4"], ("factor 2", "params dropped")),
+    "torchsde sdeint_adjoint": ("torchsde", SDE, ["2x3"], ("factor 2", "params dropped")),
+}
+
+
+def gradtool_run(model: type, inputs: list[str]) -> tuple[float, Any]:
+    import gradtool
+
+    start = time.perf_counter()
+    report = gradtool.check(model, inputs)
+    return time.perf_counter() - start, report
+
+
+def gradcheck_run(model: type, inputs: list[str]) -> tuple[float, bool]:
+    """gradcheck then gradgradcheck slow on the same input and the model's parameters."""
+    from gradtool.config.settings import CheckConfig
+    from gradtool.targets.cases import build_case
+    from gradtool.targets.inputs import parse_input
+    from gradtool.targets.resolve import make_target
+
+    target = make_target(model, model.__name__)
+    case = build_case(target, [parse_input(s) for s in inputs], CheckConfig(), 0)
+    module = model().double()
+    names = [n for n, _ in module.named_parameters()]
+    args = tuple(a.detach().clone().requires_grad_(True) for a in case.problem.inputs)
+    x, params = args[0], args[1:]
+
+    def fn(x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(module, dict(zip(names, params)), (x,))
+
+    start = time.perf_counter()
+    ok = []
+    for check in (gradcheck, gradgradcheck):
+        try:
+            ok.append(bool(check(fn, (x, *params), fast_mode=False, raise_exception=False)))
+        except Exception:  # noqa: BLE001 - an adjoint gradgradcheck cannot differentiate
+            ok.append(False)
+    return time.perf_counter() - start, all(ok)
+
+
+def row(family: str, bug: str | None, repeats: int) -> dict[str, Any]:
+    _, base, inputs, _ = FAMILIES[family]
+    model = variant(base, bug)
+    gradtool_run(model, inputs), gradcheck_run(model, inputs)  # warm-up: first calls, imports
+    ours, theirs, last = [], [], None
+    for _ in range(repeats):
+        seconds, last = gradtool_run(model, inputs)
+        ours.append(seconds)
+        theirs.append(gradcheck_run(model, inputs)[0])
+    wall = ours[-1]  # the last run's, which its report describes
+    checks = {c.name: c for _, _, c in last.checks()}
+    return {"family": family, "bug": bug or "correct", "ours": statistics.median(ours),
+            "theirs": statistics.median(theirs), "report": last, "wall": wall,
+            "failed": [n for n, c in checks.items() if c.outcome.value not in
+                       ("passed", "skipped")],
+            "double": checks.get("double_backward")}
+
+
+def line(r: dict[str, Any]) -> str:
+    report, double = r["report"], r["double"]
+    verdict = "pass" if not r["failed"] else "FAIL " + ", ".join(r["failed"])
+    # gradtool's own split of its time (absent before the report told it: then the checks')
+    parts = report.time_parts() if hasattr(report, "time_parts") else \
+        {"checks": sum(c.duration_s for _, _, c in report.checks()), "setup": 0.0}
+    told = f"{parts['checks'] / r['wall']:.0%} of the wall in checks, setup {parts['setup']:.2f} s"
+    culprit = (double.details[-1][:60] + "…") if double is not None and double.details else ""
+    return (f"| {r['family']} | {r['bug']} | {r['ours']:.2f} s {verdict} | {r['theirs']:.2f} s | "
+            f"{r['ours'] / r['theirs']:.2f}× | {told} | {culprit} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, one thread, {args.repeats} interleaved round(s) after a "
+          f"warm-up; load average at the start {_load()}")
+    print("| model | bug | gradtool, every default check | gradcheck + gradgradcheck slow "
+          "| ratio | gradtool's time told | double backward's culprit line |")
+    print("|---" * 7 + "|")
+    rows = []
+    for family, (package, _, _, bugs) in FAMILIES.items():
+        if importlib.util.find_spec(package) is None:
+            print(f"| {family} | — | skipped: {package} is not installed |||||")
+            continue
+        for bug in (None, *bugs):
+            rows.append(row(family, bug, args.repeats))
+            print(line(rows[-1]), flush=True)
+    for kind, pick in (("correct", lambda r: r["bug"] == "correct"),
+                       ("seeded bugs", lambda r: r["bug"] != "correct")):
+        chosen = [r for r in rows if pick(r)]
+        if chosen:
+            ours, theirs = sum(r["ours"] for r in chosen), sum(r["theirs"] for r in chosen)
+            print(f"{kind}: {len(chosen)} rows, {ours:.2f} s against {theirs:.2f} s = "
+                  f"{ours / theirs:.2f}×")
+    print(f"load average at the end {_load()}")
+    return 0
+
+
+def _load() -> str:
+    try:
+        return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
