@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -110,37 +109,17 @@ def test_a_compiled_triton_op_on_cuda():
     assert found[("scaled_silu_bad_grad", "gradient")] == "failed"
 
 
-TRAIN = textwrap.dedent("""
-    import torch
-
-    class Square(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return x * x
-
-        @staticmethod
-        def backward(ctx, g):
-            (x,) = ctx.saved_tensors
-            return 2 * x * g
-
-    if __name__ == "__main__":
-        w = torch.randn(5, 3, dtype=torch.float64, device="cuda", requires_grad=True)
-        for _ in range(2):
-            Square.apply(w).sum().backward()
-    """)
-
-
-def test_trace_of_a_cuda_training_script_replays_on_the_device(tmp_path):
-    (tmp_path / "train.py").write_text(TRAIN)
+def test_trace_of_a_cuda_training_script_replays_on_the_device():
     out = subprocess.run([sys.executable, "-m", "gradtool", "trace", "--device", "cuda",
-                          "--format", "json", "train.py"],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=600)
+                          "--format", "json", "train.py", "--", "--kernel", "fixed",
+                          "--device", "cuda"],
+                         capture_output=True, text=True, cwd=FIXTURES / "trace", timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
-    [target] = report["targets"]
-    assert {c["outcome"] for case in target["cases"] for c in case["checks"]} <= CLEAN
-    assert "cuda" in target["cases"][0]["inputs"][0]["description"]
+    assert len(report["targets"]) == 2  # RowSumSq and ScaledTanh, each replayed on the GPU
+    for target in report["targets"]:
+        assert {c["outcome"] for case in target["cases"] for c in case["checks"]} <= CLEAN
+        assert "cuda" in target["cases"][0]["inputs"][0]["description"]
 
 
 def test_reports_and_reproducers_from_a_cuda_run(tmp_path):

@@ -11,6 +11,7 @@ import torch
 import gradtool
 from gradtool.errors import InternalError
 from gradtool.numerics.problem import Problem
+from conftest import load_fixture
 from device_guard import PACKAGE, FactoryGuard, package_violations, violations
 
 
@@ -81,19 +82,9 @@ def test_the_runtime_guard_finds_a_factory_planted_in_numerics():
     assert guard.found == ["gradtool/numerics/steps.py:4 torch.zeros"]
 
 
-class _Double(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return 2 * x
-
-    @staticmethod
-    def backward(ctx, g):
-        return 2 * g
-
-
 def _problem() -> Problem:
     x = torch.randn(3, dtype=torch.float64)
-    return Problem(_Double.apply, [x], ["x"], [0])
+    return Problem(load_fixture("bugs").Cube.apply, [x], ["x"], [0])
 
 
 def test_a_value_on_another_device_is_gradtools_error_before_the_target_runs():
@@ -121,7 +112,7 @@ def test_a_wrong_device_inside_a_check_is_an_internal_error(monkeypatch):
 
     monkeypatch.setattr(steps, "one_hot", misplaced)
     with pytest.raises(InternalError, match="grad_output 0 on meta"):
-        gradtool.check(_Double, inputs=("4x3",), checks=("gradient",))
+        gradtool.check(load_fixture("bugs").Cube, inputs=("4x3",), checks=("gradient",))
 
 
 def test_a_module_is_checked_where_its_parameters_are():

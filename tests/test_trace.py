@@ -88,7 +88,7 @@ def test_a_script_that_fails_is_an_error_and_its_calls_are_still_checked(tmp_pat
     assert says.split(" (")[0] in out.stderr
     if then == "raise":
         assert "ValueError: the script failed after training" in rejected["message"]
-        assert "train.py:44" in rejected["message"]  # the user's frame, trimmed
+        assert "train.py:45" in rejected["message"]  # the user's frame, trimmed
 
 
 def test_list_shows_the_calls_without_checking_and_max_calls_bounds_them(tmp_path):
