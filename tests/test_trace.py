@@ -149,3 +149,12 @@ def test_ctrl_c_stops_the_script_lists_the_recorded_calls_and_exits_130(tmp_path
     jsonschema.validate(report, SCHEMA)
     assert report["interrupted"] == "SIGINT" and report["targets"] == []
     assert report["not_run"] == [ACTIVATION, BUGGY]
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_replaying_on_a_device_this_machine_lacks_is_a_usage_error():
+    out = trace("--device", "cuda", "train.py", "--", "--kernel", "fixed", "--steps", "1",
+                cwd=TRACE)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "--device 'cuda': this torch build has no usable CUDA" in out.stdout
+    assert "deserialize" not in out.stdout  # told before any recorded value is loaded

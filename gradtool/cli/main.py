@@ -302,6 +302,8 @@ def config() -> ExitCode:
 @click.option("--check", "checks", multiple=True, type=click.Choice(CHECK_NAMES),
               help="Run only these checks on each recorded call (repeat).")
 @click.option("--mode", type=click.Choice(MODES), default=None, help="Jacobian mode [auto].")
+@click.option("--device", default=None,
+              help="Device the recorded calls are replayed on, e.g. cuda [cpu].")
 @click.option("--atol", type=float, default=None, help="Absolute tolerance [per dtype].")
 @click.option("--rtol", type=float, default=None, help="Relative tolerance [per dtype].")
 @click.option("--strict/--no-strict", default=None,

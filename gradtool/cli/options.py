@@ -148,6 +148,7 @@ class TraceOptions(ReportOptions, IsolationOptions):
     list_: bool = False
     checks: tuple[str, ...] = ()
     mode: str | None = None
+    device: str | None = None
     atol: float | None = None
     rtol: float | None = None
     strict: bool | None = None

@@ -16,6 +16,9 @@ EXPECTED = ("a tuple of positional arguments, a pair (args tuple, kwargs dict), 
 
 def load_inputs(text: str, seed: int, dtype: str, device: str) -> list[tuple[str, list[Any]]]:
     """[(case label, specs)] from a factory 'file.py:name' / 'module:name' or a .pt file."""
+    from .cases import check_device
+
+    check_device(device)  # before anything is loaded there: a usage error naming the fix
     if text.endswith(".pt"):
         data, where = _load_pt(text, device), text
     else:
