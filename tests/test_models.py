@@ -188,3 +188,16 @@ def test_stochastic_note_shows_in_the_terminal_on_a_pass():
     report = gradtool.check(noisy, ["(6,)"])
     assert report.ok()
     assert "note: forward is stochastic" in render_plain(report)
+
+
+def test_a_wrong_backward_upstream_of_a_weight_is_named_by_double_backward(models):
+    """grad of lin2.weight reads SquareWrong's output: its derivative w.r.t. x runs through
+    SquareWrong's (first-order) backward, though neither Function reaches lin2.weight."""
+    checked = result(gradtool.check(models.Stacked, checks=("double_backward",)),
+                     "double_backward")
+    assert checked.outcome.value == "failed"
+    assert not any("none reaches" in d for d in checked.details)
+    named = [d for d in checked.details if d.startswith("SquareWrong")]
+    assert named and "second derivative runs through this first-order backward" in named[0], \
+        checked.details
+    assert not any(d.startswith("Scale ") or d.startswith("Scale at") for d in checked.details)

@@ -49,20 +49,44 @@ def annotate_double(result: CheckResult, problem: Problem, config: CheckConfig,
         line = (f"the culprit is ambiguous: the backwards of {names} each have a wrong "
                 "derivative alone, so no single Function is blamed: look at the model's forward")
         return replace(result, details=(*result.details, *[t for _, _, t in failing], line))
+    first = _first_order(suspects, config, problem.freeze_seed)
+    if first is not None:
+        return replace(result, details=(*result.details, first.summary),
+                       source=first.source or result.source)
     line = ("every custom Function's backward differentiates correctly alone on the inputs it "
             "received: the wrong second derivative comes from code between them, or from a "
             "first-order gradient that is wrong too (see the gradient check)")
     return replace(result, details=(*result.details, line))
 
 
+def _first_order(suspects: list[Application], config: CheckConfig, freeze_seed: int | None
+                 ) -> Any:
+    """The one suspect whose first-order gradient is wrong alone (a second derivative through
+    activations runs a Function's first-order backward: its own double backward can be
+    consistent with that wrong backward), as a FunctionFinding; None without exactly one."""
+    from .culprit import check_application
+
+    checked = [check_application(app, config, freeze_seed) for app in suspects]
+    failing = [f for f in checked if f.outcome is Outcome.FAILED]
+    if len(failing) != 1:
+        return None
+    found = failing[0]
+    return replace(found, summary=f"{found.summary}; the model's second derivative runs "
+                                  "through this first-order backward")
+
+
 def on_failing_path(result: CheckResult, problem: Problem,
                     applications: list[Application]) -> list[Application]:
-    """The applications whose backward computes a gradient that failed: a block (x, grad of
-    w) runs only through the nodes that reach w. All of them when the blocks do not say."""
+    """The applications whose backward computes a gradient that failed. A block (x, grad of w)
+    runs through the nodes that reach w (their backward carries the gradient to w, and its
+    derivative is taken) and through those that reach x (their first-order backward carries
+    d/dx of the activations w's op reads): a Function reaching neither is off the path. All
+    of them when the blocks do not say."""
     names = problem.input_names
     failed = {b.output.removeprefix("grad of ") for b in result.blocks if b.mismatched}
     if not failed or not failed <= set(names):
         return applications
+    failed |= {b.input for b in result.blocks if b.mismatched}
     wanted = {k for k, name in enumerate(names) if name in failed}
     return [app for app in applications if reaches(app) & wanted or not app.leaves]
 
