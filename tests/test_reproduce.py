@@ -73,3 +73,12 @@ def test_the_reproduce_line_carries_every_flag_that_changed_the_verdict():
         assert flag in line, (flag, line)
     default = reproduce_command(target, [parse_input("5x3")], CheckConfig(), 0)
     assert "--check" not in default and "--probes" not in default
+
+
+def test_a_spec_reproduces_with_the_settings_given_beside_it():
+    """--dtype on the command line is part of the case, unless the spec sets it itself."""
+    import gradtool
+
+    report = gradtool.check("specs/examples/cube.yaml", dtype="float32", eps=1e-3)
+    lines = {case.reproduce for target in report.targets for case in target.cases}
+    assert lines == {"gradtool check specs/examples/cube.yaml --dtype float32 --eps 0.001"}

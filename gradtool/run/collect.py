@@ -14,6 +14,7 @@ from ..results import Rejected, Report
 from ..targets.inputs import InputSpec
 from ..targets.load import Target
 from ..targets.resolve import make_target, resolve
+from .reproduce import setting_flags
 from .runner import CaseSpec, Job, run
 
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -257,7 +258,8 @@ def spec_jobs(spec, config: CheckConfig) -> list[Job]:
         cases = _factory_cases(spec, job_config)
     return [Job(target, cases, job_config, dict(spec.check_config), dict(spec.xfail),
                 spec.surrogate, f"{spec.path}:{spec.line}",
-                reproduce=f"gradtool check {spec.path}")]
+                reproduce=" ".join(["gradtool", "check", str(spec.path),
+                                     *setting_flags(config, skip=tuple(spec.config))]))]
 
 
 def _factory_cases(spec, config: CheckConfig) -> list[CaseSpec]:

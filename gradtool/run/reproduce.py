@@ -43,12 +43,7 @@ def reproduce_command(target: Target, specs: Sequence[InputSpec], config: CheckC
         parts.append(pin_flags(specs, config))
     parts += ["--seed", str(seed)]
     parts += _init_flags(target)
-    defaults = CheckConfig()
-    for name in ("dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode", "probes",
-                 "max_memory", "autocast", "reference"):
-        value = getattr(config, name)
-        if value is not None and value != getattr(defaults, name):
-            parts += [f"--{name.replace('_', '-')}", shell_quote(str(value))]
+    parts += setting_flags(config)
     if tuple(config.checks) != DEFAULT_CHECKS:  # a subset, or an opt-in check (compiled)
         parts += [f"--check {name}" for name in config.checks]
     if config.trust_callables:
@@ -56,6 +51,21 @@ def reproduce_command(target: Target, specs: Sequence[InputSpec], config: CheckC
     if config.masked:
         parts.append("--masked")
     return " ".join(parts)
+
+
+SETTING_FLAGS = ("dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode", "probes",
+                 "max_memory", "autocast", "reference")
+
+
+def setting_flags(config: CheckConfig, skip: Sequence[str] = ()) -> list[str]:
+    """['--dtype', 'float32', ...]: each setting that differs from the default (those in skip
+    left out: a spec sets them itself)."""
+    defaults, parts = CheckConfig(), []
+    for name in SETTING_FLAGS:
+        value = getattr(config, name)
+        if name not in skip and value is not None and value != getattr(defaults, name):
+            parts += [f"--{name.replace('_', '-')}", shell_quote(str(value))]
+    return parts
 
 
 def _init_flags(target: Target) -> list[str]:
