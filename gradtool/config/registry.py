@@ -104,6 +104,13 @@ OP = ("op",)
 NEVER_SILENCED = "a wrong gradient value is never silenced (fix backward, or declare xfail:)"
 
 
+def _forward_mode(kinds: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The kinds of mistake as forward mode makes them: jvp and its tangent for backward and
+    its grad_output."""
+    return tuple((kind, text.replace("backward", "jvp").replace("grad_output", "the tangent"))
+                 for kind, text in kinds)
+
+
 def _jacobian_rules(check: str, what: str, kinds: tuple[tuple[str, str], ...], *extra: Rule,
                     targets: tuple[str, ...] = TARGET_KINDS, unsilenceable: str = ""
                     ) -> tuple[Rule, ...]:
@@ -115,7 +122,6 @@ def _jacobian_rules(check: str, what: str, kinds: tuple[tuple[str, str], ...], *
     return (mismatch, *(replace(r, targets=targets) for r in extra), *kinds_)
 
 
-OP = ("op",)
 
 
 # The contract's rules about backward's algebra alone (see Rule.algebra).
@@ -195,7 +201,8 @@ REGISTRY: tuple[CheckInfo, ...] = (
                             "forward against reverse mode (on when the Function defines jvp)",
               targets=("function",),
               rules=_jacobian_rules(
-                  "forward_ad", "jvp's Jacobian against finite differences", FIRST_ORDER_KINDS,
+                  "forward_ad", "jvp's Jacobian against finite differences",
+                  _forward_mode(FIRST_ORDER_KINDS),
                   Rule("forward_ad.reverse_disagrees", "failure", "jvp agrees with finite "
                        "differences but backward does not agree with jvp: backward is wrong",
                        unsilenceable=NEVER_SILENCED),
