@@ -39,9 +39,10 @@ def find_op(ns: str, name: str, overload: str | None, text: str, location: str |
     try:
         packet = getattr(getattr(torch.ops, ns), name)
     except (AttributeError, RuntimeError):
-        where = f"importing {location}" if location else (
-            f"importing {', '.join(imports)}" if imports else "nothing was imported")
-        raise TargetError(f"no op {qualname} is registered ({where} did not define it)",
+        where = (f"importing {location} did not define it" if location else
+                 f"importing {', '.join(imports)} did not define it" if imports else
+                 "nothing was imported to define it")
+        raise TargetError(f"no op {qualname} is registered ({where})",
                           "import the module that registers it: --import ops.py (repeat), "
                           f"or name it as ops.py:{qualname}; in a spec, op: with import:"
                           ) from None
