@@ -270,3 +270,33 @@ def test_an_ops_own_kernel_error_widens_its_simulated_rounding():
     spread = (noisy - exact).abs()
     assert float(real.max()) > 100 * float((2 ** -24 * exact.abs()).max())  # the premise
     assert float(spread.pow(2).mean().sqrt()) > 0.3 * float(real.pow(2).mean().sqrt())
+
+
+def contract(target, inputs, **settings):
+    return result(gradtool.check(target, inputs, checks=["contract"], **settings), "contract")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_contract_linearity_allows_rounding_and_no_more(dtype):
+    # A correct half-precision matmul's backward rounds its sums: linear only within rounding.
+    for seed in range(5):
+        assert contract(L.MatMul, ["32x64", "64x48"], dtype=dtype, seed=seed).outcome.value \
+            == "passed"
+    for broken in (L.MatMulSquaresGrad, L.MatMulClampsGrad):
+        bad = contract(broken, ["32x64", "64x48"], dtype=dtype)
+        assert [f.rule for f in bad.findings] == ["contract.nonlinear"], bad.summary
+        assert f"that rounding in {dtype} allows there" in bad.summary
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_contract_determinism_allows_rounding_and_no_more(dtype):
+    bad = contract(L.MatMulNoisyBackward, ["32x64", "64x48"], dtype=dtype)
+    assert "contract.nondeterministic" in [f.rule for f in bad.findings], bad.summary
+
+
+def test_linearity_at_float16_is_judged_by_rounding_unless_a_tolerance_is_given():
+    # gradcheck's meaning stays when the user sets one: |a - b| <= atol + rtol |b|, here
+    # tighter than the rounding a correct kernel does.
+    assert contract(L.MatMul, ["32x64", "64x48"], dtype="float16").outcome.value == "passed"
+    strict = contract(L.MatMul, ["32x64", "64x48"], dtype="float16", atol=0.0, rtol=0.0)
+    assert [f.rule for f in strict.findings] == ["contract.nonlinear"], strict.summary

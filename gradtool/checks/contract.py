@@ -298,15 +298,19 @@ def _linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> l
     for name, a, b, m in zip(problem.input_names, r1, r2, mixed):
         if a is None or b is None or m is None or a.shape != m.shape:
             continue
-        expected = 2 * a + 3 * b
-        if not _allclose(m, expected, atol=atol, rtol=rtol):
+        low = _rounded(config, a, b, m)
+        if low is not None:
+            off = _beyond_rounding(m, [(2, a), (3, b)], low, _summed(g1), 6 * config.nondet_tol)
+        else:
+            off = None if _allclose(m, 2 * a + 3 * b, atol=atol, rtol=rtol) else \
+                f"by {(m - (2 * a + 3 * b)).abs().max().item():.3g}"
+        if off is not None:
             problem.cache.linear = False
-            diff = (m - expected).abs().max().item()
             return [Finding(
                 "contract.nonlinear",
                 f"backward is not linear in grad_output: for '{name}', backward(2·g1 + 3·g2) "
-                f"differs from 2·backward(g1) + 3·backward(g2) by {diff:.3g} — the gradient "
-                "must be a linear map of grad_output")]
+                f"differs from 2·backward(g1) + 3·backward(g2) {off} — the gradient must be a "
+                "linear map of grad_output")]
     return []
 
 
@@ -315,14 +319,57 @@ def _deterministic(backward, g1, r1, problem: Problem, config: CheckConfig) -> l
     for name, a, b in zip(problem.input_names, r1, again):
         if a is None or b is None or a.shape != b.shape:
             continue
-        diff = (a - b).abs().max().item() if a.numel() else 0.0
-        if diff > config.nondet_tol:
+        low = _rounded(config, a, b)
+        if low is not None:
+            off = _beyond_rounding(b, [(1, a)], low, _summed(g1), config.nondet_tol, False)
+        else:
+            diff = (a - b).abs().max().item() if a.numel() else 0.0
+            off = f"by {diff:.3g} (> nondet_tol {config.nondet_tol:g})" \
+                if diff > config.nondet_tol else None
+        if off is not None:
             return [Finding(
                 "contract.nondeterministic",
                 f"backward is nondeterministic: two calls with the same grad_output give "
-                f"'{name}' gradients differing by {diff:.3g} (> nondet_tol "
-                f"{config.nondet_tol:g}; raise --nondet-tol if this is expected)")]
+                f"'{name}' gradients differing {off}: raise --nondet-tol if this is expected")]
     return []
+
+
+def _rounded(config: CheckConfig, *grads: torch.Tensor) -> str | None:
+    """The gradients' dtype when it is below float64 and no atol or rtol is set: the linearity
+    and determinism tests then allow what rounding in that dtype allows, and no more (a fixed
+    tolerance is too tight where a half-precision sum cancels, too loose elsewhere)."""
+    from ..numerics.rounding import dtype_name
+    from .precision import coarsest
+
+    if config.atol is not None or config.rtol is not None or \
+            not all(g.is_floating_point() for g in grads):
+        return None
+    found = coarsest({dtype_name(g.dtype) for g in grads})
+    return None if found in (None, "float64") else found
+
+
+def _summed(grads: Sequence[torch.Tensor]) -> int:
+    """The most terms a gradient element can sum: one per grad_output element."""
+    return sum(g.numel() for g in grads)
+
+
+def _beyond_rounding(result: torch.Tensor, terms: list[tuple[float, torch.Tensor]], dtype: str,
+                     summed: int, noise: float, rounded_input: bool = True) -> str | None:
+    """How far `result` is from sum c·t beyond what rounding in `dtype` allows (the worst
+    element, and its bound), or None within it everywhere. `rounded_input`: the two sides ran
+    on grad_outputs rounded differently (the linearity test; determinism's are the same)."""
+    from ..numerics.rounding import combination_bound
+
+    expected = sum(c * t.detach().double() for c, t in terms)
+    diff = (result.detach().double() - expected).abs()
+    bound = combination_bound([(1, result), *terms], dtype, summed, rounded_input) + noise
+    beyond = ~(diff <= bound) & ~(diff.isnan() & expected.isnan() & result.isnan())
+    if not bool(beyond.any()):
+        return None
+    worst = int(torch.argmax(torch.where(beyond, diff / bound, torch.zeros_like(diff))))
+    return (f"by {float(diff.reshape(-1)[worst]):.3g} at element {worst}, beyond the "
+            f"{float(bound.reshape(-1)[worst]):.3g} that rounding in {dtype} allows there "
+            f"({int(beyond.sum())} of {diff.numel()} elements beyond it)")
 
 
 def run(case: Case, context: Context) -> CheckResult:
