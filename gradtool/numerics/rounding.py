@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 # Unit roundoff u = 2^-p of each floating dtype (p significand bits, round to nearest).
 UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11,
@@ -84,9 +85,10 @@ def combination_bound(terms: Sequence[tuple[float, torch.Tensor]], dtype: str, s
 class SimulatedRounding(TorchDispatchMode):
     """Every floating result t becomes t + (u t + eta) z: a float64 run rounded like `dtype`.
 
-    z is standard normal (seeded); reductions also get u_acc z' × (the op on |inputs|), their
-    accumulation error; other ops also get k z'', k their own kernel's error in `dtype` on the
-    same operands. Views and exact operations are left alone; in-place ones are rounded in place.
+    z is standard normal (seeded); every op also gets k z', k its own kernel's error in `dtype`
+    on the same operands against float64; reductions and products also u_acc z'' × (the op on
+    |inputs|), their accumulation error. Views and exact operations are left alone; in-place
+    ones are rounded in place.
     """
 
     def __init__(self, dtype: str, pool: _Pool, round_operands: bool = False) -> None:
@@ -118,14 +120,19 @@ class SimulatedRounding(TorchDispatchMode):
             if isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel():
                 out.addcmul_(out * self.u + self.eta, self.pool.draw(out))
             return out
-        spread = _accumulated(func, args, kwargs, kind == "product") \
-            if kind in ("sum", "product") else _kernel_error(func, args, kwargs, out, self.low)
+        # Every op's own kernel error in the low dtype, reductions and products too (their
+        # algorithm is not float64's: blocked sums, reduced-precision or TF32 products on a
+        # GPU); a reduction also its accumulation over the sum of |terms|, where terms cancel.
+        spreads = [_kernel_error(func, args, kwargs, out, self.low)]
+        if kind in ("sum", "product"):
+            spreads.append(_accumulated(func, args, kwargs, kind == "product"))
         if isinstance(out, torch.Tensor):
-            return self._jitter(out, spread)
+            return self._jitter(out, spreads)
         if isinstance(out, (tuple, list)):
-            spreads = spread if isinstance(spread, (tuple, list)) else [spread] * len(out)
+            per_output = [[s[k] if isinstance(s, (tuple, list)) else s for s in spreads]
+                          for k in range(len(out))]
             return type(out)(self._jitter(o, s) if isinstance(o, torch.Tensor) else o
-                             for o, s in zip(out, spreads))
+                             for o, s in zip(out, per_output))
         return out
 
     def _operand(self, x: Any) -> Any:
@@ -133,15 +140,16 @@ class SimulatedRounding(TorchDispatchMode):
             return torch.addcmul(x, x * self.u + self.eta, self.pool.draw(x))
         return x
 
-    def _jitter(self, t: torch.Tensor, spread: Any) -> torch.Tensor:
+    def _jitter(self, t: torch.Tensor, spreads: list[Any]) -> torch.Tensor:
         if not t.is_floating_point() or t.numel() == 0:
             return t
         # t + (u t + eta) z: z is symmetric, so this is t ± (u|t| + eta) z in distribution.
         noisy = torch.addcmul(t, t * self.u + self.eta, self.pool.draw(t))
-        if isinstance(spread, torch.Tensor) and spread.shape == t.shape:
-            noisy.addcmul_(spread, self.pool.draw(t), value=self.u_acc)
-        elif isinstance(spread, _Measured) and spread.error.shape == t.shape:
-            noisy.addcmul_(spread.error, self.pool.draw(t))
+        for spread in spreads:
+            if isinstance(spread, torch.Tensor) and spread.shape == t.shape:
+                noisy.addcmul_(spread, self.pool.draw(t), value=self.u_acc)
+            elif isinstance(spread, _Measured) and spread.error.shape == t.shape:
+                noisy.addcmul_(spread.error, self.pool.draw(t))
         return noisy
 
 
@@ -220,20 +228,77 @@ def _kernel_error(func: Any, args: Any, kwargs: Any, out: Any, low: torch.dtype)
     u|result| models a correctly rounded op; a real kernel is not always one: vectorised
     erf/exp/tanh err by several ulps, and a fused kernel (gelu_backward, layer_norm) rounds
     intermediates far larger than its result, which cancel (GELU's derivative near -0.75)."""
-    if torch.Tag.nondeterministic_seeded in func.tags:
-        return None  # a second call would draw other random numbers and move the generator
-    try:
-        lows = _on(func, args, kwargs, lambda x: x.to(low) if isinstance(x, torch.Tensor)
-                   else x)
-        exacts = _on(func, args, kwargs, lambda x: x.to(low).double()
-                     if isinstance(x, torch.Tensor) else x)
-    except Exception:  # no kernel in that dtype: the result-only model
+    found = _kernel_runs(func, args, kwargs, low)
+    if found is None:  # no kernel in that dtype: the result-only model
         return None
+    lows, exacts = found
     if isinstance(out, torch.Tensor):
         return _error(lows, exacts)
     if isinstance(out, (tuple, list)) and isinstance(lows, (tuple, list)):
         return [_error(lo, ex) for lo, ex in zip(lows, exacts)]
     return None
+
+
+# Per (op, low dtype): which operand must stay float32 for the op to run in that dtype (-1:
+# none, None: the op has no such kernel at all), learnt on its first call.
+_KEPT: dict[tuple[Any, torch.dtype], int | None] = {}
+MAX_KEPT = 8  # operands tried one by one
+
+
+def _kernel_runs(func: Any, args: Any, kwargs: Any, low: torch.dtype) -> tuple[Any, Any] | None:
+    """(the op's result in the low dtype, float64's on the same rounded operands), or None.
+
+    An op that refuses one operand in the low dtype keeps that one in float32: fused
+    attention's backward takes its logsumexp in float32, the kernel libraries' convention for
+    statistics (so the half-precision run has it so too)."""
+    tensors = [x for x in tree_flatten((args, kwargs))[0]
+               if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    known = _KEPT.get((func, low), -2)
+    tries = [known] if known != -2 else \
+        [-1, *(range(min(len(tensors), MAX_KEPT)) if low != torch.float32 else ())]
+    for kept in tries:
+        if kept is None:
+            return None
+        keep = tensors[kept] if 0 <= kept < len(tensors) else None
+
+        def rounded(x: Any, keep: Any = keep) -> Any:
+            if not isinstance(x, torch.Tensor):
+                return x
+            return x.to(torch.float32 if x is keep else low)
+        try:
+            with _same_draws(func, args) as again:
+                lows = _on(func, args, kwargs, rounded)
+                again()
+                exacts = _on(func, args, kwargs, lambda x: rounded(x).double()
+                             if isinstance(x, torch.Tensor) else x)
+        except Exception:  # noqa: BLE001 - no kernel for these dtypes: the next choice
+            continue
+        _KEPT[(func, low)] = kept
+        return lows, exacts
+    _KEPT[(func, low)] = None
+    return None
+
+
+@contextmanager
+def _same_draws(func: Any, args: Any) -> Iterator[Callable[[], None]]:
+    """For an op that may draw random numbers (fused attention, with its dropout): both
+    measuring calls draw the same ones, and the generator is left as the real call left it.
+    Yields what rewinds the generator between them."""
+    if torch.Tag.nondeterministic_seeded not in func.tags:
+        yield lambda: None
+        return
+    tensors = [a for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)]
+    device = tensors[0].device if tensors else torch.device("cpu")
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+        state = torch.get_rng_state()
+        cuda = torch.cuda.get_rng_state(device) if devices else None
+
+        def rewind() -> None:
+            torch.set_rng_state(state)
+            if cuda is not None:
+                torch.cuda.set_rng_state(cuda, device)
+        yield rewind
 
 
 def _error(low: Any, exact: Any) -> Any:
