@@ -300,3 +300,23 @@ def test_linearity_at_float16_is_judged_by_rounding_unless_a_tolerance_is_given(
     assert contract(L.MatMul, ["32x64", "64x48"], dtype="float16").outcome.value == "passed"
     strict = contract(L.MatMul, ["32x64", "64x48"], dtype="float16", atol=0.0, rtol=0.0)
     assert [f.rule for f in strict.findings] == ["contract.nonlinear"], strict.summary
+
+
+@pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
+def test_double_backward_below_float64_is_checked_in_float64_and_says_so(dtype):
+    report = gradtool.check("specs/examples/linear.py:LinearFunction", dtype=dtype)
+    second = result(report, "double_backward")
+    assert second.outcome.value == "passed", second.summary
+    assert second.mode.startswith("float64 ") and "kink" not in second.summary
+    assert any("checked in float64 only" in d for d in second.details)
+    assert second.calls["float64 forward"] > 0 and "forward" not in second.calls
+    bugs = load_fixture("bugs")
+    wrong = result(gradtool.check(bugs.CubeDetached, ["4x4"], dtype=dtype,
+                                  checks=["double_backward"]), "double_backward")
+    assert wrong.outcome.value == "failed" and wrong.summary.startswith("in float64: ")
+
+
+def test_double_backward_of_a_kernel_that_cannot_run_in_float64_stays_in_its_dtype():
+    second = result(gradtool.check(L.LowOnlyGelu, ["8x8"], dtype="float32",
+                                   checks=["double_backward"]), "double_backward")
+    assert not second.mode.startswith("float64") and "float64 forward" not in second.calls

@@ -70,7 +70,7 @@ def check_precision(case: Case, target: Target, config: CheckConfig,
     # Outputs may come out coarser than every input (a kernel that returns bfloat16).
     dtype = coarsest([low_precision(problem, config) or "float32",
                       *(dtype_name(t.dtype) for t in low_run.values)]) or "float32"
-    ref = _reference_problem(problem, target, config, reference, len(case.specs), case.seed)
+    ref = reference_problem(problem, target, config, reference, len(case.specs), case.seed)
     try:
         exact = _vjp_run(ref, case.seed, low_run.grad_outputs)
     except Exception as exc:
@@ -117,7 +117,7 @@ def _vjp_run(problem: Problem, seed: int,
     return Run(values, grad_outputs, len(outs))
 
 
-def _reference_problem(problem: Problem, target: Target, config: CheckConfig,
+def reference_problem(problem: Problem, target: Target, config: CheckConfig,
                        reference: Callable[..., Any] | None, n_args: int, seed: int) -> Problem:
     """The same (already rounded) values in float64, bound to the reference or the target."""
     from ..targets.cases import bind

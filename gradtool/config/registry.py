@@ -178,6 +178,7 @@ REGISTRY: tuple[CheckInfo, ...] = (
               rules=_jacobian_rules("double_backward", "the Jacobian of backward against "
                                     "finite differences", SECOND_ORDER_KINDS,
                                     unsilenceable=NEVER_SILENCED),
+              variants=(("low_precision", "second_precision"),),
               hooks=(("composite", "gradtool.run.second:annotate_double"),),
               reuses_graph=True),
     CheckInfo("forward_ad", "forward mode: jvp's columns J·u against finite differences, and "
