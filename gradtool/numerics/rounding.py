@@ -118,7 +118,8 @@ class SimulatedRounding(TorchDispatchMode):
             return out
         if kind == "inplace":
             if isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel():
-                out.addcmul_(out * self.u + self.eta, self.pool.draw(out))
+                out.copy_(_finite_only(torch.addcmul(out, out * self.u + self.eta,
+                                                     self.pool.draw(out)), out))
             return out
         # Every op's own kernel error in the low dtype, reductions and products too (their
         # algorithm is not float64's: blocked sums, reduced-precision or TF32 products on a
@@ -137,7 +138,7 @@ class SimulatedRounding(TorchDispatchMode):
 
     def _operand(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel():
-            return torch.addcmul(x, x * self.u + self.eta, self.pool.draw(x))
+            return _finite_only(torch.addcmul(x, x * self.u + self.eta, self.pool.draw(x)), x)
         return x
 
     def _jitter(self, t: torch.Tensor, spreads: list[Any]) -> torch.Tensor:
@@ -150,7 +151,13 @@ class SimulatedRounding(TorchDispatchMode):
                 noisy.addcmul_(spread, self.pool.draw(t), value=self.u_acc)
             elif isinstance(spread, _Measured) and spread.error.shape == t.shape:
                 noisy.addcmul_(spread.error, self.pool.draw(t))
-        return noisy
+        return _finite_only(noisy, t)
+
+
+def _finite_only(noisy: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """An infinite value stays itself: -inf + inf z would be NaN (an online softmax starts its
+    running maximum at -inf)."""
+    return torch.where(t.isfinite(), noisy, t)
 
 
 class _Pool:
