@@ -79,6 +79,9 @@ SLOW_TESTS = {
     "test_layout.py": (
         "test_no_import_circle",
     ),
+    "test_lowprec_kernels.py": (
+        "test_a_correct_kernel_passes_at_float32_over_20_seeds",
+    ),
     "test_lowprec.py": (
         "test_cli_exit_codes_and_reproduce_flags",
         "test_cli_reference_that_cannot_be_loaded_is_a_usage_error",

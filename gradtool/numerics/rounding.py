@@ -31,6 +31,12 @@ _SUMS = ("sum", "mean", "cumsum", "_softmax", "_log_softmax", "linalg_vector_nor
 _PRODUCTS = ("mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "convolution",
              "einsum", "matmul", "tensordot")
 
+# A reference whose algorithm is not the kernel's (a chunked or fused kernel checked against a
+# plain one): rounding simulated on the reference cannot bound the kernel's own, so each
+# tensor's bound also allows this many times the largest error of the reference itself run in
+# the low dtype (the kernel libraries' rule, theirs 2x to 5x). Measured on a chunked scan, a
+# tiled matmul and a fused attention (10 seeds, every dtype): at most 5.7.
+REFERENCE_FACTOR = 10.0
 # Samples of simulated rounding: a first round, doubled up to MAX_SAMPLES while any element
 # lies beyond its bound (a spread from few samples is sometimes underestimated by chance).
 SAMPLES = 3
@@ -82,6 +88,14 @@ def combination_bound(terms: Sequence[tuple[float, torch.Tensor]], dtype: str, s
         + ETA[dtype]
 
 
+# What simulated rounding is made of, each re-run alone to say where a bound came from: the
+# rounding of every op's result (u|result|), each op's own kernel error measured in the low
+# dtype, and the accumulation error of sums and products over their terms.
+SOURCES = {"result": "rounding of each op's result",
+           "kernel": "each op's own kernel error, measured in the low dtype",
+           "sums": "accumulation over the terms of sums and products"}
+
+
 class SimulatedRounding(TorchDispatchMode):
     """Every floating result t becomes t + (u t + eta) z: a float64 run rounded like `dtype`.
 
@@ -91,14 +105,16 @@ class SimulatedRounding(TorchDispatchMode):
     ones are rounded in place.
     """
 
-    def __init__(self, dtype: str, pool: _Pool, round_operands: bool = False) -> None:
+    def __init__(self, dtype: str, pool: _Pool, round_operands: bool = False,
+                 sources: frozenset[str] = frozenset(SOURCES)) -> None:
         super().__init__()
         self.low = getattr(torch, dtype)
-        self.u = unit_roundoff(dtype)
-        self.eta = ETA[dtype]
+        self.u = unit_roundoff(dtype) if "result" in sources else 0.0
+        self.eta = ETA[dtype] if "result" in sources else 0.0
         self.u_acc = accumulation_roundoff(dtype)
         self.pool = pool
         self.round_operands = round_operands  # autocast casts a product's operands down
+        self.sources = sources  # a report's attribution re-runs one source at a time
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -124,8 +140,9 @@ class SimulatedRounding(TorchDispatchMode):
         # Every op's own kernel error in the low dtype, reductions and products too (their
         # algorithm is not float64's: blocked sums, reduced-precision or TF32 products on a
         # GPU); a reduction also its accumulation over the sum of |terms|, where terms cancel.
-        spreads = [_kernel_error(func, args, kwargs, out, self.low)]
-        if kind in ("sum", "product"):
+        spreads = [_kernel_error(func, args, kwargs, out, self.low)
+                   if "kernel" in self.sources else None]
+        if kind in ("sum", "product") and "sums" in self.sources:
             spreads.append(_accumulated(func, args, kwargs, kind == "product"))
         if isinstance(out, torch.Tensor):
             return self._jitter(out, spreads)
@@ -336,20 +353,50 @@ class Bound:
     squares: list[torch.Tensor]
     samples: int = 0
     round_operands: bool = False
+    floors: list[float] | None = None   # per tensor: the reference's own low-dtype error
+    parts: dict[str, list[torch.Tensor]] | None = None  # per source: squared deviations
 
     @property
     def sigmas(self) -> list[torch.Tensor]:
         """Per element: the RMS simulated deviation, floored at one rounding of the value."""
         u, eta = unit_roundoff(self.dtype), ETA[self.dtype]
-        return [(acc / self.samples).sqrt() + u * e.abs() + eta
-                for acc, e in zip(self.squares, self.exact)]
+        return [(acc / self.samples).sqrt() + u * e.abs() + eta + floor / SAFETY
+                for acc, e, floor in zip(self.squares, self.exact, self._floors)]
 
     @property
     def tolerances(self) -> list[torch.Tensor]:
         # Floor: the result itself is rounded once more when it is stored in the low dtype.
         u, eta = unit_roundoff(self.dtype), ETA[self.dtype]
-        return [SAFETY * (acc / self.samples).sqrt() + 2 * (u * e.abs() + eta)
-                for acc, e in zip(self.squares, self.exact)]
+        return [SAFETY * (acc / self.samples).sqrt() + 2 * (u * e.abs() + eta) + floor
+                for acc, e, floor in zip(self.squares, self.exact, self._floors)]
+
+    @property
+    def _floors(self) -> list[float]:
+        return self.floors or [0.0] * len(self.exact)
+
+    def attribute(self) -> dict[str, list[torch.Tensor]]:
+        """Per source of rounding (SOURCES), one re-run with that source alone: its squared
+        deviation per element, to say where a bound came from. Run once, on a failure."""
+        if self.parts is None:
+            self.parts = {}
+            for source in SOURCES:
+                with SimulatedRounding(self.dtype, self.pool, self.round_operands,
+                                       frozenset({source})):
+                    noisy = self.run()
+                self.parts[source] = [(n.detach().double() - e) ** 2
+                                      for n, e in zip(noisy, self.exact)]
+        return self.parts
+
+    def explain(self, tensor: int, flat: int) -> str:
+        """Where one element's bound came from: the share of each source, and the floor."""
+        parts = {k: float(v[tensor].reshape(-1)[flat]) for k, v in self.attribute().items()}
+        total = sum(parts.values())
+        shares = [f"{SOURCES[k]} {100 * v / total:.0f} %" for k, v in
+                  sorted(parts.items(), key=lambda kv: -kv[1]) if total and v >= 0.05 * total]
+        floor = self._floors[tensor]
+        words = ", ".join(shares) if shares else "one rounding of the result"
+        return words + (f"; plus {floor:.3g} from the reference's own {self.dtype} error "
+                        f"({REFERENCE_FACTOR:g} x its largest)" if floor else "")
 
     def sample(self, count: int) -> Bound:
         """`count` more re-runs under simulated rounding, their squared deviations added."""
@@ -362,9 +409,12 @@ class Bound:
         return self
 
     def describe(self) -> str:
+        floor = (f"; plus {REFERENCE_FACTOR:g} x the largest error of the reference itself run "
+                 f"in {self.dtype}, per tensor" if any(self._floors) else "")
         return (f"per element: {SAFETY:g} x RMS deviation (+ 2 (u|value| + eta)) of {self.samples} "
                 f"float64 re-runs with every operation rounded at {self.dtype}'s unit roundoff "
-                f"u = 2^{round(math.log2(unit_roundoff(self.dtype)))}")
+                f"u = 2^{round(math.log2(unit_roundoff(self.dtype)))} (each result's rounding, "
+                f"each op's measured kernel error, sums' accumulation over their terms){floor}")
 
 
 def measure_bound(run: Callable[[], Sequence[torch.Tensor]], exact: Sequence[torch.Tensor],

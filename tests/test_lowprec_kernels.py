@@ -1,0 +1,50 @@
+"""Kernels whose algorithm is not the reference's: chunked, tiled and fused, below float64."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import FIXTURES, load_fixture, result
+
+import gradtool
+
+K = load_fixture("lowprec_kernels")
+REFERENCES = ("the same target", "a plain reference")
+
+
+def gradient(name, cls, how, seed, dtype="float32"):
+    _, inputs, reference = K.KERNELS[name]
+    settings = {"reference": f"{FIXTURES / 'lowprec_kernels.py'}:{reference}"} \
+        if how == "a plain reference" else {}
+    # probe mode: the float64 run's own check, not under test here, stays cheap at any load
+    return result(gradtool.check(cls, inputs, checks=["gradient"], dtype=dtype, seed=seed,
+                                 mode="probe", **settings), "gradient")
+
+
+@pytest.mark.parametrize("how", REFERENCES)
+@pytest.mark.parametrize("name", sorted(K.KERNELS))
+def test_a_correct_kernel_passes_and_its_seeded_twins_fail(name, how):
+    cls = K.KERNELS[name][0]
+    correct = gradient(name, cls, how, seed=0)
+    assert correct.outcome.value == "passed", (correct.summary, correct.details)
+    one = gradient(name, K.twin(cls, 1.01, True), how, seed=0)
+    assert one.outcome.value == "failed" and "at 1 element(s)" in one.summary, one.summary
+    assert "u|value| > rounding bound" in one.details[0] and "(from " in one.details[0]
+    scaled = gradient(name, K.twin(cls, 1.001, False), how, seed=0)
+    assert scaled.outcome.value == "failed", scaled.summary
+
+
+@pytest.mark.parametrize("how", REFERENCES)
+@pytest.mark.parametrize("name", sorted(K.KERNELS))
+def test_a_correct_kernel_passes_at_float32_over_20_seeds(name, how):
+    outcomes = [gradient(name, K.KERNELS[name][0], how, seed).outcome.value
+                for seed in range(20)]
+    assert outcomes == ["passed"] * 20, outcomes
+
+
+def test_an_exact_zero_of_the_reference_may_carry_the_rounding_the_kernel_cancels():
+    # The scan's first gate gradient is exactly 0 in the step-by-step reference, and a
+    # cancellation of order-1 terms in the chunked kernel: within the reference's own error.
+    check = gradient("chunked scan", K.ChunkedScan, "a plain reference", seed=0)
+    assert check.outcome.value == "passed"
+    assert any("largest error of the reference itself run in float32" in d
+               for d in check.details)
