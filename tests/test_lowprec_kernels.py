@@ -48,3 +48,20 @@ def test_an_exact_zero_of_the_reference_may_carry_the_rounding_the_kernel_cancel
     assert check.outcome.value == "passed"
     assert any("largest error of the reference itself run in float32" in d
                for d in check.details)
+
+
+def test_a_backward_writing_its_saved_inputs_is_a_contract_finding_and_no_layout_one():
+    report = gradtool.check(K.SwiGLUInPlace, ["17x4", "17x4"], dtype="float32",
+                            checks=["contract", "layout"])
+    contract, layout = result(report, "contract"), result(report, "layout")
+    rules = [f.rule for f in contract.findings]
+    assert rules[0] == "contract.backward_writes_input", rules
+    assert "contract.gradient_aliases_input" in rules
+    assert contract.findings[0].data == {"inputs": ["a"]}
+    # Every layout ran on a forward of fresh copies: the twin's gradients, right, are compared.
+    assert layout.outcome.value == "passed" and not layout.findings, layout.summary
+    twin = gradtool.check(K.SwiGLU, ["17x4", "17x4"], dtype="float32",
+                          checks=["contract", "layout"])
+    assert all(c.outcome.value == "passed" and not c.findings
+               for c in twin.targets[0].cases[0].checks)
+    assert layout.calls["forward"] > result(twin, "layout").calls["forward"]

@@ -13,7 +13,7 @@ from ..numerics.problem import Problem, tensor_outputs
 from ..results import CheckResult, Finding, Outcome, Severity
 from ..targets.cases import Case
 from ..targets.load import Target
-from ..targets.probe import _graph_forward, comparable, equal, probe, stochastic_note
+from ..targets.probe import _graph_forward, both_nan, comparable, equal, probe, stochastic_note
 from ..tracebacks import calls_user_code
 from ._common import Context, calls_since, error_result
 
@@ -72,6 +72,7 @@ def _findings(case: Case, target: Target, config: CheckConfig
         return found + [Finding("contract.no_differentiable_output",
                                 "no output requires grad: forward detaches its result from the "
                                 "inputs (or marks every output non-differentiable)")], notes
+    saved = [leaf.detach().clone() for leaf in leaves]  # what forward was given (and saved)
     backward = _backward_caller(problem, target, leaves, result, found)
     if backward is None:
         return found, notes
@@ -80,6 +81,10 @@ def _findings(case: Case, target: Target, config: CheckConfig
     g2 = [torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in diff_outs]
     modified, r1 = _grad_output_untouched(backward, g1)
     found += modified
+    found += _aliased(problem, leaves, r1)
+    written = _inputs_written(problem, leaves, saved)
+    if written:  # the graph now holds what backward wrote: the tests below would misname it
+        return found + written, notes
     found += _outputs_used(problem, target, leaves, (outs, diff_outs), g1, config)
     if modified:  # what it wrote to is not g1: the linearity and determinism tests need g1's
         r1 = backward(g1)
@@ -204,6 +209,39 @@ def _grad_output_untouched(backward, grads: list[torch.Tensor]
     return [Finding("contract.grad_output_modified",
                     "backward modifies grad_output in place — use out-of-place ops "
                     "(grad_output * c, not grad_output.mul_(c))")], result
+
+
+def _inputs_written(problem: Problem, leaves: list[torch.Tensor], saved: list[torch.Tensor]
+                    ) -> list[Finding]:
+    """Backward wrote to an input forward was given (a kernel reusing its saved inputs'
+    memory for its gradients, through data pointers autograd's version counter never sees)."""
+    for name, leaf, before in zip(problem.input_names, leaves, saved):
+        if not (equal(leaf.detach(), before) or both_nan(leaf.detach(), before)):
+            return [Finding(
+                "contract.backward_writes_input",
+                f"backward writes to input '{name}' in place (a tensor forward saved: the "
+                "caller's own memory): the caller's tensor changes, and a second backward "
+                "through the same graph reads what the first wrote — write gradients to new "
+                "tensors", data={"inputs": [name]})]
+    return []
+
+
+def _aliased(problem: Problem, leaves: list[torch.Tensor], grads: Sequence[Any]
+             ) -> list[Finding]:
+    """A gradient sharing memory with an input: the engine may accumulate into it in place."""
+    found = []
+    memory = {leaf.untyped_storage().data_ptr(): name
+              for name, leaf in zip(problem.input_names, leaves) if leaf.numel()}
+    for name, grad in zip(problem.input_names, grads):
+        if isinstance(grad, torch.Tensor) and grad.numel() and \
+                grad.untyped_storage().data_ptr() in memory:
+            other = memory[grad.untyped_storage().data_ptr()]
+            found.append(Finding(
+                "contract.gradient_aliases_input",
+                f"backward returns a gradient for '{name}' in the memory of input '{other}': "
+                "the engine may accumulate into it in place, changing the caller's tensor — "
+                "return a new tensor", Severity.WARNING, data={"inputs": [name, other]}))
+    return found
 
 
 def _outputs_used(problem: Problem, target: Target, leaves: list[torch.Tensor],

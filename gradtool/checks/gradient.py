@@ -262,7 +262,9 @@ def _zero_cotangent(problem: Problem, i: int) -> Any:
 
 
 def as_numpy(t: torch.Tensor) -> Any:
-    """A numpy array of t; bfloat16, which numpy lacks, widened to float32."""
+    """A numpy array of t; bfloat16, which numpy lacks, widened to float32. Detached: a
+    backward may return a tensor that requires grad (one of its inputs, reused)."""
+    t = t.detach()
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 

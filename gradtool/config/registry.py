@@ -142,8 +142,11 @@ CONTRACT_RULES = _rules(
     ("unused_output_differs", "a None output gradient acts otherwise than a zero one"),
     ("ignored_output", "backward ignores a differentiable output's gradient"),
     ("gradient_nonfinite", "backward returns NaN/Inf on finite inputs"),
-    ("nonlinear", "backward is not linear in grad_output"),
-    ("nondeterministic", "two backward calls differ by more than nondet_tol"),
+    ("nonlinear", "backward is not linear in grad_output (below float64: beyond what rounding "
+                  "allows)"),
+    ("nondeterministic", "two backward calls differ by more than nondet_tol (below float64: "
+                         "by more than rounding allows)"),
+    ("backward_writes_input", "backward writes to an input forward saved (the caller's memory)"),
 ) + _rules(
     "warning",
     ("inner_unchecked", "gradtool could not re-run a custom Function inside a model alone"),
@@ -153,6 +156,8 @@ CONTRACT_RULES = _rules(
                       "it alone, while the model's own run showed it kept (autograd's engine "
                       "accepted its gradients)"),
     ("broadcast_gradient", "a gradient broadcastable to its input: the engine sums it (legal)"),
+    ("gradient_aliases_input", "a gradient shares memory with an input: the engine may "
+                               "accumulate into it in place"),
 )
 
 REGISTRY: tuple[CheckInfo, ...] = (
