@@ -320,3 +320,17 @@ def test_double_backward_of_a_kernel_that_cannot_run_in_float64_stays_in_its_dty
     second = result(gradtool.check(L.LowOnlyGelu, ["8x8"], dtype="float32",
                                    checks=["double_backward"]), "double_backward")
     assert not second.mode.startswith("float64") and "float64 forward" not in second.calls
+
+
+def test_storage_less_zeros_and_complex_outputs_below_float64():
+    import torch
+
+    def sgn(x):
+        return torch.sgn(x)  # its backward gives torch's storage-less zeros (measuring crashed)
+
+    def complex_of(re, im):
+        return torch.complex(re, im)  # complex32 from half parts: judged as real and imaginary
+
+    assert gradient(sgn, ["4x5"], dtype="float16").outcome.value == "passed"
+    check = gradient(complex_of, ["3x4", "3x4"], dtype="float16")
+    assert check.outcome.value == "passed", check.summary

@@ -230,18 +230,25 @@ def _aliased(problem: Problem, leaves: list[torch.Tensor], grads: Sequence[Any]
              ) -> list[Finding]:
     """A gradient sharing memory with an input: the engine may accumulate into it in place."""
     found = []
-    memory = {leaf.untyped_storage().data_ptr(): name
-              for name, leaf in zip(problem.input_names, leaves) if leaf.numel()}
+    memory = {_address(leaf): name for name, leaf in zip(problem.input_names, leaves)}
+    memory.pop(None, None)
     for name, grad in zip(problem.input_names, grads):
-        if isinstance(grad, torch.Tensor) and grad.numel() and \
-                grad.untyped_storage().data_ptr() in memory:
-            other = memory[grad.untyped_storage().data_ptr()]
+        if isinstance(grad, torch.Tensor) and _address(grad) in memory:
+            other = memory[_address(grad)]
             found.append(Finding(
                 "contract.gradient_aliases_input",
                 f"backward returns a gradient for '{name}' in the memory of input '{other}': "
                 "the engine may accumulate into it in place, changing the caller's tensor — "
                 "return a new tensor", Severity.WARNING, data={"inputs": [name, other]}))
     return found
+
+
+def _address(t: torch.Tensor) -> int | None:
+    """Where t's memory starts; None for no memory (empty, or a storage-less zero tensor)."""
+    try:
+        return t.untyped_storage().data_ptr() if t.numel() else None
+    except RuntimeError:  # torch's efficient zeros carry no storage
+        return None
 
 
 def _outputs_used(problem: Problem, target: Target, leaves: list[torch.Tensor],

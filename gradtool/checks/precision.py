@@ -115,11 +115,17 @@ def _vjp_run(problem: Problem, seed: int,
         grad_outputs = [[torch.randn(o.shape, generator=generator, dtype=torch.float64)
                          .to(dtype=o.dtype, device=o.device) for o in outs]
                         for _ in range(DRAWS)]
-    values = [o.detach() for o in outs]
+    values = [_real(o) for o in outs]
     for draw in grad_outputs:
         grads = [g.to(dtype=o.dtype) for g, o in zip(draw, outs)]
-        values += [v.detach() for v in problem.vjp(leaves, outs, grads)]
+        values += [_real(v) for v in problem.vjp(leaves, outs, grads)]
     return Run(values, grad_outputs, len(outs))
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    """A complex tensor (complex32 from half parts) compared as its real and imaginary parts."""
+    t = t.detach()
+    return torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
 
 
 def reference_problem(problem: Problem, target: Target, config: CheckConfig,

@@ -160,8 +160,8 @@ class SimulatedRounding(TorchDispatchMode):
         return x
 
     def _jitter(self, t: torch.Tensor, spreads: list[Any]) -> torch.Tensor:
-        if not t.is_floating_point() or t.numel() == 0:
-            return t
+        if not t.is_floating_point() or t.numel() == 0 or t._is_zerotensor():
+            return t  # a storage-less zero (torch's efficient zeros) is exact
         # t + (u t + eta) z: z is symmetric, so this is t ± (u|t| + eta) z in distribution.
         noisy = torch.addcmul(t, t * self.u + self.eta, self.pool.draw(t))
         for spread in spreads:
