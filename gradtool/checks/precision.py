@@ -134,6 +134,7 @@ def reference_problem(problem: Problem, target: Target, config: CheckConfig,
     from ..targets.cases import bind
 
     args = [a.detach().to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point()
+            else a.detach().to(torch.complex128) if isinstance(a, torch.Tensor) and a.is_complex()
             else a for a in problem.args]
     # bind() again in float64: a module's frozen buffers too, and no autocast region.
     fn = reference or bind(target, n_args, config.with_(dtype="float64"), seed)[0]

@@ -210,7 +210,8 @@ REGISTRY: tuple[CheckInfo, ...] = (
               rules=_jacobian_rules(
                   "complex", "the real map's Jacobian against finite differences",
                   (("conj", "backward returns the conjugate of PyTorch's gradient (a missing "
-                            ".conj())"), *FIRST_ORDER_KINDS), unsilenceable=NEVER_SILENCED)),
+                            ".conj())"), *FIRST_ORDER_KINDS), unsilenceable=NEVER_SILENCED),
+              variants=(("low_precision", "complex_precision"),)),
     CheckInfo("compiled", "first- and second-order gradients under torch.compile equal eager's "
                           "(opt-in)", default=False,
               rules=(Rule("compiled.first_order", "failure", "first-order gradients under "
