@@ -220,8 +220,11 @@ def _kind(func: Any) -> str:
         if name.rstrip("_") in _EXACT or (not schema.is_mutable and any(
                 r.alias_info is not None for r in schema.returns)):
             kind = "exact"
-        elif schema.is_mutable:
+        elif schema.is_mutable and (name.endswith("_") or any(
+                a.is_out for a in schema.arguments)):
             kind = "inplace" if name.endswith("_") else "exact"  # out= variants: rare here
+        elif schema.is_mutable:  # computes, and updates state (batch norm's running stats):
+            kind = "plain"       # its results are rounded; measuring it writes only copies
         else:
             kind = "sum" if name in _SUMS else "product" if name in _PRODUCTS else "plain"
         _KINDS[func] = kind
