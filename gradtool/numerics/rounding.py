@@ -131,7 +131,7 @@ class SimulatedRounding(TorchDispatchMode):
         if kind == "product" and self.round_operands:
             args, kwargs = tree_map(self._operand, (args, kwargs))
         out = func(*args, **kwargs)
-        if kind == "exact":
+        if kind == "exact" or (kind == "sum" and _selects(func, args, kwargs)):
             return out
         if kind == "inplace":
             if isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel():
@@ -209,7 +209,8 @@ _EXACT = ("clone", "_to_copy", "copy", "neg", "abs", "sign", "where", "cat", "st
           "new_full", "new_empty", "empty_like", "scalar_tensor", "lift_fresh", "constant_pad_nd",
           "threshold_backward", "max", "min", "amax", "amin", "sort", "topk", "flip", "roll",
           "repeat", "fill", "zeros", "ones", "full", "tril", "triu", "diag_embed", "index",
-          "select_backward", "slice_backward", "expand_copy", "scatter", "index_put")
+          "select_backward", "slice_backward", "expand_copy", "scatter", "index_put",
+          "median", "nanmedian", "kthvalue", "mode", "aminmax", "msort", "cummax", "cummin")
 _KINDS: dict[Any, str] = {}
 
 
@@ -229,6 +230,15 @@ def _kind(func: Any) -> str:
             kind = "sum" if name in _SUMS else "product" if name in _PRODUCTS else "plain"
         _KINDS[func] = kind
     return _KINDS[func]
+
+
+def _selects(func: Any, args: Any, kwargs: Any) -> bool:
+    """A norm of order ±inf picks one |element|: exact, as max is (its backward finds the
+    element by comparing with it, which a rounded copy would never equal)."""
+    if func.__name__.split(".")[0] != "linalg_vector_norm":
+        return False
+    order = kwargs.get("ord", args[1] if len(args) > 1 else 2)
+    return isinstance(order, (int, float)) and math.isinf(order)
 
 
 def _accumulated(func: Any, args: Any, kwargs: Any, products: bool) -> Any:
