@@ -65,3 +65,12 @@ def test_a_backward_writing_its_saved_inputs_is_a_contract_finding_and_no_layout
     assert all(c.outcome.value == "passed" and not c.findings
                for c in twin.targets[0].cases[0].checks)
     assert layout.calls["forward"] > result(twin, "layout").calls["forward"]
+
+
+def test_a_gradient_that_requires_grad_is_no_internal_error():
+    # Its backward returns its saved inputs themselves: every default check completes.
+    report = gradtool.check(K.SwiGLUReturnsInputs, ["17x17", "17x17"], dtype="float32")
+    outcomes = {c.name: c.outcome.value for c in report.targets[0].cases[0].checks}
+    assert "error" not in outcomes.values(), outcomes
+    assert result(report, "contract").findings[0].rule == "contract.backward_writes_input"
+    assert outcomes["layout"] == "passed"
