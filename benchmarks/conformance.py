@@ -1,6 +1,13 @@
 """The OpInfo database: gradtool's time against gradcheck + gradgradcheck, and mutant detection."""
 
 #     python benchmarks/conformance.py [--ops N] [--mutant-ops N] [--no-assert]
+#     python benchmarks/conformance.py --dtype float16|bfloat16 [--only OPS]
+#
+# --dtype D (the low-precision table): every autograd OpInfo whose backward supports D on CPU,
+# at its first sample rounded to D (its other floating tensors too), gradtool's default checks
+# in D against the same op in float64; writes results/conformance_D.json (not with --only) and
+# prints each op with a failed or errored check, its rules and worst elements (the kernel
+# against float64). Every remaining failure is explained in benchmarks/README.md.
 #
 # Part 1 (speed): every autograd OpInfo at its first sample (float64, CPU, PyTorch's own values,
 # tests/opinfo_ops.py), gradtool's default checks against gradcheck + gradgradcheck on the same
@@ -202,6 +209,39 @@ def gradcheck_catches(mutant: Any, values: list[torch.Tensor], second: bool, fas
         return True
 
 
+def low_precision_table(names: list[str], dtype: str) -> dict[str, Any]:
+    """Each op that supports `dtype` backward on CPU: every default check's verdict in `dtype`."""
+    low = getattr(torch, dtype)
+    rows = []
+    for name in names:
+        op = oo.autograd_ops()[name]
+        if not (op.supports_dtype(low, "cpu") and low in op.supported_backward_dtypes("cpu")):
+            continue
+        for label, fn, values in oo.samples(op, rounded=low):
+            if oo.is_sparse(values) or oo.is_empty(fn, values):
+                continue
+            signal.signal(signal.SIGALRM, _alarm)
+            signal.setitimer(signal.ITIMER_REAL, CAP_S)
+            try:
+                checks = oo.check_at_values(fn, values, name, dtype=dtype).targets[0].cases[0]\
+                    .checks
+                verdicts = {c.name: (c.outcome.value, [f.rule for f in c.findings],
+                                     c.summary[:300], list(c.details[:3])) for c in checks}
+            except _Capped:
+                verdicts = {"all": ("capped", [], f"over {CAP_S:g} s", [])}
+            except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
+                verdicts = {"all": ("crashed", [], f"{type(exc).__name__}: {exc}"[:300], [])}
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            bad = {k: v for k, v in verdicts.items() if v[0] not in ("passed", "skipped")}
+            rows.append({"op": name, "sample": label, "bad": bad})
+            print(f"[{len(rows)}] {name} {label}: " + ("ok" if not bad else "; ".join(
+                f"{k} {v[0]} {v[1]} {v[2][:120]}" for k, v in bad.items())),
+                file=sys.stderr, flush=True)
+    return {"dtype": dtype, "ops": len(rows), "all_pass": sum(not r["bad"] for r in rows),
+            "rows": rows}
+
+
 def every_kth(names: list[str], n: int | None) -> list[str]:
     if not n or n >= len(names):
         return names
@@ -218,6 +258,8 @@ def main() -> int:
     parser.add_argument("--only", default=None, help="comma-separated op names to time")
     parser.add_argument("--out", type=Path, default=RESULTS / "conformance.json")
     parser.add_argument("--no-assert", action="store_true")
+    parser.add_argument("--dtype", choices=("float16", "bfloat16"),
+                        help="the low-precision table in this dtype instead of parts 1 and 2")
     parser.add_argument("--diagnosis-only", action="store_true",
                         help="first-order mutants only, without the gradcheck baseline: how "
                              "often the diagnosis names the mistake")
@@ -229,6 +271,12 @@ def main() -> int:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     names = sorted(oo.autograd_ops())
+    if args.dtype:
+        table = low_precision_table(args.only.split(",") if args.only else names, args.dtype)
+        if not args.only:  # a few ops for a look leave the whole table's results be
+            (RESULTS / f"conformance_{args.dtype}.json").write_text(json.dumps(table, indent=1))
+        print(f"{args.dtype}: {table['all_pass']} of {table['ops']} op samples pass every check")
+        return 0
     result: dict[str, Any] = {"torch": torch.__version__}
     result["load_before"] = os.getloadavg()
     if not args.skip_speed:

@@ -86,13 +86,17 @@ def _apply(decorator: Any) -> Any:
         return stand_in
 
 
-def samples(op: Any, seed: int = 0) -> list[tuple[str, Callable[..., Any], list[torch.Tensor]]]:
+def samples(op: Any, seed: int = 0, rounded: torch.dtype | None = None
+            ) -> list[tuple[str, Callable[..., Any], list[torch.Tensor]]]:
     """[(label, fn, values)]: the op's first sample; when that one has an empty differentiable
-    tensor (PyTorch samples empty shapes on purpose), also its first sample without one."""
+    tensor (PyTorch samples empty shapes on purpose), also its first sample without one.
+    rounded: the values rounded to that dtype, and the sample's other floating tensors too,
+    passed in the dtype of fn's first argument (fn runs in the low dtype on low-dtype values,
+    in float64 on the same numbers in float64: the low-precision check's reference)."""
     torch.manual_seed(seed)
     found = []
     for k, sample in enumerate(op.sample_inputs("cpu", DTYPE, requires_grad=True)):
-        fn, values = _as_gradcheck_sees_it(op, sample)
+        fn, values = _as_gradcheck_sees_it(op, sample, rounded)
         empty = is_empty(fn, values)
         if not found or not empty:
             found.append((f"sample {k}", fn, values))
@@ -111,7 +115,8 @@ def is_empty(fn: Callable[..., Any], values: Sequence[torch.Tensor]) -> bool:
         return not any(o.numel() for o in tensor_outputs(fn(*values)))
 
 
-def _as_gradcheck_sees_it(op: Any, sample: Any) -> tuple[Callable[..., Any], list[torch.Tensor]]:
+def _as_gradcheck_sees_it(op: Any, sample: Any, rounded: torch.dtype | None = None
+                          ) -> tuple[Callable[..., Any], list[torch.Tensor]]:
     """(fn, values): fn of the sample's tensors that require grad, as PyTorch's gradcheck sees it.
 
     The recomposition mirrors torch's TestGradients._check_helper: tensors that require grad
@@ -126,12 +131,18 @@ def _as_gradcheck_sees_it(op: Any, sample: Any) -> tuple[Callable[..., Any], lis
     def fn(*inputs: torch.Tensor) -> Any:
         feed = iter(inputs)
 
+        def fixed(value: Any) -> Any:
+            if rounded is None or not isinstance(value, torch.Tensor) or \
+                    not value.is_floating_point() or not inputs:
+                return value
+            return value.to(rounded).to(inputs[0].dtype)
+
         def put(value: Any) -> Any:
             if _tensor_list(value):
-                return [next(feed) if v.requires_grad else v for v in value]
+                return [next(feed) if v.requires_grad else fixed(v) for v in value]
             if isinstance(value, torch.Tensor) and value.requires_grad:
                 return next(feed)
-            return value
+            return fixed(value)
 
         first = put(sample.input)
         args = [put(a) for a in sample.args]
@@ -140,7 +151,7 @@ def _as_gradcheck_sees_it(op: Any, sample: Any) -> tuple[Callable[..., Any], lis
         return sample.output_process_fn_grad(out) if sample.output_process_fn_grad else out
 
     fn.__qualname__ = fn.__name__ = full_name(op).replace(".", "_")
-    return fn, [v.detach() for v in values]
+    return fn, [v.detach() if rounded is None else v.detach().to(rounded) for v in values]
 
 
 def _tensor_list(value: Any) -> bool:

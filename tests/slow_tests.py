@@ -7,7 +7,8 @@
 # tests/test_docs.py, so the list cannot rot silently.
 
 SLOW_FILES = {
-    "test_action.py", "test_conformance.py", "test_isolation.py", "test_python_versions.py",
+    "test_action.py", "test_conformance.py", "test_isolation.py", "test_lowprec_ops.py",
+    "test_python_versions.py",
     "test_repro.py", "test_seeds.py", "test_trace.py", "test_trace_record.py",
     "test_triton_op.py",
 }
@@ -77,6 +78,9 @@ SLOW_TESTS = {
     ),
     "test_layout.py": (
         "test_no_import_circle",
+    ),
+    "test_lowprec_kernels.py": (
+        "test_a_correct_kernel_passes_at_float32_over_20_seeds",
     ),
     "test_lowprec.py": (
         "test_cli_exit_codes_and_reproduce_flags",

@@ -270,3 +270,114 @@ def test_an_ops_own_kernel_error_widens_its_simulated_rounding():
     spread = (noisy - exact).abs()
     assert float(real.max()) > 100 * float((2 ** -24 * exact.abs()).max())  # the premise
     assert float(spread.pow(2).mean().sqrt()) > 0.3 * float(real.pow(2).mean().sqrt())
+
+
+def contract(target, inputs, **settings):
+    return result(gradtool.check(target, inputs, checks=["contract"], **settings), "contract")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_contract_linearity_allows_rounding_and_no_more(dtype):
+    # A correct half-precision matmul's backward rounds its sums: linear only within rounding.
+    for seed in range(5):
+        assert contract(L.MatMul, ["32x64", "64x48"], dtype=dtype, seed=seed).outcome.value \
+            == "passed"
+    for broken in (L.MatMulSquaresGrad, L.MatMulClampsGrad):
+        bad = contract(broken, ["32x64", "64x48"], dtype=dtype)
+        assert [f.rule for f in bad.findings] == ["contract.nonlinear"], bad.summary
+        assert f"that rounding in {dtype} allows there" in bad.summary
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_contract_determinism_allows_rounding_and_no_more(dtype):
+    bad = contract(L.MatMulNoisyBackward, ["32x64", "64x48"], dtype=dtype)
+    assert "contract.nondeterministic" in [f.rule for f in bad.findings], bad.summary
+
+
+def test_linearity_at_float16_is_judged_by_rounding_unless_a_tolerance_is_given():
+    # gradcheck's meaning stays when the user sets one: |a - b| <= atol + rtol |b|, here
+    # tighter than the rounding a correct kernel does.
+    assert contract(L.MatMul, ["32x64", "64x48"], dtype="float16").outcome.value == "passed"
+    strict = contract(L.MatMul, ["32x64", "64x48"], dtype="float16", atol=0.0, rtol=0.0)
+    assert [f.rule for f in strict.findings] == ["contract.nonlinear"], strict.summary
+
+
+@pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
+def test_double_backward_below_float64_is_checked_in_float64_and_says_so(dtype):
+    report = gradtool.check("specs/examples/linear.py:LinearFunction", dtype=dtype)
+    second = result(report, "double_backward")
+    assert second.outcome.value == "passed", second.summary
+    assert second.mode.startswith("float64 ") and "kink" not in second.summary
+    assert any("checked in float64 only" in d for d in second.details)
+    assert second.calls["float64 forward"] > 0 and "forward" not in second.calls
+    bugs = load_fixture("bugs")
+    wrong = result(gradtool.check(bugs.CubeDetached, ["4x4"], dtype=dtype,
+                                  checks=["double_backward"]), "double_backward")
+    assert wrong.outcome.value == "failed" and wrong.summary.startswith("in float64: ")
+
+
+def test_double_backward_of_a_kernel_that_cannot_run_in_float64_stays_in_its_dtype():
+    second = result(gradtool.check(L.LowOnlyGelu, ["8x8"], dtype="float32",
+                                   checks=["double_backward"]), "double_backward")
+    assert not second.mode.startswith("float64") and "float64 forward" not in second.calls
+
+
+def test_storage_less_zeros_and_complex_outputs_below_float64():
+    import torch
+
+    def sgn(x):
+        return torch.sgn(x)  # its backward gives torch's storage-less zeros (measuring crashed)
+
+    def complex_of(re, im):
+        return torch.complex(re, im)  # complex32 from half parts: judged as real and imaginary
+
+    assert gradient(sgn, ["4x5"], dtype="float16").outcome.value == "passed"
+    report = gradtool.check(complex_of, ["3x4", "3x4"], dtype="float16",
+                            checks=["gradient", "complex"])
+    assert result(report, "gradient").outcome.value == "passed"
+    # The complex check compares finite differences: in float64 only, as double backward.
+    parts = result(report, "complex")
+    assert parts.outcome.value == "passed" and parts.mode.startswith("float64 "), parts.summary
+
+
+def test_an_op_that_also_updates_state_is_rounded_like_any_other():
+    # batch norm in training updates its running statistics in place: its schema is mutable,
+    # and its output was once taken for exact (a bound of one rounding failed a correct op).
+    import torch
+
+    def batch_norm(x, w, b):
+        stats = torch.zeros(x.shape[1], dtype=x.dtype), torch.ones(x.shape[1], dtype=x.dtype)
+        return torch._native_batch_norm_legit(x, w, b, *stats, True, 0.5, 0.6)[0]
+
+    for seed in range(3):
+        check = gradient(batch_norm, ["5x5x5", "5:real", "5:real"], dtype="float16", seed=seed)
+        assert check.outcome.value == "passed", (check.summary, check.details[:2])
+
+
+def test_selections_are_exact_under_simulated_rounding():
+    # Their backward finds the selected element by comparing with the result: a rounded copy
+    # matched none (0/0 = NaN bounds on every element).
+    import torch
+
+    def median(x):
+        return torch.median(x)
+
+    def max_norm(x):
+        return torch.linalg.vector_norm(x, float("inf"))
+
+    for fn in (median, max_norm):
+        check = gradient(fn, ["5x5"], dtype="float16")
+        assert check.outcome.value == "passed", (fn.__name__, check.summary)
+
+
+def test_an_element_rounding_pushes_out_of_the_domain_is_not_a_failure():
+    # asin'(x) = 1/sqrt(1 - x²) at x within a bfloat16 ulp of 1: a rounded 1 - x² may be
+    # negative, so the simulated spread there is unbounded, never NaN (which failed it).
+    import torch
+
+    def asin(x):
+        return torch.asin(x)
+
+    x = torch.tensor([0.5, -0.25, 0.99609375, 0.125], dtype=torch.bfloat16)
+    check = gradient(asin, [x])
+    assert check.outcome.value == "passed", (check.summary, check.details[:2])

@@ -14,9 +14,10 @@ from ..numerics.sparse import dense_output
 from ..results import CheckResult, Finding, Outcome, Severity
 from ..targets.cases import Case
 from ..targets.load import Target
-from ..targets.probe import _graph_forward, comparable, equal, probe, stochastic_note
+from ..targets.probe import _graph_forward, both_nan, comparable, equal, probe, stochastic_note
 from ..tracebacks import calls_user_code
 from ._common import Context, calls_since, error_result
+from .contract_rounding import beyond_rounding, rounded, summed
 
 
 def check_contract(case: Case, target: Target, config: CheckConfig) -> CheckResult:
@@ -73,6 +74,7 @@ def _findings(case: Case, target: Target, config: CheckConfig
         return found + [Finding("contract.no_differentiable_output",
                                 "no output requires grad: forward detaches its result from the "
                                 "inputs (or marks every output non-differentiable)")], notes
+    saved = [leaf.detach().clone() for leaf in leaves]  # what forward was given (and saved)
     backward = _backward_caller(problem, target, leaves, result, found)
     if backward is None:
         return found, notes
@@ -84,6 +86,10 @@ def _findings(case: Case, target: Target, config: CheckConfig
           for o in diff_outs]
     modified, r1 = _grad_output_untouched(backward, g1)
     found += modified
+    found += _aliased(problem, leaves, r1)
+    written = _inputs_written(problem, leaves, saved)
+    if written:  # the graph now holds what backward wrote: the tests below would misname it
+        return found + written, notes
     found += _outputs_used(problem, target, leaves, (outs, diff_outs), g1, config)
     if modified:  # what it wrote to is not g1: the linearity and determinism tests need g1's
         r1 = backward(g1)
@@ -215,6 +221,46 @@ def _grad_output_untouched(backward, grads: list[torch.Tensor]
                     "(grad_output * c, not grad_output.mul_(c))")], result
 
 
+def _inputs_written(problem: Problem, leaves: list[torch.Tensor], saved: list[torch.Tensor]
+                    ) -> list[Finding]:
+    """Backward wrote to an input forward was given (a kernel reusing its saved inputs'
+    memory for its gradients, through data pointers autograd's version counter never sees)."""
+    for name, leaf, before in zip(problem.input_names, leaves, saved):
+        if not (equal(leaf.detach(), before) or both_nan(leaf.detach(), before)):
+            return [Finding(
+                "contract.backward_writes_input",
+                f"backward writes to input '{name}' in place (a tensor forward saved: the "
+                "caller's own memory): the caller's tensor changes, and a second backward "
+                "through the same graph reads what the first wrote — write gradients to new "
+                "tensors", data={"inputs": [name]})]
+    return []
+
+
+def _aliased(problem: Problem, leaves: list[torch.Tensor], grads: Sequence[Any]
+             ) -> list[Finding]:
+    """A gradient sharing memory with an input: the engine may accumulate into it in place."""
+    found = []
+    memory = {_address(leaf): name for name, leaf in zip(problem.input_names, leaves)}
+    memory.pop(None, None)
+    for name, grad in zip(problem.input_names, grads):
+        if isinstance(grad, torch.Tensor) and _address(grad) in memory:
+            other = memory[_address(grad)]
+            found.append(Finding(
+                "contract.gradient_aliases_input",
+                f"backward returns a gradient for '{name}' in the memory of input '{other}': "
+                "the engine may accumulate into it in place, changing the caller's tensor — "
+                "return a new tensor", Severity.WARNING, data={"inputs": [name, other]}))
+    return found
+
+
+def _address(t: torch.Tensor) -> int | None:
+    """Where t's memory starts; None for no memory (empty, or a storage-less zero tensor)."""
+    try:
+        return t.untyped_storage().data_ptr() if t.numel() else None
+    except RuntimeError:  # torch's efficient zeros carry no storage
+        return None
+
+
 def _outputs_used(problem: Problem, target: Target, leaves: list[torch.Tensor],
                   outputs: tuple[list[torch.Tensor], list[torch.Tensor]],
                   g1: list[torch.Tensor], config: CheckConfig) -> list[Finding]:
@@ -327,15 +373,19 @@ def _linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> l
     for name, a, b, m in zip(problem.input_names, r1, r2, mixed):
         if a is None or b is None or m is None or a.shape != m.shape:
             continue
-        expected = 2 * a + 3 * b
-        if not _allclose(m, expected, atol=atol, rtol=rtol):
+        low = rounded(config, a, b, m)
+        if low is not None:
+            off = beyond_rounding(m, [(2, a), (3, b)], low, summed(g1), 6 * config.nondet_tol)
+        else:
+            off = None if _allclose(m, 2 * a + 3 * b, atol=atol, rtol=rtol) else \
+                f"by {(m - (2 * a + 3 * b)).abs().max().item():.3g}"
+        if off is not None:
             problem.cache.linear = False
-            diff = (m - expected).abs().max().item()
             return [Finding(
                 "contract.nonlinear",
                 f"backward is not linear in grad_output: for '{name}', backward(2·g1 + 3·g2) "
-                f"differs from 2·backward(g1) + 3·backward(g2) by {diff:.3g} — the gradient "
-                "must be a linear map of grad_output")]
+                f"differs from 2·backward(g1) + 3·backward(g2) {off} — the gradient must be a "
+                "linear map of grad_output")]
     return []
 
 
@@ -344,13 +394,18 @@ def _deterministic(backward, g1, r1, problem: Problem, config: CheckConfig) -> l
     for name, a, b in zip(problem.input_names, r1, again):
         if a is None or b is None or a.shape != b.shape:
             continue
-        diff = (a - b).abs().max().item() if a.numel() else 0.0
-        if diff > config.nondet_tol:
+        low = rounded(config, a, b)
+        if low is not None:
+            off = beyond_rounding(b, [(1, a)], low, summed(g1), config.nondet_tol, False)
+        else:
+            diff = (a - b).abs().max().item() if a.numel() else 0.0
+            off = f"by {diff:.3g} (> nondet_tol {config.nondet_tol:g})" \
+                if diff > config.nondet_tol else None
+        if off is not None:
             return [Finding(
                 "contract.nondeterministic",
                 f"backward is nondeterministic: two calls with the same grad_output give "
-                f"'{name}' gradients differing by {diff:.3g} (> nondet_tol "
-                f"{config.nondet_tol:g}; raise --nondet-tol if this is expected)")]
+                f"'{name}' gradients differing {off}: raise --nondet-tol if this is expected")]
     return []
 
 

@@ -14,6 +14,7 @@ from ..numerics.compare import unravel
 from ..numerics.problem import Problem, select_outputs, vjp
 from ..results import CheckResult, Finding, Outcome, Severity
 from ..targets.cases import Case
+from ..targets.probe import both_nan, equal
 from ..tracebacks import calls_user_code, gradtool_frame, innermost_user_frame, raised_in_gradtool
 from ._common import Context, calls_since
 
@@ -147,8 +148,13 @@ def compare_layouts(problem: Problem, config: CheckConfig, seed: int,
     gen = torch.Generator().manual_seed(seed + 53)
     grads = [torch.randn(o.shape, generator=gen, dtype=torch.float64, device="cpu").to(o)
              if o.requires_grad else torch.zeros_like(o) for o in outs]
+    before = [leaf.detach().clone() for leaf in leaves]
     base = _backward(problem, leaves, outs, grads)
     check = _Comparer(problem, config, leaves, outs, base, source)
+    # A backward that wrote to its saved inputs (the contract's finding) left this graph
+    # unusable: a second backward through it reads what the first wrote, which is no layout's
+    # doing. Each layout then runs on a forward of fresh copies of its own.
+    check.fresh = not all(equal(a, b) or both_nan(a, b) for a, b in zip(before, leaves))
     tried = []
     for variant in grad_variants:
         if check.grad_output(variant, grads):
@@ -172,6 +178,14 @@ class _Comparer:
         self.leaves, self.outs, self.base = leaves, outs, base
         self.findings: list[Finding] = []
         self.flagged: set[int] = set()  # inputs with a finding: later layouts leave them be
+        self.fresh = False  # every backward on a forward of its own (see compare_layouts)
+
+    def _graph(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(leaves, outputs) to run one more backward through: the recorded forward's, or a
+        forward of fresh copies where backward writes what it saved."""
+        if not self.fresh:
+            return self.leaves, self.outs
+        return _forward(self.problem, [v.detach().clone() for v in self.problem.inputs])
 
     def grad_output(self, variant: Variant, grads: list[torch.Tensor]) -> bool:
         """Backward with grad_outputs in this layout; False when it applies to none."""
@@ -182,14 +196,14 @@ class _Comparer:
         given = [g if m is None else m for g, m in zip(grads, moved)]
         problem = self.problem
         try:
-            got = _backward(problem, self.leaves, self.outs, given)
+            got = _backward(problem, *self._graph(), given)
         except Exception as exc:  # noqa: BLE001 - a backward refusing a layout is the finding
             self.findings.append(self._raised(
                 "layout.grad_output_raises", f"backward raises on {variant.words}", exc,
                 _contiguity_fix(exc, "grad_output")))
             return True
         want = self.base if variant.same_values else _backward(
-            problem, self.leaves, self.outs, [g.contiguous() for g in given])
+            problem, *self._graph(), [g.contiguous() for g in given])
         bad = self._first_difference(got, want, problem.input_names)
         if bad and not self._nondeterministic(grads):
             self.findings.append(Finding(
@@ -288,8 +302,9 @@ class _Comparer:
 
     def _nondeterministic(self, grads: list[torch.Tensor]) -> bool:
         """A backward that differs from itself is the contract's finding, not a layout's."""
-        again = _backward(self.problem, self.leaves, self.outs, grads)
+        again = _backward(self.problem, *self._graph(), grads)
         return self._first_difference(again, self.base, self.problem.input_names) is not None
+
 
 
 def _contiguity_fix(exc: Exception, names: str) -> str:

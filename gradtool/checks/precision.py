@@ -14,6 +14,7 @@ from ..numerics.problem import Problem
 from ..numerics.rounding import (
     FINEST_FIRST,
     MAX_SAMPLES,
+    REFERENCE_FACTOR,
     UNIT_ROUNDOFF,
     Bound,
     dtype_name,
@@ -70,7 +71,7 @@ def check_precision(case: Case, target: Target, config: CheckConfig,
     # Outputs may come out coarser than every input (a kernel that returns bfloat16).
     dtype = coarsest([low_precision(problem, config) or "float32",
                       *(dtype_name(t.dtype) for t in low_run.values)]) or "float32"
-    ref = _reference_problem(problem, target, config, reference, len(case.specs), case.seed)
+    ref = reference_problem(problem, target, config, reference, len(case.specs), case.seed)
     try:
         exact = _vjp_run(ref, case.seed, low_run.grad_outputs)
     except Exception as exc:
@@ -81,9 +82,13 @@ def check_precision(case: Case, target: Target, config: CheckConfig,
         return taylor_result(problem, target, case.seed, dtype, exc, start, before)
     bound = measure_bound(lambda: _vjp_run(ref, case.seed, low_run.grad_outputs).values,
                           exact.values, dtype, case.seed, round_operands=bool(config.autocast))
+    if reference is not None:
+        bound.floors = _reference_error(problem, reference, low_run, exact, case.seed)
     verdict = judge(problem, low_run, exact, bound)
     while verdict.outcome is not Outcome.PASSED and bound.samples < MAX_SAMPLES:
         verdict = judge(problem, low_run, exact, bound.sample(bound.samples))
+    if verdict.outcome is not Outcome.PASSED:
+        verdict = judge(problem, low_run, exact, bound, explain=True)
     calls = calls_since(problem, before)
     calls.update({f"float64 {k}": v for k, v in ref.calls.items()})
     own = float64_check(ref) if float64_check is not None and reference is None else None
@@ -111,24 +116,53 @@ def _vjp_run(problem: Problem, seed: int,
                                      device="cpu")
                          .to(dtype=o.dtype, device=o.device) for o in outs]
                         for _ in range(DRAWS)]
-    values = [o.detach() for o in outs]
+    values = [_real(o) for o in outs]
     for draw in grad_outputs:
         grads = [g.to(dtype=o.dtype) for g, o in zip(draw, outs)]
-        values += [v.detach() for v in problem.vjp(leaves, outs, grads)]
+        values += [_real(v) for v in problem.vjp(leaves, outs, grads)]
     return Run(values, grad_outputs, len(outs))
 
 
-def _reference_problem(problem: Problem, target: Target, config: CheckConfig,
+def _real(t: torch.Tensor) -> torch.Tensor:
+    """A complex tensor (complex32 from half parts) compared as its real and imaginary parts."""
+    t = t.detach()
+    return torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
+
+
+def reference_problem(problem: Problem, target: Target, config: CheckConfig,
                        reference: Callable[..., Any] | None, n_args: int, seed: int) -> Problem:
     """The same (already rounded) values in float64, bound to the reference or the target."""
     from ..targets.cases import bind
 
     args = [a.detach().to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point()
+            else a.detach().to(torch.complex128) if isinstance(a, torch.Tensor) and a.is_complex()
             else a for a in problem.args]
     # bind() again in float64: a module's frozen buffers too, and no autocast region.
     fn = reference or bind(target, n_args, config.with_(dtype="float64"), seed)[0]
     return Problem(fn, args, list(problem.names), list(problem.diff),
                    facts=problem.facts.with_(precision="float64"))
+
+
+def _reference_error(problem: Problem, reference: Callable[..., Any], low: Run, exact: Run,
+                     seed: int) -> list[float] | None:
+    """Per compared tensor: REFERENCE_FACTOR x the largest error of the reference itself run
+    on the low-precision inputs, against its float64 run: what rounding alone does to a
+    computation of these values, where the kernel's algorithm is not the reference's (its
+    chunks, tiles and fused steps round and cancel where the reference's do not). None when
+    the reference cannot run in the low dtype."""
+    same = Problem(reference, [a.detach() if isinstance(a, torch.Tensor) else a
+                               for a in problem.args],
+                   list(problem.names), list(problem.diff), facts=problem.facts)
+    try:
+        run = _vjp_run(same, seed, low.grad_outputs)
+    except Exception:  # noqa: BLE001 - a float64-only reference: the simulated bound alone
+        return None
+    floors = []
+    for r, e in zip(run.values, exact.values):
+        error = (r.double() - e).abs() if r.shape == e.shape else e.new_zeros(())
+        error = torch.where(error.isfinite(), error, torch.zeros_like(error))
+        floors.append(REFERENCE_FACTOR * float(error.max()) if error.numel() else 0.0)
+    return floors
 
 
 @dataclass
@@ -143,16 +177,18 @@ class Verdict:
     scaled: list[str]   # tensors whose every element is off by one common factor
 
 
-def judge(problem: Problem, low: Run, exact: Run, bound: Bound) -> Verdict:
-    """Every element: |low - reference| <= its bound, or resolved as beyond it."""
+def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = False
+          ) -> Verdict:
+    """Every element: |low - reference| <= its bound, or resolved as beyond it. `explain`: the
+    worst elements' lines, with where each bound came from (re-runs, paid on a failure)."""
     labels = _labels(problem, low)
     failed = unresolved = forward_bad = 0
     lines: list[str] = []
     stats: dict[tuple[str, str], list[Any]] = {}
     finer: list[str] = []
     scaled_names: list[str] = []
-    for (kind, name, shape), lo, ex, tol, sigma in zip(labels, low.values, exact.values,
-                                                       bound.tolerances, bound.sigmas):
+    for tensor, ((kind, name, shape), lo, ex, tol, sigma) in enumerate(zip(
+            labels, low.values, exact.values, bound.tolerances, bound.sigmas)):
         diff = (lo.double() - ex).abs().cpu()
         tol, ex, lo = tol.cpu(), ex.cpu(), lo.cpu()
         over = ~(diff <= tol)  # NaN too: a low-precision overflow or NaN is beyond any bound
@@ -175,7 +211,10 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound) -> Verdict:
         entry[3] = max(entry[3], float(diff.max()) if diff.numel() else 0.0)
         entry[4] = max(entry[4], float((diff / ex.abs().clamp_min(1e-300)).max())
                        if diff.numel() else 0.0)
-        lines += _worst_lines(kind, name, shape, lo, ex, diff, tol, over)
+        if explain:
+            lines += _worst_lines(kind, name, shape, lo, ex, diff, tol, over,
+                                  UNIT_ROUNDOFF[bound.dtype],
+                                  lambda flat, t=tensor: bound.explain(t, flat))
         for index in torch.nonzero(vague.reshape(-1)).reshape(-1)[:1].tolist():
             need = finest_resolving(bound.dtype, float(tol.reshape(-1)[index])
                                     / float(diff.reshape(-1)[index]))
@@ -223,7 +262,9 @@ def _output_names(problem: Problem, count: int) -> list[str]:
 
 def _worst_lines(kind: str, name: str, shape: tuple[int, ...], low: torch.Tensor,
                  exact: torch.Tensor, diff: torch.Tensor, tol: torch.Tensor,
-                 over: torch.Tensor) -> list[str]:
+                 over: torch.Tensor, u: float, explain: Callable[[int], str]) -> list[str]:
+    """The worst elements beyond their bounds: values, the difference in units of u|value|
+    (a kernel off by 40 u, or by rounding), and where the bound came from."""
     excess = torch.where(over, diff / tol.clamp_min(1e-300), torch.zeros_like(diff)).reshape(-1)
     lines = []
     for flat in torch.argsort(excess, descending=True)[:3].tolist():
@@ -232,10 +273,11 @@ def _worst_lines(kind: str, name: str, shape: tuple[int, ...], low: torch.Tensor
         index = tuple(int(i) for i in torch.unravel_index(
             torch.tensor(flat, device="cpu"), shape)) if shape else ()  # a label only
         what = f"output {name!r}" if kind == "forward" else f"gradient of {name!r}"
+        value, gap = float(exact.reshape(-1)[flat]), float(diff.reshape(-1)[flat])
+        units = f" = {gap / (u * abs(value)):.3g} u|value|" if value else ""
         lines.append(f"{what} at {index}: low precision {float(low.reshape(-1)[flat]):.6g}, "
-                     f"float64 reference {float(exact.reshape(-1)[flat]):.6g}, diff "
-                     f"{float(diff[flat] if diff.dim() == 0 else diff.reshape(-1)[flat]):.3g}"
-                     f" > rounding bound {float(tol.reshape(-1)[flat]):.3g}")
+                     f"float64 reference {value:.6g}, diff {gap:.3g}{units} > rounding bound "
+                     f"{float(tol.reshape(-1)[flat]):.3g} (from {explain(flat)})")
     return lines
 
 

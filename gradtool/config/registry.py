@@ -158,9 +158,12 @@ CONTRACT_RULES = _rules(
     ("unused_output_differs", "a None output gradient acts otherwise than a zero one"),
     ("ignored_output", "backward ignores a differentiable output's gradient"),
     ("gradient_nonfinite", "backward returns NaN/Inf on finite inputs"),
-    ("nonlinear", "backward is not linear in grad_output (a warning for a Function inside a "
-                  "model whose gradient check passed)"),
-    ("nondeterministic", "two backward calls differ by more than nondet_tol"),
+    ("nonlinear", "backward is not linear in grad_output (below float64: beyond what rounding "
+                  "allows; a warning for a Function inside a model whose gradient check "
+                  "passed)"),
+    ("nondeterministic", "two backward calls differ by more than nondet_tol (below float64: "
+                         "by more than rounding allows)"),
+    ("backward_writes_input", "backward writes to an input forward saved (the caller's memory)"),
 ) + _rules(
     "warning",
     ("inner_unchecked", "gradtool could not re-run a custom Function inside a model alone"),
@@ -170,6 +173,8 @@ CONTRACT_RULES = _rules(
                       "it alone, while the model's own run showed it kept (autograd's engine "
                       "accepted its gradients)"),
     ("broadcast_gradient", "a gradient broadcastable to its input: the engine sums it (legal)"),
+    ("gradient_aliases_input", "a gradient shares memory with an input: the engine may "
+                               "accumulate into it in place"),
 )
 
 REGISTRY: tuple[CheckInfo, ...] = (
@@ -195,6 +200,7 @@ REGISTRY: tuple[CheckInfo, ...] = (
               rules=_jacobian_rules("double_backward", "the Jacobian of backward against "
                                     "finite differences", SECOND_ORDER_KINDS,
                                     unsilenceable=NEVER_SILENCED),
+              variants=(("low_precision", "second_precision"),),
               hooks=(("composite", "gradtool.run.second:annotate_double"),),
               reuses_graph=True),
     CheckInfo("forward_ad", "forward mode: jvp's columns J·u against finite differences, and "
@@ -222,7 +228,8 @@ REGISTRY: tuple[CheckInfo, ...] = (
               rules=_jacobian_rules(
                   "complex", "the real map's Jacobian against finite differences",
                   (("conj", "backward returns the conjugate of PyTorch's gradient (a missing "
-                            ".conj())"), *FIRST_ORDER_KINDS), unsilenceable=NEVER_SILENCED)),
+                            ".conj())"), *FIRST_ORDER_KINDS), unsilenceable=NEVER_SILENCED),
+              variants=(("low_precision", "complex_precision"),)),
     CheckInfo("compiled", "first- and second-order gradients under torch.compile equal eager's "
                           "(opt-in)", default=False,
               rules=(Rule("compiled.first_order", "failure", "first-order gradients under "
