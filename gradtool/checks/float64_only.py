@@ -25,7 +25,7 @@ def judged_in_float64(check: Callable[[Case, Context], CheckResult], case: Case,
 
     problem, config = case.problem, context.config
     dtype = low_precision(problem, config)
-    ref = reference_problem(problem, context.target, config, None, len(case.specs), case.seed)
+    ref = reference_problem(case, context.target, config, None)
     config64 = config.with_(dtype="float64", autocast=None)
     try:
         result = check(replace(case, problem=ref), replace(context, config=config64))

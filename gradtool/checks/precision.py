@@ -71,7 +71,7 @@ def check_precision(case: Case, target: Target, config: CheckConfig,
     # Outputs may come out coarser than every input (a kernel that returns bfloat16).
     dtype = coarsest([low_precision(problem, config) or "float32",
                       *(dtype_name(t.dtype) for t in low_run.values)]) or "float32"
-    ref = reference_problem(problem, target, config, reference, len(case.specs), case.seed)
+    ref = reference_problem(case, target, config, reference)
     try:
         exact = _vjp_run(ref, case.seed, low_run.grad_outputs)
     except Exception as exc:
@@ -129,16 +129,19 @@ def _real(t: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(t.resolve_conj()) if t.is_complex() else t
 
 
-def reference_problem(problem: Problem, target: Target, config: CheckConfig,
-                       reference: Callable[..., Any] | None, n_args: int, seed: int) -> Problem:
-    """The same (already rounded) values in float64, bound to the reference or the target."""
+def reference_problem(case: Case, target: Target, config: CheckConfig,
+                      reference: Callable[..., Any] | None) -> Problem:
+    """The same (already rounded) values in float64, bound to the reference or the target and
+    wrapped as the case's fn is (nested arguments, sparse inputs, symmetric projections)."""
     from ..targets.cases import bind
 
+    problem = case.problem
     args = [a.detach().to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point()
             else a.detach().to(torch.complex128) if isinstance(a, torch.Tensor) and a.is_complex()
             else a for a in problem.args]
     # bind() again in float64: a module's frozen buffers too, and no autocast region.
-    fn = reference or bind(target, n_args, config.with_(dtype="float64"), seed)[0]
+    fn = case.wrap(reference or bind(target, case.n_positional, config.with_(dtype="float64"),
+                                     case.seed)[0])
     return Problem(fn, args, list(problem.names), list(problem.diff),
                    facts=problem.facts.with_(precision="float64"))
 

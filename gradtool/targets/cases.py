@@ -34,6 +34,10 @@ class Case:
     infos: list[InputInfo]
     inferred: bool = False
     notes: list[str] = field(default_factory=list)
+    # fn -> fn taking the engine's flat values (structure rebuilt, sparse inputs rebuilt, sym
+    # inputs projected), as the case's own fn was wrapped: a float64 reference needs the same
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]] = lambda fn: fn
+    n_positional: int = 0  # forward's positional arguments, as bind() counts them
 
     @property
     def facts(self) -> Facts:
@@ -90,7 +94,8 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
     names = [info.name for info in infos]
     n_leaves = len(args)
     fn, batched_fn, params, scope = bind(target, len(positional), config, seed)
-    if is_structured(list(specs)):
+    nested = is_structured(list(specs))
+    if nested:
         fn = structured(fn, positional, keywords, n_leaves)
         batched_fn = structured(batched_fn, positional, keywords, n_leaves) \
             if batched_fn is not None and (target.kind.batched_keywords or not keywords) else None
@@ -115,7 +120,20 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
                      "directions, both gradients symmetrised (the tangent space of sym/spd)")
     problem = Problem(fn, args, names, diff, batched_fn=batched_fn, scope=scope,
                       sparse=encodings)
-    return Case(label, seed, list(specs), problem, infos, inferred, notes)
+
+    def wrap(bound: Callable[..., Any]) -> Callable[..., Any]:
+        """Another bound fn (the float64 reference's) wrapped as fn was, autocast aside."""
+        if nested:
+            bound = structured(bound, positional, keywords, n_leaves)
+        if encodings:
+            bound = rebuilding(bound, encodings)
+        if symmetric:
+            from ..numerics.tangent import projecting
+
+            bound = projecting(bound, symmetric)
+        return bound
+
+    return Case(label, seed, list(specs), problem, infos, inferred, notes, wrap, len(positional))
 
 
 def autocast(fn: Callable[..., Any], dtype: str, device: str) -> Callable[..., Any]:
