@@ -217,8 +217,8 @@ def case_from_values(target: Target, values: Sequence[Any], config: CheckConfig,
         fn = functools.partial(fn, **kwargs)
         batched_fn = functools.partial(batched_fn, **kwargs) if batched_fn else None
     problem = Problem(fn, args, names, diff, batched_fn=batched_fn)
-    wrap = (lambda bound: functools.partial(bound, **kwargs)) if kwargs else (lambda bound: bound)
-    return Case(label, config.seed, specs, problem, infos, wrap=wrap, n_positional=len(args))
+    return Case(label, config.seed, specs, problem, infos, n_positional=len(args),
+                wrap=lambda bound: functools.partial(bound, **kwargs) if kwargs else bound)
 
 
 def locate_functions(problem: Problem, config: CheckConfig,
