@@ -213,12 +213,11 @@ def case_from_values(target: Target, values: Sequence[Any], config: CheckConfig,
         specs.append(spec)
         infos.append(InputInfo(name, f"captured {spec.describe(config.dtype)}", grad))
     fn, batched_fn, _, _ = bind(target, len(args), config, config.seed)
-    if kwargs:  # keyword-only forward arguments: passed along, never checked
-        fn = functools.partial(fn, **kwargs)
-        batched_fn = functools.partial(batched_fn, **kwargs) if batched_fn else None
+    # keyword-only forward arguments: passed along (to a float64 reference too), never checked
+    wrap = (lambda bound: functools.partial(bound, **kwargs)) if kwargs else (lambda bound: bound)
+    fn, batched_fn = wrap(fn), wrap(batched_fn) if batched_fn else None
     problem = Problem(fn, args, names, diff, batched_fn=batched_fn)
-    return Case(label, config.seed, specs, problem, infos, n_positional=len(args),
-                wrap=lambda bound: functools.partial(bound, **kwargs) if kwargs else bound)
+    return Case(label, config.seed, specs, problem, infos, wrap=wrap, n_positional=len(args))
 
 
 def locate_functions(problem: Problem, config: CheckConfig,
