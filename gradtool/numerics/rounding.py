@@ -134,16 +134,20 @@ class SimulatedRounding(TorchDispatchMode):
         if kind == "exact" or (kind == "sum" and _selects(func, args, kwargs)):
             return out
         if kind == "inplace":
-            if isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel():
+            if isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel() \
+                    and out.layout == torch.strided:
                 out.copy_(_finite_only(torch.addcmul(out, out * self.u + self.eta,
                                                      self.pool.draw(out)), out))
             return out
         # Every op's own kernel error in the low dtype, reductions and products too (their
         # algorithm is not float64's: blocked sums, reduced-precision or TF32 products on a
         # GPU); a reduction also its accumulation over the sum of |terms|, where terms cancel.
+        # A sparse operand (a sparse input rebuilt inside fn): its op's result is rounded, but
+        # not re-run in the low dtype (sparse kernels lack most ops a measurement needs).
+        strided = _strided(args, kwargs, out)
         spreads = [kernel_error(func, args, kwargs, out, self.low)
-                   if "kernel" in self.sources else None]
-        if kind in ("sum", "product") and "sums" in self.sources:
+                   if "kernel" in self.sources and strided else None]
+        if kind in ("sum", "product") and "sums" in self.sources and strided:
             spreads.append(_accumulated(func, args, kwargs, kind == "product"))
         if isinstance(out, torch.Tensor):
             return self._jitter(out, spreads)
@@ -155,13 +159,15 @@ class SimulatedRounding(TorchDispatchMode):
         return out
 
     def _operand(self, x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel():
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() and \
+                x.layout == torch.strided:
             return _finite_only(torch.addcmul(x, x * self.u + self.eta, self.pool.draw(x)), x)
         return x
 
     def _jitter(self, t: torch.Tensor, spreads: list[Any]) -> torch.Tensor:
-        if not t.is_floating_point() or t.numel() == 0 or t._is_zerotensor():
-            return t  # a storage-less zero (torch's efficient zeros) is exact
+        if not t.is_floating_point() or t.numel() == 0 or t._is_zerotensor() or \
+                t.layout != torch.strided:
+            return t  # a storage-less zero (torch's efficient zeros) is exact; a sparse one, kept
         # t + (u t + eta) z: z is symmetric, so this is t ± (u|t| + eta) z in distribution.
         noisy = torch.addcmul(t, t * self.u + self.eta, self.pool.draw(t))
         for spread in spreads:
@@ -170,6 +176,14 @@ class SimulatedRounding(TorchDispatchMode):
             elif isinstance(spread, Measured) and spread.error.shape == t.shape:
                 noisy.addcmul_(spread.error, self.pool.draw(t))
         return _finite_only(noisy, t)
+
+
+def _strided(*trees: Any) -> bool:
+    """Whether every tensor in them (operands, results) is strided (dense)."""
+    from torch.utils._pytree import tree_leaves
+
+    return all(t.layout == torch.strided for t in tree_leaves(trees)
+               if isinstance(t, torch.Tensor))
 
 
 def _finite_only(noisy: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
