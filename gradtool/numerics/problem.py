@@ -180,9 +180,9 @@ class Problem:
         return [o.detach() for o in outs]
 
     def placed(self, values: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
-        """values, once each is shown to be on its argument's device (a leading batch
-        dimension allowed): a value gradtool made elsewhere is gradtool's bug, caught here
-        before the target sees it, never an error blamed on the target."""
+        """values, once each is shown to be on its argument's device: a value gradtool made
+        elsewhere is gradtool's bug, caught here before the target sees it, never an error
+        blamed on the target."""
         same_devices(values, self.inputs, "value of input")
         return values
 
