@@ -81,6 +81,21 @@ def test_second_order_of_a_backward_wrong_at_first_order_stops_at_its_first_fail
     assert stopped.calls["forward"] < alone.calls["forward"]
 
 
+def test_second_order_stops_too_when_auto_mode_probes_first_and_turns_to_full_mode():
+    """Auto mode over its budget probes G; the failing probe turns to full mode, which still
+    stops at the first confirmed block (it swept every column before: the adjoint-solver rows
+    of benchmarks/adjoint_solvers.py paid for the whole sweep)."""
+    cls, inputs = E.BROYDEN["W sign"], INPUTS["Broyden root"]
+    report = gradtool.check(cls, inputs, checks=("gradient", "double_backward"),
+                            full_budget_s=0.0)
+    stopped = result(report, "double_backward")
+    assert stopped.outcome.value == "failed"
+    assert "the probe failed" in stopped.mode_reason
+    assert any(d.startswith("not checked: ") for d in stopped.details)
+    assert [(b.input, b.output) for b in stopped.blocks if b.mismatched] == \
+        [("w", "grad of x")]
+
+
 def test_second_order_stops_at_its_first_input_when_that_input_fails_first_order_only():
     """Broyden with the adjoint not transposed fails at first order in both x and W: the
     second order is swept in the usual order and stops at x, computing grad of x's rows only."""

@@ -158,7 +158,7 @@ def reverse_mode(problem: Problem, config: CheckConfig, leaves: list[torch.Tenso
     mode, reason = choose_mode(problem, config, leaves, outs)
     if mode == "full":
         return check_full(problem, config, leaves, outs, reference, reason, stop, first)
-    return check_probe(problem, config, leaves, outs, reference, reason, seed)
+    return check_probe(problem, config, leaves, outs, reference, reason, seed, stop, first)
 
 
 def precision_config(config: CheckConfig, problem: Problem) -> CheckConfig:

@@ -40,8 +40,9 @@ class Probes:
 
 def check_probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
                 outs: Sequence[torch.Tensor], reference: Reference | None, reason: str,
-                seed: int) -> Verdict:
-    """A fixed number of calls whatever the size; tolerance from the measured FD error."""
+                seed: int, stop: str | None = None, first: Sequence[int] = ()) -> Verdict:
+    """A fixed number of calls whatever the size; tolerance from the measured FD error.
+    `stop`, `first`: check_full's, passed on when a failing probe turns to full mode."""
     tallies = judged_tallies(problem, config, leaves, outs) if reference is None else \
         _tallies(problem, leaves, outs, config.tolerance("atol"), config.tolerance("rtol"),
                  config.max_worst)
@@ -66,7 +67,7 @@ def check_probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Te
         # them all (and diagnoses whole blocks) for the price of gradcheck's slow mode.
         return check_full(problem, config, leaves, outs, None,
                           f"{reason}; the probe failed and {2 * n_in} column evaluations cost "
-                          "less than localising it")
+                          "less than localising it", stop, first)
     return _localise(problem, config, leaves, outs, tallies, probes, failing, reason)
 
 
