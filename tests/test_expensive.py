@@ -10,6 +10,7 @@ from conftest import load_fixture, result
 import gradtool
 
 E = load_fixture("expensive")
+B = load_fixture("bugs")
 INPUTS = {"adjoint ODE (RK4)": ["(6,)", "(6,)"], "shifted CG solve": ["5x5", "(5,)"],
           "Broyden root": ["(8,)", "8x8:[-0.15,0.15]"],
           "scan recurrence": ["8x5", "(5,)", "5x5:[-0.4,0.4]"]}
@@ -116,12 +117,32 @@ def test_second_order_stops_at_its_first_input_when_that_input_fails_first_order
 
 
 def test_a_second_order_failure_is_still_found_when_the_first_order_passes():
-    report = gradtool.check(E.ADJOINT_ODE["detached 2nd order"], INPUTS["adjoint ODE (RK4)"],
-                            checks=("gradient", "double_backward"), mode="full")
+    """A backward computed without a graph (the adjoint integrated under no_grad) has a zero
+    second derivative everywhere: double backward stops at its first confirmed block, swept
+    from the grad_output columns (a backward each through one forward's graph), and says why;
+    a backward whose gradient keeps a graph through grad_output (CubeDetached: x detached)
+    is checked whole."""
+    from collections import Counter
+
+    calls: Counter = Counter()
+    report = gradtool.check(_counted(E.ADJOINT_ODE["detached 2nd order"], calls),
+                            INPUTS["adjoint ODE (RK4)"], checks=("gradient", "double_backward"),
+                            mode="full")
     assert result(report, "gradient").outcome.value == "passed"
     second = result(report, "double_backward")
     assert second.outcome.value == "failed"
-    assert not any(d.startswith("not checked") for d in second.details)
+    assert any(d.startswith("not checked: input(s) 'arg0', 'arg1', for cost: backward's "
+                            "gradients carry no graph") for d in second.details)
+    assert {b.input for b in second.blocks if b.checked} == {"grad_output"}
+    assert any(f.rule == "double_backward.mismatch" for f in second.findings)
+    # at the Function, gradient and double backward together (before: 33 and 48)
+    assert (calls["forward"], calls["backward"]) == (30, 23)
+
+    kept = result(gradtool.check(B.CubeDetached, ["(5,)"], checks=("double_backward",),
+                                 mode="full"), "double_backward")
+    assert kept.outcome.value == "failed"
+    assert not any(d.startswith("not checked") for d in kept.details)
+    assert {b.input for b in kept.blocks if b.mismatched} == {"x"}
 
 
 class _Slow(E.Function):

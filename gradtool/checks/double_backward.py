@@ -68,20 +68,35 @@ STOP = ("backward is already wrong at first order (the gradient check failed), s
         "backward stopped at its first block with a confirmed failure, trying first the "
         "inputs whose first-order gradient failed; `--check double_backward` alone checks "
         "every block")
+# A backward computed without a graph (an adjoint solve, no_grad, detach) has a second
+# derivative of zero everywhere: every block with nonzero finite differences fails alike.
+NO_GRAPH = ("backward's gradients carry no graph (computed under no_grad, detached, or by a "
+            "solver outside autograd, as adjoint methods are), so every second derivative it "
+            "gives is zero and every block whose finite differences are not fails the same "
+            "way: double backward stopped at its first block with a confirmed failure, trying "
+            "the grad_output columns first")
 
 
 def _engine(problem: Problem) -> Any:
     """Reverse mode, told to stop at the first failing block when the gradient check of this
-    run failed, sweeping first the inputs whose gradient failed: where G's graph passes
-    through the Function's output, the wrong first order shows in their columns (a second
-    order that passes is still checked whole: no verdict changes)."""
-    if problem.cache.first_order is not Outcome.FAILED:
-        return None
-    from functools import partial
-
+    run failed, sweeping first the inputs whose gradient failed (where G's graph passes
+    through the Function's output, the wrong first order shows in their columns), or when
+    backward's gradients have no graph, sweeping first the grad_output columns (G is linear
+    there: a backward each through one forward's graph). A second order that passes is
+    still checked whole: no verdict changes."""
     from .gradient import reverse_mode
 
-    return partial(reverse_mode, stop=STOP, first=problem.cache.first_order_failing)
+    def engine(derived: Problem, config: CheckConfig, leaves: list[torch.Tensor],
+               outs: list[torch.Tensor], seed: int, reference: Any) -> Any:
+        stop, first = None, ()
+        if problem.cache.first_order is Outcome.FAILED:
+            stop, first = STOP, problem.cache.first_order_failing
+        elif outs and not any(o.requires_grad for o in outs):
+            n = len(problem.input_names)
+            stop, first = NO_GRAPH, tuple(range(n, len(leaves)))
+        return reverse_mode(derived, config, leaves, outs, seed, reference, stop, first)
+
+    return engine
 
 
 def _not_implemented(result: CheckResult) -> str | None:
