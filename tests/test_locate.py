@@ -72,6 +72,40 @@ def test_names_the_wrong_function_its_lines_and_input(fx):
     assert found["Tanh"].created_at.endswith(line_of("TANH LINE"))
 
 
+def test_a_probe_settles_the_culprit_where_its_full_check_alone_is_over_budget(fx):
+    """Full mode over budget alone (an adjoint solve's Function, say): a failing probe names
+    the culprit without locating its elements again (the model's blocks did); a passing probe
+    leaves the verdict to the whole check, so a correct Function still passes."""
+    from collections import Counter
+
+    import gradtool.numerics.probe as probe_module
+
+    tight = CONFIG.with_(full_budget_s=0.0)
+    screens: Counter = Counter()
+    real = probe_module.screen
+
+    def counted(problem, *args, **kwargs):
+        found = real(problem, *args, **kwargs)
+        screens["failing" if found[1] else "passing"] += 1
+        return found
+
+    probe_module.screen = counted
+    try:
+        findings = by_name(locate_functions(problem_for(net(fx, wrong=True), ["4x3"]), tight))
+    finally:
+        probe_module.screen = real
+    bad = findings["WrongLinearFunction"]
+    assert bad.outcome is Outcome.FAILED and bad.wrong_inputs == ()
+    assert "is wrong alone" in bad.summary and "2 of 2 probes fail" in bad.summary
+    assert findings["MulConstant"].outcome is findings["Tanh"].outcome is Outcome.PASSED
+    # one probe settled the wrong one; each correct one was probed, then checked whole
+    assert screens["failing"] == 1 and screens["passing"] >= 2
+    line = describe(list(findings.values()))[0]
+    assert line.startswith("custom Functions, each checked alone on the inputs it received: "
+                           "WrongLinearFunction (")
+    assert ") is wrong alone; MulConstant passes" in line
+
+
 def test_all_correct_model_every_finding_passes(fx):
     findings = locate_functions(problem_for(net(fx, wrong=False), ["4x3"]), CONFIG)
     assert len(findings) == 3

@@ -78,22 +78,22 @@ NO_GRAPH = ("backward's gradients carry no graph (computed under no_grad, detach
 
 
 def _engine(problem: Problem) -> Any:
-    """Reverse mode, told to stop at the first failing block when the gradient check of this
-    run failed, sweeping first the inputs whose gradient failed (where G's graph passes
-    through the Function's output, the wrong first order shows in their columns), or when
-    backward's gradients have no graph, sweeping first the grad_output columns (G is linear
-    there: a backward each through one forward's graph). A second order that passes is
-    still checked whole: no verdict changes."""
+    """Reverse mode, told to stop at the first failing block when backward's gradients have no
+    graph, sweeping first the grad_output columns (G is linear there: a backward each through
+    one forward's graph), or else when the gradient check of this run failed, sweeping first
+    the inputs whose gradient failed (where G's graph passes through the Function's output,
+    the wrong first order shows in their columns). A second order that passes is still
+    checked whole: no verdict changes."""
     from .gradient import reverse_mode
 
     def engine(derived: Problem, config: CheckConfig, leaves: list[torch.Tensor],
                outs: list[torch.Tensor], seed: int, reference: Any) -> Any:
         stop, first = None, ()
-        if problem.cache.first_order is Outcome.FAILED:
-            stop, first = STOP, problem.cache.first_order_failing
-        elif outs and not any(o.requires_grad for o in outs):
+        if outs and not any(o.requires_grad for o in outs):  # first: its columns are cheapest
             n = len(problem.input_names)
             stop, first = NO_GRAPH, tuple(range(n, len(leaves)))
+        elif problem.cache.first_order is Outcome.FAILED:
+            stop, first = STOP, problem.cache.first_order_failing
         return reverse_mode(derived, config, leaves, outs, seed, reference, stop, first)
 
     return engine

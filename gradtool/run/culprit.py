@@ -21,24 +21,12 @@ from ..targets.cases import Case, bind
 from ..targets.inputs import InputSpec, LiteralSpec, TensorSpec
 from ..targets.load import Target, display_path
 from ..targets.resolve import make_target
+from .alone import FunctionFinding, check_alone, finding_of, wrt
 from .applyhook import Call, Hook, hooked
 from .paths import calls_user_ops, is_whole, named_whole
 from .replay import anchors_of, replaying
 
 _PACKAGE = str(Path(__file__).resolve().parents[1]).replace("\\", "/")  # gradtool/
-
-
-@dataclass(frozen=True)
-class FunctionFinding:
-    """The verdict on one custom Function application, checked alone on the inputs it received."""
-
-    qualname: str
-    source: str | None        # file:line of the Function's backward
-    created_at: str | None    # file:line of the forward line that applied it (user frame)
-    outcome: Outcome          # passed / failed / inconclusive / error (skipped: inputs not seen)
-    wrong_inputs: tuple[str, ...]  # forward argument names whose gradient is wrong
-    summary: str              # "LinearFunction at model.py:42 is wrong w.r.t. weight ..."
-    cls: type | None = field(default=None, compare=False, repr=False)  # None: a custom op
 
 
 @dataclass
@@ -275,18 +263,17 @@ def captured_case(app: Application, config: CheckConfig, freeze_seed: int | None
 def check_application(app: Application, config: CheckConfig,
                       freeze_seed: int | None = None) -> FunctionFinding:
     """The first-order gradient check of one Function on the inputs it received."""
-    from ..checks.gradient import check_gradient  # lazy: gradient.py calls into this module
 
     target: Target | None = None
     try:
         target, case, own = captured_case(app, config, freeze_seed)
-        result = check_gradient(case, target, own)
+        result = check_alone(case, target, own)
     except InternalError:
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. arguments that no longer bind
         result = CheckResult("gradient", Outcome.ERROR, f"{type(exc).__name__}: {exc}")
     source = target.source if target is not None else None
-    return _finding(app, source, result)
+    return finding_of(app, source, result)
 
 
 def _positional(target: Target, app: Application) -> tuple[list[Any], dict[str, Any]]:
@@ -304,26 +291,6 @@ def _config_for(config: CheckConfig, values: Sequence[Any]) -> CheckConfig:
             dtype = str(value.dtype).removeprefix("torch.")
             return config.with_(dtype=dtype) if dtype in DEFAULT_TOLERANCES else config
     return config
-
-
-def _finding(app: Application, source: str | None, result: CheckResult) -> FunctionFinding:
-    name, where = app.cls.__qualname__, app.created_at or "an unknown line"
-    wrong: tuple[str, ...] = ()
-    if result.outcome is Outcome.FAILED:
-        wrong = tuple(dict.fromkeys(b.input for b in result.blocks if b.mismatched))
-        causes = [b.diagnosis for b in result.blocks if b.mismatched and b.diagnosis]
-        text = f"{name} at {where} is wrong w.r.t. {', '.join(wrong) or '?'}"
-        text += f" (backward at {source})" if source else ""
-        text += f": {causes[0]}" if causes else f": {result.summary}"
-    elif result.outcome is Outcome.PASSED:
-        text = f"{name} at {where} passes"
-    elif result.outcome is Outcome.ERROR:
-        # The composite's own run got further: the failure is the re-run's, not the user's.
-        text = (f"gradtool could not re-run {name} at {where} alone, so it has no verdict "
-                f"of its own (this is not a finding about your code): {result.summary}")
-    else:
-        text = f"{name} at {where} is {result.outcome.value}: {result.summary}"
-    return FunctionFinding(name, source, app.created_at, result.outcome, wrong, text, app.cls)
 
 
 def _not_captured(cls: type) -> FunctionFinding:
@@ -358,7 +325,7 @@ def _short(finding: FunctionFinding, ambiguous: bool) -> str:
     if finding.outcome is Outcome.PASSED:
         return f"{finding.qualname}{where if ambiguous else ''} passes"
     if finding.outcome is Outcome.FAILED:
-        return f"{finding.qualname}{where} is wrong w.r.t. {', '.join(finding.wrong_inputs)}"
+        return f"{finding.qualname}{where} is wrong {wrt(finding.wrong_inputs)}"
     if finding.outcome is Outcome.ERROR:
         return f"{finding.qualname}{where} could not be re-run alone"
     return f"{finding.qualname}{where} {finding.outcome.value}"
@@ -447,4 +414,4 @@ def _names(names: Sequence[str]) -> str:
 
 __all__ = ["Application", "FunctionFinding", "annotate", "captured_case", "case_from_values",
            "check_application", "describe", "forward_line", "function_nodes", "locate_functions",
-           "record", "unique"]
+           "record", "unique", "wrt"]
