@@ -5,7 +5,7 @@ settles it: a probe first where full mode is over budget, the full check otherwi
 # mode is affordable it answers with the inputs and the kind of mistake. Where it is not (an
 # adjoint SDE solve alone: 39 inputs, 30 outputs, a backward a solve), the gradient check
 # would probe, see the probe fail, and then sweep every column to locate the elements the
-# model's own blocks have located already: 86 forwards and 34 backwards for 3 and 2. A failing
+# model's own blocks have located already: 86 forwards and 34 backwards for 4 and 4. A failing
 # probe (vᵀ(J u) by finite differences against (vᵀJ) u by the Function's backward, at
 # tolerances measured from the finite-difference error between two steps) answers "wrong" by
 # itself; a passing one leaves the question to the full check, so nothing is missed.
