@@ -132,7 +132,7 @@ def fit_factor(a: np.ndarray, n: np.ndarray, atol: float, rtol: float) -> float 
     sig = np.abs(n) > atol
     if int(sig.sum()) < MIN_FIT:
         return None
-    k = float(np.dot(a[sig], n[sig]) / np.dot(n[sig], n[sig]))
+    k = float(np.vdot(a[sig], n[sig]) / np.vdot(n[sig], n[sig]))
     if not np.isfinite(k) or abs(k) * float(np.abs(n).max()) <= atol:
         return None  # a zero factor is a missing gradient, told apart elsewhere
     candidates = (*simple_values(k), k) if int(sig.sum()) >= _MIN_FREE_FIT else simple_values(k)
