@@ -133,8 +133,8 @@ def line(r: dict[str, Any]) -> str:
 
 def summary(rows: list[dict[str, Any]]) -> list[str]:
     """Sums of medians per kind and size: gradtool's time over gradcheck's."""
-    lines = ["| rows | n | gradtool | gradient check alone | gradcheck | ratio "
-             "| gradient alone / gradcheck |", "|---" * 7 + "|"]
+    lines = [("| rows | n | gradtool | gradient check alone | gradcheck | ratio "
+              "| gradient alone / gradcheck |"), "|---" * 7 + "|"]
     for kind in ("correct", "seeded"):
         for n in sorted({r["n"] for r in rows}):
             chosen = [r for r in rows if r["n"] == n and (r["bug"] == "correct") ==
