@@ -496,3 +496,18 @@ def test_a_jacobian_vector_product_for_a_vector_jacobian_one_is_named() -> None:
     n = np.random.default_rng(4).standard_normal((6, 6))
     msg = diagnose_block(n.T, n, input_name="x", input_shape=(6,), output_shape=(6,))
     assert "J v instead of" in msg, msg
+
+
+def test_a_factor_fits_only_where_every_element_agrees_the_largest_tried_first():
+    from gradtool.diagnosis.block import fit_factor
+
+    rng = np.random.default_rng(0)
+    n = rng.standard_normal((24, 40))
+    assert fit_factor(2 * n, n, 1e-5, 1e-3) == 2.0
+    off = 2 * n
+    off.flat[np.argmax(np.abs(n))] *= 1.01  # wrong at the largest element
+    assert fit_factor(off, n, 1e-5, 1e-3) is None
+    off = 2 * n
+    at = np.unravel_index(np.argmin(np.abs(n - 1)), n.shape)  # an element near 1, not largest
+    off[at] *= 1.01  # wrong elsewhere: the whole block still decides
+    assert fit_factor(off, n, 1e-5, 1e-3) is None

@@ -52,6 +52,17 @@ def test_numerical_columns_match_the_analytical_jacobian_of_a_correct_function()
         offset += leaf.numel()
 
 
+def test_with_inputs_passes_the_values_given_and_copies_only_the_other_tensors():
+    from gradtool.numerics.problem import Problem
+
+    x, w = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    problem = Problem(lambda x, w: x * w, [x, w], ["x", "w"], [0])
+    value = torch.randn(3, dtype=torch.float64)
+    args = problem.with_inputs([value])
+    assert args[0] is value  # the engine's own fresh value, passed as it is
+    assert args[1] is not w and args[1].data_ptr() != w.data_ptr() and torch.equal(args[1], w)
+
+
 def test_batched_and_looped_differences_agree():
     problem, _, _, _ = primed(bugs.Cube, ["(50,)"])
     dirs = torch.randn(20, 50, dtype=torch.float64)

@@ -48,6 +48,24 @@ def test_seeded_sparse_bugs_fail_under_gradient_with_their_diagnosis(fx, name, k
     assert result(report, "contract").outcome.value == "passed"  # backward's algebra is fine
 
 
+def test_backward_is_not_tried_batched_on_sparse_inputs(fx):
+    # vmap batches no sparse tensor: a batched try would cost a backward of the user's and fail
+    # every time. One backward per output element, all counted, none wasted.
+    seen = []
+
+    class Counted(fx.SparseMatmul):
+        @staticmethod
+        def backward(ctx, g):
+            seen.append(g.shape)
+            return fx.SparseMatmul.backward(ctx, g)
+
+    a, b = fx.operands(torch.sparse_coo, n=4)
+    report = gradtool.check(Counted, [a, b], masked=True, checks=["gradient"], mode="full")
+    assert outcomes(report)["gradient"] == "passed"
+    assert result(report, "gradient").calls["backward"] == len(seen) == 4 * 3
+    assert set(seen) == {(4, 3)}
+
+
 def test_dropped_terms_are_found_where_they_were_dropped(fx):
     a, b = fx.operands(torch.sparse_coo)
     matmul = result(gradtool.check(fx.DroppedMatmul, [a, b], masked=True), "gradient")

@@ -132,13 +132,17 @@ def fit_factor(a: np.ndarray, n: np.ndarray, atol: float, rtol: float) -> float 
     sig = np.abs(n) > atol
     if int(sig.sum()) < MIN_FIT:
         return None
-    k = float(np.dot(a[sig], n[sig]) / np.dot(n[sig], n[sig]))
+    k = float(np.vdot(a[sig], n[sig]) / np.vdot(n[sig], n[sig]))
     if not np.isfinite(k) or abs(k) * float(np.abs(n).max()) <= atol:
         return None  # a zero factor is a missing gradient, told apart elsewhere
     candidates = (*simple_values(k), k) if int(sig.sum()) >= _MIN_FREE_FIT else simple_values(k)
+    # Most candidates fail at the largest element: tried there first, the whole block after.
+    at = int(np.argmax(np.abs(n)))
+    a_at, n_at = a.flat[at], n.flat[at]
     for cand in candidates:
         # k near 1 is a tolerance matter, not a factor the user could have written.
-        if cand and abs(cand - 1) > rtol and np.all(close(a, cand * n, atol, rtol)):
+        if cand and abs(cand - 1) > rtol and close(a_at, cand * n_at, atol, rtol) \
+                and np.all(close(a, cand * n, atol, rtol)):
             return cand
     return None
 

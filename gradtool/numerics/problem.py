@@ -158,10 +158,9 @@ class Problem:
     def with_inputs(self, values: Sequence[torch.Tensor]) -> list[Any]:
         """The full argument list with the differentiable ones replaced; the other tensors are
         fresh copies, so a forward that marks, resizes or keeps them cannot change the case."""
-        args = [_fresh(a) if isinstance(a, torch.Tensor) else a for a in self.args]
-        for position, value in zip(self.diff, values):
-            args[position] = value
-        return args
+        given = dict(zip(self.diff, values))  # not copied only to be replaced (every call)
+        return [given[k] if k in given else _fresh(a) if isinstance(a, torch.Tensor) else a
+                for k, a in enumerate(self.args)]
 
     @calls_user_code
     def outputs(self, values: Sequence[torch.Tensor]) -> list[torch.Tensor]:

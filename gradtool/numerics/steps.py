@@ -49,7 +49,10 @@ def vjp_rows(problem: Problem, leaves: Sequence[torch.Tensor], outs: Sequence[to
              grad_rows: torch.Tensor) -> torch.Tensor:
     """vᵀJ for each row v of grad_rows (B, n_out) -> (B, n_in); falls back to a loop."""
     grads = split_flat(grad_rows, [o.shape for o in outs])
-    if problem.cache.batched_vjp_ok is not False and len(grad_rows) > LOOP_MAX // 2:
+    # vmap batches no sparse tensor, and a sparse argument's rebuild hands its gradient back
+    # sparse: the attempt would always fail, after a backward of the user's.
+    if not problem.sparse and problem.cache.batched_vjp_ok is not False \
+            and len(grad_rows) > LOOP_MAX // 2:
         try:
             out = flat_cat(problem.vjp_batched(leaves, outs, grads), batch=True)
             problem.cache.batched_vjp_ok = True
