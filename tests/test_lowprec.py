@@ -150,6 +150,19 @@ def test_taylor_is_inconclusive_when_rounding_dominates_and_names_a_finer_dtype(
     assert "float16" in check.summary and "would resolve" in check.summary
 
 
+def test_taylor_words_with_too_few_remainders_above_the_noise_name_no_empty_ratio():
+    from gradtool.numerics.taylor import _judge
+
+    none = _judge([(1.0, 1e-9), (0.5, 1e-10)], noise=1e-6)
+    one = _judge([(1.0, 4e-3), (0.5, 1e-9)], noise=1e-6)
+    for verdict in (none, one):
+        assert verdict.outcome == "inconclusive" and not verdict.ratios
+        assert "divides them by  " not in verdict.describe()
+        assert "too few stand above it" in verdict.describe()
+    two = _judge([(1.0, 4e-2), (0.5, 1e-2), (0.25, 2.5e-3)], noise=1e-6)
+    assert two.outcome == "passed" and "divides them by 4, 4" in two.describe()
+
+
 def test_unresolvable_difference_is_inconclusive_and_names_the_precision():
     from gradtool.checks.precision import Run, judge
     from gradtool.numerics.facts import Facts
