@@ -134,6 +134,8 @@ def test_a_second_order_failure_is_still_found_when_the_first_order_passes():
     assert any(d.startswith("not checked: input(s) 'arg0', 'arg1', for cost: backward's "
                             "gradients carry no graph") for d in second.details)
     assert {b.input for b in second.blocks if b.checked} == {"grad_output"}
+    # the blocks left are not reported as swept whole (JSON's `exhaustive`)
+    assert all(not b.exhaustive for b in second.blocks if b.input != "grad_output")
     assert any(f.rule == "double_backward.mismatch" for f in second.findings)
     # at the Function, gradient and double backward together (before: 33 and 48)
     assert (calls["forward"], calls["backward"]) == (30, 23)

@@ -96,14 +96,51 @@ def test_a_probe_settles_the_culprit_where_its_full_check_alone_is_over_budget(f
         probe_module.screen = real
     bad = findings["WrongLinearFunction"]
     assert bad.outcome is Outcome.FAILED and bad.wrong_inputs == ()
-    assert "is wrong alone" in bad.summary and "2 of 2 probes fail" in bad.summary
+    assert "is found wrong by a probe of it alone" in bad.summary
+    assert "2 of 2 probes fail" in bad.summary
     assert findings["MulConstant"].outcome is findings["Tanh"].outcome is Outcome.PASSED
     # one probe settled the wrong one; each correct one was probed, then checked whole
     assert screens["failing"] == 1 and screens["passing"] >= 2
     line = describe(list(findings.values()))[0]
     assert line.startswith("custom Functions, each checked alone on the inputs it received: "
                            "WrongLinearFunction (")
-    assert ") is wrong alone; MulConstant passes" in line
+    assert ") is found wrong by a probe of it alone; MulConstant passes" in line
+
+
+class _Doubled(torch.autograd.Function):
+    """y = x with a backward that doubles the gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return 2 * grad
+
+
+def test_a_probe_blames_no_function_an_inconclusive_cause_explains():
+    """Over budget alone, a probe settles "wrong" only where a forward computed to a tolerance
+    or a kink cannot explain it: a correct fixed-point solve stopped at 1e-4 goes to the whole
+    check (never blamed), a backward off by 1 % too (named with its inputs there), a doubled
+    one is settled by the probe."""
+    sharp = load_fixture("sharp")
+    loose = type("Loose", (sharp.FixedPoint,), {"TOL": 1e-4})
+
+    def model(x, w):
+        return _Doubled.apply(loose.apply(x, w))
+
+    def slightly(x, w):
+        return sharp.FixedPointScaled.apply(x, w)
+
+    tight = CONFIG.with_(full_budget_s=0.0)
+    found = by_name(locate_functions(problem_for(model, ["2x8", "8x8:[-0.02,0.02]"]), tight))
+    assert found["Loose"].outcome is not Outcome.FAILED, found["Loose"].summary
+    assert found["_Doubled"].outcome is Outcome.FAILED
+    assert "found wrong by a probe of it alone" in found["_Doubled"].summary
+    scaled = by_name(locate_functions(problem_for(slightly, ["2x8", "8x8:[-0.02,0.02]"]),
+                                      tight))["FixedPointScaled"]
+    assert scaled.outcome is Outcome.FAILED and scaled.wrong_inputs == ("x",)
 
 
 def test_all_correct_model_every_finding_passes(fx):

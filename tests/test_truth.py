@@ -206,7 +206,8 @@ def test_the_one_function_on_the_failing_path_is_named_without_a_second_check(
 def test_a_backward_without_a_graph_is_named_with_the_way_to_declare_it(fx, monkeypatch):
     """Every gradient of the model runs through one Function whose backward has no graph:
     double backward stops at its first confirmed block, the Function is named without a
-    re-check, and the report says how to declare it once differentiable."""
+    re-check, and the report says how to declare it once differentiable (or leave the check
+    out); checked directly too, and in probe mode, where nothing is left unchecked."""
     seen = _double_backward_checks(monkeypatch)
     db = result(gradtool.check(fx.NoGraphCubeAlone, ["3x4"], checks=("double_backward",)),
                 "double_backward")
@@ -214,7 +215,12 @@ def test_a_backward_without_a_graph_is_named_with_the_way_to_declare_it(fx, monk
     assert len(seen) == 1
     assert any("carry no graph" in d for d in db.details)
     assert db.details[-1].startswith("NoGraphCube at tests/fixtures/truth.py:")
-    assert "decorate backward with @once_differentiable" in db.details[-1]
+    assert any("decorate it with @once_differentiable" in d for d in db.details)
+    for direct in (dict(), dict(mode="probe")):
+        alone = result(gradtool.check(fx.NoGraphCube, ["3x4"], checks=("double_backward",),
+                                      **direct), "double_backward")
+        assert alone.outcome is Outcome.FAILED
+        assert any("decorate it with @once_differentiable" in d for d in alone.details)
     detached = result(gradtool.check(fx.CubeAloneDetached, ["3x4"],
                                      checks=("double_backward",)), "double_backward")
     assert not any("once_differentiable" in d for d in detached.details)

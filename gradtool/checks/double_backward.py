@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import replace
 from collections.abc import Callable
 from typing import Any
 
@@ -46,8 +47,11 @@ def check_double_backward(case: Case, target: Target, config: CheckConfig) -> Ch
                            f"{reason}: double backward is unsupported by design", source=source)
     if problem is None:
         return CheckResult("double_backward", Outcome.SKIPPED, "no differentiable output")
+    engine = _engine(case.problem)
     result = jacobian_result("double_backward", problem, target, config, case.seed, None, None,
-                             _diagnose, _engine(case.problem))
+                             _diagnose, engine)
+    if engine.no_graph and result.outcome is Outcome.FAILED:
+        result = replace(result, details=(*result.details, ONCE_HINT))
     case.problem.calls.update(problem.calls)
     if result.outcome is Outcome.ERROR and ONCE in (result.traceback or ""):
         return CheckResult("double_backward", Outcome.SKIPPED,
@@ -72,9 +76,14 @@ STOP = ("backward is already wrong at first order (the gradient check failed), s
 # derivative of zero everywhere: every block with nonzero finite differences fails alike.
 NO_GRAPH = ("backward's gradients carry no graph (computed under no_grad, detached, or by a "
             "solver outside autograd, as adjoint methods are), so every second derivative it "
-            "gives is zero and every block whose finite differences are not fails the same "
-            "way: double backward stopped at its first block with a confirmed failure, trying "
-            "the grad_output columns first")
+            "gives is zero and every block whose finite differences are nonzero fails the "
+            "same way: double backward stopped at its first block with a confirmed failure, "
+            "trying the grad_output columns first")
+ONCE_HINT = ("backward returns its gradients without a graph: if it is not meant to be "
+             "differentiated twice (an adjoint method, say), decorate it with "
+             "@once_differentiable and this check is skipped, saying so; for a library's "
+             "Function you cannot edit, leave this check out (--check contract --check "
+             "gradient --check layout, or `checks` in [tool.gradtool])")
 
 
 def _engine(problem: Problem) -> Any:
@@ -89,13 +98,15 @@ def _engine(problem: Problem) -> Any:
     def engine(derived: Problem, config: CheckConfig, leaves: list[torch.Tensor],
                outs: list[torch.Tensor], seed: int, reference: Any) -> Any:
         stop, first = None, ()
-        if outs and not any(o.requires_grad for o in outs):  # first: its columns are cheapest
+        engine.no_graph = bool(outs) and not any(o.requires_grad for o in outs)
+        if engine.no_graph:  # before the first-order stop: its columns are the cheapest
             n = len(problem.input_names)
             stop, first = NO_GRAPH, tuple(range(n, len(leaves)))
         elif problem.cache.first_order is Outcome.FAILED:
             stop, first = STOP, problem.cache.first_order_failing
         return reverse_mode(derived, config, leaves, outs, seed, reference, stop, first)
 
+    engine.no_graph = False  # type: ignore[attr-defined]  # G's outputs all without a graph
     return engine
 
 
@@ -291,8 +302,6 @@ def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
 
 def run(case: Case, context: Context) -> CheckResult:
     """The registry's entry point; complex targets are checked through their real parts."""
-    from dataclasses import replace
-
     from ..numerics.wirtinger import is_complex, realify
 
     if case.problem.sparse:  # before realify: the real view of a problem forgets its layouts

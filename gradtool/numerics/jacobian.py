@@ -215,7 +215,9 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
     verdict = _finish(problem, config, tallies, False, "full", reason, evaluated)
     verdict.dense = dense
     if unchecked:
-        verdict.details.append(f"not checked: {_unchecked(problem, unchecked)}, for cost: {stop}")
+        from .stopping import left_unchecked
+
+        left_unchecked(verdict, problem, unchecked, stop)
     verdict.mismatch = {k: judged_mask(tallies[k[0]][k[1]], *pair) for k, pair in dense.items()}
     if config.measured:
         from .measured_words import describe
@@ -290,20 +292,6 @@ def _until_failure(problem: Problem, config: CheckConfig, leaves: Sequence[torch
                          config.tolerance("eps"))
             known += 1
     return jac, []
-
-
-def _unchecked(problem: Problem, blocks: list[tuple[int, int]]) -> str:
-    """'input(s) 'a', 'b'' wholly left, and the outputs left of an input partly compared."""
-    n_out = len(problem.output_names)
-    inputs = sorted({i for i, _ in blocks})
-    whole = [i for i in inputs if sum(1 for k, _ in blocks if k == i) == n_out]
-    parts = [f"input(s) {', '.join(repr(problem.input_names[i]) for i in whole)}"] if whole \
-        else []
-    for i in inputs:
-        if i not in whole:
-            names = [repr(problem.output_names[o]) for k, o in blocks if k == i]
-            parts.append(f"{', '.join(names)} w.r.t. '{problem.input_names[i]}'")
-    return " and ".join(parts)
 
 
 def judged_tallies(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],

@@ -11,6 +11,8 @@ the analytical rows computed output by output, only as far as the comparison get
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -82,3 +84,26 @@ def scratch(tally: BlockTally) -> BlockTally:
     """A tally of the same block that nothing reads: an output whose rows are not known yet."""
     return BlockTally(tally.input, tally.input_shape, tally.output, tally.output_shape,
                       tally.atol, tally.rtol, tally.keep)
+
+
+def left_unchecked(verdict: Any, problem: Any, blocks: list[tuple[int, int]], stop: str) -> None:
+    """Say which blocks the stop left and why; mark them not swept whole (JSON, JUnit)."""
+    verdict.details.append(f"not checked: {_unchecked(problem, blocks)}, for cost: {stop}")
+    n_out = len(problem.output_names)
+    for i, o in blocks:
+        k = i * n_out + o
+        verdict.blocks[k] = replace(verdict.blocks[k], exhaustive=False)
+
+
+def _unchecked(problem: Any, blocks: list[tuple[int, int]]) -> str:
+    """'input(s) 'a', 'b'' wholly left, and the outputs left of an input partly compared."""
+    n_out = len(problem.output_names)
+    inputs = sorted({i for i, _ in blocks})
+    whole = [i for i in inputs if sum(1 for k, _ in blocks if k == i) == n_out]
+    parts = [f"input(s) {', '.join(repr(problem.input_names[i]) for i in whole)}"] if whole \
+        else []
+    for i in inputs:
+        if i not in whole:
+            names = [repr(problem.output_names[o]) for k, o in blocks if k == i]
+            parts.append(f"{', '.join(names)} w.r.t. '{problem.input_names[i]}'")
+    return " and ".join(parts)

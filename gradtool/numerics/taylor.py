@@ -29,8 +29,9 @@ class TaylorVerdict:
         shown = ", ".join(f"h={h:.3g}: {r:.3g}" for h, r in self.remainders[-4:]) or "none"
         if not self.ratios:  # fewer than two resolved steps: nothing to divide
             return (f"Taylor remainders above the rounding noise {self.noise:.2g}: {shown}; "
-                    "too few stand above it to read how they fall with h (a remainder below "
-                    "the noise at every step: forward too flat here, or too coarse a dtype)")
+                    "too few stand above it to read how they fall with h (fewer than two "
+                    "steps leave a remainder above the noise: forward too flat here, or too "
+                    "coarse a dtype)")
         return (f"Taylor remainders above the rounding noise {self.noise:.2g}: {shown}; "
                 f"halving h divides them by {', '.join(f'{q:.2g}' for q in self.ratios[-3:])} "
                 "(4 = second order: backward right; 2 = first order: backward wrong)")

@@ -325,7 +325,7 @@ def _short(finding: FunctionFinding, ambiguous: bool) -> str:
     if finding.outcome is Outcome.PASSED:
         return f"{finding.qualname}{where if ambiguous else ''} passes"
     if finding.outcome is Outcome.FAILED:
-        return f"{finding.qualname}{where} is wrong {wrt(finding.wrong_inputs)}"
+        return f"{finding.qualname}{where} is {wrt(finding.wrong_inputs)}"
     if finding.outcome is Outcome.ERROR:
         return f"{finding.qualname}{where} could not be re-run alone"
     return f"{finding.qualname}{where} {finding.outcome.value}"

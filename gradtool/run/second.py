@@ -93,7 +93,6 @@ def on_failing_path(result: CheckResult, problem: Problem,
 
 def _only(result: CheckResult, app: Application) -> CheckResult:
     """The one Function on the failing path named without a re-check: nothing to choose."""
-    from ..checks.double_backward import NO_GRAPH
     from ..targets.load import source_of
 
     source: Any = source_of(app.cls.backward)
@@ -101,10 +100,6 @@ def _only(result: CheckResult, app: Application) -> CheckResult:
     text = (f"{app.cls.__qualname__}{where}: its backward's derivative is wrong, the only "
             f"custom Function on the failing path (so not re-checked alone: nothing to choose "
             f"between; backward at {source})")
-    if any(NO_GRAPH in line for line in result.details):  # every gradient without a graph
-        text += ("; it returns its gradients without a graph: if it is not meant to be "
-                 "differentiated twice (an adjoint method), decorate backward with "
-                 "@once_differentiable and double backward is skipped, saying so")
     return replace(result, details=(*result.details, text), source=source or result.source)
 
 
