@@ -143,6 +143,40 @@ def test_a_probe_blames_no_function_an_inconclusive_cause_explains():
     assert scaled.outcome is Outcome.FAILED and scaled.wrong_inputs == ("x",)
 
 
+def test_a_function_applied_inside_an_installed_package_names_the_users_calling_line(tmp_path):
+    """A library's solver applies its Function on its own line: the finding gives that line
+    and the line of the user's code that called the library."""
+    import importlib.util
+
+    package = tmp_path / "site-packages" / "fakelib"
+    package.mkdir(parents=True)
+    (package / "solve.py").write_text(
+        "import torch\n\n\n"
+        "class Doubled(torch.autograd.Function):\n"
+        "    @staticmethod\n"
+        "    def forward(ctx, x):\n"
+        "        return x.clone()\n\n"
+        "    @staticmethod\n"
+        "    def backward(ctx, grad):\n"
+        "        return 2 * grad\n\n\n"
+        "def solve(x):\n"
+        "    return Doubled.apply(x)  # the library's line\n")
+    spec = importlib.util.spec_from_file_location("fakelib_solve", package / "solve.py")
+    lib = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lib)
+
+    def model(x):
+        return lib.solve(x * 1.0)  # THE USER'S LINE
+
+    findings = locate_functions(problem_for(model, ["(4,)"]), CONFIG)
+    [found] = findings
+    here = (FIXTURES.parent / "test_locate.py").read_text().splitlines()
+    line = next(i for i, text in enumerate(here, 1) if text.rstrip().endswith("# THE USER'S LINE"))
+    assert "site-packages/fakelib/solve.py:15 (called from" in found.created_at
+    assert found.created_at.endswith(f"(called from tests/test_locate.py:{line})")
+    assert found.outcome is Outcome.FAILED
+
+
 def test_all_correct_model_every_finding_passes(fx):
     findings = locate_functions(problem_for(net(fx, wrong=False), ["4x3"]), CONFIG)
     assert len(findings) == 3

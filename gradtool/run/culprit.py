@@ -110,17 +110,35 @@ def _snapshot(value: Any) -> Any:
 
 
 def _user_site(frame: FrameType | None) -> str | None:
-    """file:line of the innermost caller that is neither torch's nor gradtool's."""
+    """file:line of the innermost caller that is neither torch's nor gradtool's; inside an
+    installed package (a library's adjoint solver applying its Function), with the line of
+    the user's code that called into it."""
     fallback = None  # code without a file (exec, a REPL): better than nothing
     while frame is not None:
         path = frame.f_code.co_filename.replace("\\", "/")
         if not (path.startswith(_PACKAGE) or "/torch/" in path):
             site = f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
             if not path.startswith("<"):
-                return site
+                caller = _installed(path) and _outside_packages(frame.f_back)
+                return f"{site} (called from {caller})" if caller else site
             fallback = fallback or site
         frame = frame.f_back
     return fallback
+
+
+def _installed(path: str) -> bool:
+    return "/site-packages/" in path or "/dist-packages/" in path
+
+
+def _outside_packages(frame: FrameType | None) -> str | None:
+    """file:line of the innermost caller outside installed packages, torch and gradtool."""
+    while frame is not None:
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if not (path.startswith(_PACKAGE) or "/torch/" in path or _installed(path)
+                or path.startswith("<")):
+            return f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
 
 
 def record(problem: Problem) -> tuple[list[Application], list[Any]]:
