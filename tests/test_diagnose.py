@@ -253,6 +253,14 @@ def test_reduction_sum_instead_of_mean_is_extra_factor() -> None:
     assert "extra factor 10" in msg and "a sum's gradient for a mean, missing 1/10" in msg
 
 
+def test_a_factor_equal_to_a_size_ratio_by_chance_gets_no_mean_or_sum_hint() -> None:
+    """y = W x with W (2, 4): the W block is 2 x 8, sizes dividing by 4; a backward doubled
+    there is no mean mixed up with a sum (each output reads 4 inputs, not one each)."""
+    xs = [rand(4), rand(2, 4, seed=1)]
+    msg = diagnose(lambda x, w: w @ x, lambda g, x, w: (w.T @ g, 4 * np.outer(g, x)), xs, wrt=1)
+    assert "extra factor 4" in msg and "reduction size" not in msg and "broadcast" not in msg
+
+
 def test_nan_in_backward_and_in_numerical() -> None:
     msg = diagnose(np.log, lambda g, x: (g / (x - x),), [rand(4) ** 2 + 1])
     assert msg.startswith("analytical is NaN/inf at 16 of 16") and "backward produces NaN" in msg

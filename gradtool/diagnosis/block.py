@@ -158,13 +158,24 @@ def factor_phrase(k: float) -> str:
     return part if k > 0 else f"sign flipped and {part}"
 
 
-def size_hint(k: float, n_out: int, n_in: int) -> str:
-    """A factor equal to the broadcast/reduction size usually means mean and sum mixed up."""
+def size_hint(k: float, numerical: np.ndarray, atol: float) -> str:
+    """A factor equal to the broadcast/reduction size usually means mean and sum mixed up:
+    said only where the block is one (each input element copied to r outputs, each output
+    reading one input: a broadcast; or r inputs summed alike into each output: a reduction),
+    not where the sizes merely divide (a matrix product's weight block)."""
+    n_out, n_in = numerical.shape
     r, rem = divmod(max(n_out, n_in), min(n_out, n_in))
     if rem or r == 1 or k < 0:
         return ""
-    if abs(k - 1 / r) <= 1e-9 and n_out > n_in:
+    nonzero = np.abs(numerical) > atol
+    per_row, per_col = nonzero.sum(1), nonzero.sum(0)
+    values = numerical[nonzero]  # a plain sum, mean or copy weighs every element alike
+    alike = values.size > 0 and bool(np.all(np.abs(values - values[0]) <= atol + 1e-3 * abs(
+        values[0])))
+    spread = alike and n_out > n_in and bool(np.all(per_row == 1) and np.all(per_col == r))
+    reduced = alike and n_out < n_in and bool(np.all(per_col == 1) and np.all(per_row == r))
+    if abs(k - 1 / r) <= 1e-9 and spread:
         return f" (= {r}, the broadcast size: mean instead of sum over the broadcast dims?)"
-    if abs(k - r) <= 1e-9 * r and n_out < n_in:
+    if abs(k - r) <= 1e-9 * r and reduced:
         return f" (= {r}, the reduction size: a sum's gradient for a mean, missing 1/{r}?)"
     return ""

@@ -71,7 +71,7 @@ def _factor(b: Block, subject: str = "analytical", second_order: bool = False
     k = fit_factor(b.a, b.n, b.atol, b.rtol)
     if k is None:
         return None
-    tail = " in the derivative of backward" if second_order else size_hint(k, *b.a.shape)
+    tail = " in the derivative of backward" if second_order else size_hint(k, b.n, b.atol)
     return Diagnosis(_factor_kind(k), f"{subject} = {factor_text(k)} × numerical for every "
                      f"element ({b.nonzero()}): {factor_phrase(k)}{tail}",
                      {"factor": float(k), "nonzero": int(b.sig.sum())})
