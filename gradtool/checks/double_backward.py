@@ -47,7 +47,7 @@ def check_double_backward(case: Case, target: Target, config: CheckConfig) -> Ch
                            f"{reason}: double backward is unsupported by design", source=source)
     if problem is None:
         return CheckResult("double_backward", Outcome.SKIPPED, "no differentiable output")
-    engine = _engine(case.problem)
+    engine = _Engine(case.problem)
     result = jacobian_result("double_backward", problem, target, config, case.seed, None, None,
                              _diagnose, engine)
     if engine.no_graph and result.outcome is Outcome.FAILED:
@@ -86,28 +86,28 @@ ONCE_HINT = ("backward returns its gradients without a graph: if it is not meant
              "gradient --check layout, or `checks` in [tool.gradtool])")
 
 
-def _engine(problem: Problem) -> Any:
+class _Engine:
     """Reverse mode, told to stop at the first failing block when backward's gradients have no
-    graph, sweeping first the grad_output columns (G is linear there: a backward each through
-    one forward's graph), or else when the gradient check of this run failed, sweeping first
-    the inputs whose gradient failed (where G's graph passes through the Function's output,
-    the wrong first order shows in their columns). A second order that passes is still
-    checked whole: no verdict changes."""
-    from .gradient import reverse_mode
+    graph (`no_graph`), sweeping first the grad_output columns (G is linear there: a backward
+    each through one forward's graph), or else when the gradient check of this run failed,
+    sweeping first the inputs whose gradient failed (where G's graph passes through the
+    Function's output, the wrong first order shows in their columns). A second order that
+    passes is still checked whole: no verdict changes."""
 
-    def engine(derived: Problem, config: CheckConfig, leaves: list[torch.Tensor],
-               outs: list[torch.Tensor], seed: int, reference: Any) -> Any:
-        stop, first = None, ()
-        engine.no_graph = bool(outs) and not any(o.requires_grad for o in outs)
-        if engine.no_graph:  # before the first-order stop: its columns are the cheapest
-            n = len(problem.input_names)
-            stop, first = NO_GRAPH, tuple(range(n, len(leaves)))
+    def __init__(self, problem: Problem) -> None:
+        self.problem, self.no_graph = problem, False
+
+    def __call__(self, derived: Problem, config: CheckConfig, leaves: list[torch.Tensor],
+                 outs: list[torch.Tensor], seed: int, reference: Any) -> Any:
+        from .gradient import reverse_mode
+
+        problem, stop, first = self.problem, None, ()
+        self.no_graph = bool(outs) and not any(o.requires_grad for o in outs)
+        if self.no_graph:  # before the first-order stop: its columns are the cheapest
+            stop, first = NO_GRAPH, tuple(range(len(problem.input_names), len(leaves)))
         elif problem.cache.first_order is Outcome.FAILED:
             stop, first = STOP, problem.cache.first_order_failing
         return reverse_mode(derived, config, leaves, outs, seed, reference, stop, first)
-
-    engine.no_graph = False  # type: ignore[attr-defined]  # G's outputs all without a graph
-    return engine
 
 
 def _not_implemented(result: CheckResult) -> str | None:

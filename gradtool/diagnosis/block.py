@@ -170,8 +170,7 @@ def size_hint(k: float, numerical: np.ndarray, atol: float) -> str:
     nonzero = np.abs(numerical) > atol
     per_row, per_col = nonzero.sum(1), nonzero.sum(0)
     values = numerical[nonzero]  # a plain sum, mean or copy weighs every element alike
-    alike = values.size > 0 and bool(np.all(np.abs(values - values[0]) <= atol + 1e-3 * abs(
-        values[0])))
+    alike = values.size > 0 and bool(np.all(close(values, values[0], atol, 1e-3)))
     spread = alike and n_out > n_in and bool(np.all(per_row == 1) and np.all(per_col == r))
     reduced = alike and n_out < n_in and bool(np.all(per_col == 1) and np.all(per_row == r))
     if abs(k - 1 / r) <= 1e-9 and spread:

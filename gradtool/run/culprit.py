@@ -6,8 +6,6 @@ import functools
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
@@ -19,15 +17,13 @@ from ..numerics.tangent import projected_tensors
 from ..results import CheckResult, InputInfo, Outcome
 from ..targets.cases import Case, bind
 from ..targets.inputs import InputSpec, LiteralSpec, TensorSpec
-from ..targets.load import Target, display_path
+from ..targets.load import Target
 from ..targets.resolve import make_target
 from .alone import FunctionFinding, check_alone, finding_of, wrt
 from .applyhook import Call, Hook, hooked
 from .paths import calls_user_ops, is_whole, named_whole
 from .replay import anchors_of, replaying
-
-_PACKAGE = str(Path(__file__).resolve().parents[1]).replace("\\", "/")  # gradtool/
-
+from .sites import user_site
 
 @dataclass
 class Application:
@@ -75,7 +71,7 @@ class _Recorder(Hook):
     def _enter(self, call: Call) -> Application:
         app = Application(call.cls, [_snapshot(v) for v in call.args],
                           {k: _snapshot(v) for k, v in call.kwargs.items()},
-                          _user_site(sys._getframe(2)))
+                          user_site(sys._getframe(2)))
         app.ordinal = sum(1 for other in self.calls if other.cls is app.cls)
         self.calls.append(app)
         self.originals[id(app)] = (*call.args, *call.kwargs.values())
@@ -107,38 +103,6 @@ def _snapshot(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().clone().requires_grad_(value.requires_grad)
     return value
-
-
-def _user_site(frame: FrameType | None) -> str | None:
-    """file:line of the innermost caller that is neither torch's nor gradtool's; inside an
-    installed package (a library's adjoint solver applying its Function), with the line of
-    the user's code that called into it."""
-    fallback = None  # code without a file (exec, a REPL): better than nothing
-    while frame is not None:
-        path = frame.f_code.co_filename.replace("\\", "/")
-        if not (path.startswith(_PACKAGE) or "/torch/" in path):
-            site = f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
-            if not path.startswith("<"):
-                caller = _installed(path) and _outside_packages(frame.f_back)
-                return f"{site} (called from {caller})" if caller else site
-            fallback = fallback or site
-        frame = frame.f_back
-    return fallback
-
-
-def _installed(path: str) -> bool:
-    return "/site-packages/" in path or "/dist-packages/" in path
-
-
-def _outside_packages(frame: FrameType | None) -> str | None:
-    """file:line of the innermost caller outside installed packages, torch and gradtool."""
-    while frame is not None:
-        path = frame.f_code.co_filename.replace("\\", "/")
-        if not (path.startswith(_PACKAGE) or "/torch/" in path or _installed(path)
-                or path.startswith("<")):
-            return f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None
 
 
 def record(problem: Problem) -> tuple[list[Application], list[Any]]:
@@ -281,7 +245,6 @@ def captured_case(app: Application, config: CheckConfig, freeze_seed: int | None
 def check_application(app: Application, config: CheckConfig,
                       freeze_seed: int | None = None) -> FunctionFinding:
     """The first-order gradient check of one Function on the inputs it received."""
-
     target: Target | None = None
     try:
         target, case, own = captured_case(app, config, freeze_seed)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,15 +13,15 @@ from ..config.settings import DEFAULT_TOLERANCES, CheckConfig
 from ..errors import InternalError
 from ..numerics.problem import Problem
 from ..results import CheckResult, Outcome
-from ..targets.load import Target, display_path
+from ..targets.load import Target
 from ..targets.kinds import OP, op_target
 from ..targets.ops import registration_line
+from .sites import installed, user_site
 
 # Namespaces of torch's own operators: not the user's to check.
 TORCH_NAMESPACES = frozenset({"aten", "prim", "prims", "quantized", "_quantized", "profiler",
                               "_c10d_functional", "c10d", "inductor", "higher_order",
                               "debugprims", "mkldnn", "_quantized_decomposed", "torchvision"})
-_PACKAGE = str(Path(__file__).resolve().parents[1]).replace("\\", "/")
 OP_CHECKS = OP.own_checks()  # the op kind's default checks (the registry's `kinds`)
 
 
@@ -49,7 +48,7 @@ class _Capture(TorchFunctionMode):
         if op is not None:
             self.calls.append(OpCall(op, [_snapshot(a) for a in args],
                                      {k: _snapshot(v) for k, v in kwargs.items()},
-                                     _call_site(sys._getframe(1))))
+                                     user_site(sys._getframe(1))))
         return func(*args, **kwargs)
 
 
@@ -72,9 +71,7 @@ def _users(name: str, op: Any) -> bool:
     source gradtool cannot point at): the ops a report can blame. Cached per op."""
     if name not in _USERS:
         line = registration_line(op)
-        _USERS[name] = line is not None and not any(
-            part in line.replace("\\", "/")
-            for part in ("site-packages/", "dist-packages/", "/torch/"))
+        _USERS[name] = line is not None and not installed(line)
     return _USERS[name]
 
 
@@ -82,16 +79,6 @@ def _snapshot(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().clone().requires_grad_(value.requires_grad)
     return value
-
-
-def _call_site(frame: Any) -> str | None:
-    """file:line of the innermost caller that is neither torch's nor gradtool's."""
-    while frame is not None:
-        path = frame.f_code.co_filename.replace("\\", "/")
-        if not (path.startswith(_PACKAGE) or "/torch/" in path or path.startswith("<")):
-            return f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None
 
 
 _SEEN: dict[str, Any] = {"size": -1, "found": False}

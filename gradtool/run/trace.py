@@ -24,7 +24,7 @@ from torch.autograd import Function
 from ..targets.kinds import named
 from ..targets.load import display_path
 from ..tracebacks import trim
-from .culprit import _user_site
+from .sites import user_site
 from .trace_messages import Crashed, Ended, Layouts, Recorded, Refused, TraceMessage
 
 Sink = Callable[[TraceMessage], None]
@@ -113,7 +113,7 @@ class Recorder:
     def _save(self, index: int, kind: str, label: str, owner: Any, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> dict[str, Any]:
         """Copy the inputs (before forward may write to them) into a .pt file; its facts."""
-        site = _user_site(sys._getframe(3))
+        site = user_site(sys._getframe(3))
         safe = "".join(c if c.isalnum() or c in "_-" else "_" for c in label)
         path = os.path.join(self.out_dir, f"{index:03d}_{safe}.pt")
         facts = {"index": index, "kind": kind, "label": label, "site": site, "file": path,

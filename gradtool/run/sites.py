@@ -1,0 +1,59 @@
+"""Where user code applied a custom Function or called a custom op: the file:line a report
+names, with the line of the user's own code when that is inside an installed package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import FrameType
+from typing import Callable
+
+from ..targets.load import display_path
+
+_PACKAGE = str(Path(__file__).resolve().parents[1]).replace("\\", "/")  # gradtool/
+
+
+def user_site(frame: FrameType | None) -> str | None:
+    """file:line of the innermost caller that is neither torch's nor gradtool's (code without
+    a file, exec or a REPL, only when nothing else is found); inside an installed package (a
+    library's adjoint solver applying its Function), with the line of the user's code that
+    called into it."""
+    first = _innermost(frame, _ours)
+    real = _innermost(first, lambda path: _ours(path) or _fileless(path))
+    if real is None:
+        return _site(first) if first is not None else None
+    if not _installed(_path(real)):
+        return _site(real)
+    caller = _innermost(real.f_back,
+                        lambda path: _ours(path) or _fileless(path) or _installed(path))
+    return f"{_site(real)} (called from {_site(caller)})" if caller else _site(real)
+
+
+def installed(path: str) -> bool:
+    """Whether a file belongs to an installed package, torch included (not the user's)."""
+    return _installed(path.replace("\\", "/")) or "/torch/" in path.replace("\\", "/")
+
+
+def _innermost(frame: FrameType | None, skip: Callable[[str], bool]) -> FrameType | None:
+    while frame is not None and skip(_path(frame)):
+        frame = frame.f_back
+    return frame
+
+
+def _path(frame: FrameType) -> str:
+    return frame.f_code.co_filename.replace("\\", "/")
+
+
+def _site(frame: FrameType) -> str:
+    return f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def _ours(path: str) -> bool:
+    return path.startswith(_PACKAGE) or "/torch/" in path
+
+
+def _fileless(path: str) -> bool:
+    return path.startswith("<")
+
+
+def _installed(path: str) -> bool:
+    return "/site-packages/" in path or "/dist-packages/" in path
