@@ -16,6 +16,11 @@ gradtool check against gradcheck(masked=True) on the same sparse tensors, correc
 # Function for both tools (deterministic, unlike wall time on a shared machine, whose load is
 # printed at the start and the end). Verdicts are checked: a correct Function passes, a seeded
 # one fails under gradient.* with its diagnosis on the input that carries the bug.
+#
+# Whole processes too, as a user runs a check script: for each n, one fresh Python process runs
+# every row once with gradtool (`gradtool.check`, every default check) and another with
+# gradcheck, interleaved with `python -c "import torch"` round by round (--rounds, 5), each
+# checking its verdicts (exit 1 on a wrong one); wall and CPU medians, and their ratio.
 
 from __future__ import annotations
 
@@ -154,14 +159,64 @@ def load() -> str:
         return "unknown"
 
 
+def child(tool: str, n: int) -> int:
+    """Every row once with one tool, in this fresh process; 1 when a verdict is wrong."""
+    wrong = 0
+    for family, bugs in FAMILIES.items():
+        for bug, (cls, rule, where) in bugs.items():
+            for layout in LAYOUTS.values():
+                a, b = fx.operands(layout, n)
+                if tool == "gradtool":
+                    _, report = gradtool_run(cls, a, b)
+                    right = verdict(report, rule, where)[1]
+                else:
+                    right = gradcheck_run(cls, a, b).ok == (rule is None)
+                wrong += not right
+    return 1 if wrong else 0
+
+
+def whole(sizes: tuple[int, ...], rounds: int) -> list[str]:
+    """Fresh processes side by side, per n: the table's lines."""
+    from coldstart import environment
+    from whole_process import timed
+
+    env = {**environment(), "PYTHONWARNINGS": "ignore"}
+    here = [sys.executable, str(Path(__file__).resolve())]
+    lines = ["| n | `import torch` | gradcheck, every row | gradtool, every row | wall ratio "
+             "| CPU ratio | gradtool − import / gradcheck − import (wall) |", "|---" * 7 + "|"]
+    for n in sizes:
+        cmds = {"import torch": [sys.executable, "-c", "import torch"],
+                "gradcheck": [*here, "--child", "gradcheck", str(n)],
+                "gradtool": [*here, "--child", "gradtool", str(n)]}
+        for command in cmds.values():  # a warm-up each: the bytecode cache of what it imports
+            timed(command, env)
+        runs: dict[str, list[tuple[float, float]]] = {k: [] for k in cmds}
+        for r in range(rounds):
+            for k in (list(cmds) if r % 2 == 0 else list(cmds)[::-1]):
+                runs[k].append(timed(cmds[k], env))
+        wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
+        cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
+        base = wall["import torch"]
+        lines.append(f"| {n} | {base:.2f} s | {wall['gradcheck']:.2f} s | "
+                     f"{wall['gradtool']:.2f} s | {wall['gradtool'] / wall['gradcheck']:.2f}× | "
+                     f"{cpu['gradtool'] / cpu['gradcheck']:.2f}× | "
+                     f"{(wall['gradtool'] - base) / (wall['gradcheck'] - base):.2f}× |")
+        print(lines[-1], file=sys.stderr, flush=True)
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="n = 4 and 12, 3 rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="whole-process rounds (0: none)")
+    parser.add_argument("--child", nargs=2, metavar=("TOOL", "N"), help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=None,
                         help="write the rows here (default results/sparse.json, not --quick)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.child:
+        return child(args.child[0], int(args.child[1]))
     sizes = (4, 12) if args.quick else (4, 12, 32)
     repeats = 3 if args.quick else args.repeats
     print(f"torch {torch.__version__}, one thread, {repeats} interleaved round(s) after a "
@@ -181,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nverdicts: {len(rows) - len(wrong)} of {len(rows)} rows right for both tools"
           + "".join(f"\n  wrong: {r['family']} {r['bug']} {r['layout']} n={r['n']}: "
                     f"{r['said']}, gradcheck {r['gradcheck_ok']}" for r in wrong))
+    if args.rounds and not args.quick:
+        print(f"\nWhole processes, {args.rounds} interleaved rounds (load {load()}):\n")
+        print("\n".join(whole(sizes, args.rounds)))
     out = args.json or (None if args.quick else HERE / "results" / "sparse.json")
     if out is not None:
         out.write_text(json.dumps(rows, indent=1) + "\n")

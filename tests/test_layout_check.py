@@ -46,8 +46,30 @@ def test_the_stride_aware_twin_passes_with_a_few_calls(fx):
     check = layout(fx.RowScale, ["3x4", "(4,)"])
     assert check.outcome is Outcome.PASSED, check.summary
     assert "a transposed grad_output" in check.summary and "expanded" in check.summary
-    # One recorded forward, one per input layout; no finite differences.
-    assert check.calls["forward"] <= 4 and check.calls["backward"] <= 9
+    # One recorded forward and backward; transposed and sliced inputs each share a forward
+    # and backward with their grad_output twin; the expanded grad_output and its contiguous
+    # copy (other values) two backwards. No finite differences.
+    assert check.calls == {"forward": 3, "backward": 5}
+
+
+def test_a_backward_reading_a_saved_input_flat_fails_for_that_input_only(fx):
+    """Input and grad_output layouts share a run; a wrong gradient is split into runs of each
+    alone, so the finding names the input layout, and no grad_output layout is blamed."""
+    check = layout(fx.SavedFlat, ["3x4", "(4,)"])
+    assert check.outcome is Outcome.FAILED
+    assert rules(check) == ["layout.input_strides"]
+    assert check.findings[0].data["inputs"] == ["x", "w"]  # x moved, w's gradient wrong
+    assert "transposed input 'x'" in check.summary
+    assert "a transposed grad_output" in layout(fx.RowScale, ["3x4", "(4,)"]).summary
+
+
+def test_both_mistakes_at_once_are_each_named(fx):
+    check = layout(fx.BothFlat, ["3x4", "(4,)"])
+    assert rules(check) == ["layout.grad_output_strides", "layout.grad_output_strides",
+                            "layout.grad_output_raises", "layout.input_strides"]
+    assert "transposed grad_output" in check.findings[0].message
+    assert "sliced grad_output" in check.findings[1].message
+    assert "transposed input 'x'" in check.findings[3].message
 
 
 def test_a_forward_through_view_is_named_with_the_fix(fx):
