@@ -162,8 +162,8 @@ def load() -> str:
 def child(tool: str, n: int) -> int:
     """Every row once with one tool, in this fresh process; 1 when a verdict is wrong."""
     wrong = 0
-    for family, bugs in FAMILIES.items():
-        for bug, (cls, rule, where) in bugs.items():
+    for bugs in FAMILIES.values():
+        for cls, rule, where in bugs.values():
             for layout in LAYOUTS.values():
                 a, b = fx.operands(layout, n)
                 if tool == "gradtool":
@@ -182,8 +182,9 @@ def whole(sizes: tuple[int, ...], rounds: int) -> list[str]:
 
     env = {**environment(), "PYTHONWARNINGS": "ignore"}
     here = [sys.executable, str(Path(__file__).resolve())]
-    lines = ["| n | `import torch` | gradcheck, every row | gradtool, every row | wall ratio "
-             "| CPU ratio | gradtool − import / gradcheck − import (wall) |", "|---" * 7 + "|"]
+    head = ("| n | `import torch` | gradcheck, every row | gradtool, every row | wall ratio "
+            "| CPU ratio | gradtool − import / gradcheck − import (wall) |")
+    lines = [head, "|---" * 7 + "|"]
     for n in sizes:
         cmds = {"import torch": [sys.executable, "-c", "import torch"],
                 "gradcheck": [*here, "--child", "gradcheck", str(n)],

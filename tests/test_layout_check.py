@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import load_fixture, result
 
 import gradtool
-from conftest import load_fixture, result
 from gradtool.checks.layout import channels_last, difference, expanded, sliced, transposed
 from gradtool.results import Outcome, Severity
 from gradtool.targets.load import source_of
@@ -132,9 +132,9 @@ def test_rounding_is_not_a_finding():
     ("torch:cumsum", ["3x4", "1"], {}),
 ])
 def test_correct_torch_code_never_fails(target, inputs, settings):
+    from gradtool.config.settings import CheckConfig
     from gradtool.run.collect import collect_one
     from gradtool.run.runner import run
-    from gradtool.config.settings import CheckConfig
     from gradtool.targets.inputs import parse_input
 
     config = CheckConfig(checks=("layout",), **{k: v for k, v in settings.items()
