@@ -363,6 +363,22 @@ def test_inferred_inputs_are_batched_so_a_view_on_grad_output_is_caught(fx):
     assert all(c.outcome is Outcome.PASSED for _, _, c in twin.checks())
 
 
+def test_a_backward_that_only_takes_scalars_is_reported_not_checked_at_a_scalar(fx):
+    """Forward takes 3x4, backward raises on it and runs only at 0-d: inference used to settle
+    on the 0-d input, and every check passed. The raising backward is the report now."""
+    report = gradtool.check(fx.ScalarGradOutput, None, checks=("gradient",))
+    (_, case, gradient), = report.checks()
+    assert [i.description for i in case.inputs] == ["3x4:float64"]
+    assert gradient.outcome is Outcome.ERROR and not report.ok()
+    assert "shape '[]' is invalid for input of size 12" in gradient.summary
+    assert "0-d inputs ran forward and backward where these did not; if the target takes only " \
+           "scalars, pin them: -i '()'" in case.notes
+    twin = gradtool.check(fx.AnyGradOutput, None, checks=("gradient",))
+    (_, twin_case, twin_gradient), = twin.checks()
+    assert [i.description for i in twin_case.inputs] == ["3x4:float64"]
+    assert twin_gradient.outcome is Outcome.PASSED and not twin_case.notes
+
+
 def test_inference_keeps_the_first_shape_when_it_has_two_dimensions(fx):
     (_, case, _), = gradtool.check(fx.Sine, None, checks=("gradient",)).checks()
     assert [i.description for i in case.inputs] == ["3x4:float64"]

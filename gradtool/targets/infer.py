@@ -56,6 +56,12 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
             last_error = exc
             continue
         why = _backward_fails(case)
+        if why is None and fallback is not None and _rank(specs) == 0:
+            # Only scalars run backward, while forward took larger tensors: a backward that
+            # breaks on them is reported by the checks, not passed over for a 0-d tensor.
+            fallback.notes.append("0-d inputs ran forward and backward where these did not; "
+                                  f"if the target takes only scalars, pin them: {_pins(specs)}")
+            break
         if why is None and flat is None and 0 < _rank(specs) < 2:
             flat, flat_at = case, tried  # accepted; a batched candidate would test layouts
             continue
@@ -238,6 +244,11 @@ def _shapes(specs: list[Any]) -> str:
     """'3x4, (5,)': a candidate's tensor shapes as --input writes them."""
     return ", ".join("x".join(map(str, s.shape)) if len(s.shape) > 1 else
                      f"({s.shape[0]},)" if s.shape else "()" for s in _tensor_specs(specs))
+
+
+def _pins(specs: list[Any]) -> str:
+    """"-i '()' -i '()'": the --input flags of a candidate's tensors."""
+    return " ".join(f"-i '{shape}'" for shape in _shapes(specs).split(", "))
 
 
 def _noted(case: Case, dropped: list[str]) -> Case:
