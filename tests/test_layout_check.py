@@ -46,15 +46,14 @@ def test_the_stride_aware_twin_passes_with_a_few_calls(fx):
     check = layout(fx.RowScale, ["3x4", "(4,)"])
     assert check.outcome is Outcome.PASSED, check.summary
     assert "a transposed grad_output" in check.summary and "expanded" in check.summary
-    # One recorded forward and backward; transposed and sliced inputs each share a forward
-    # and backward with their grad_output twin; the expanded grad_output and its contiguous
-    # copy (other values) two backwards. No finite differences.
-    assert check.calls == {"forward": 3, "backward": 5}
+    # One recorded forward and backward; a backward per grad_output layout (the expanded one
+    # and its contiguous copy, other values, two); a forward and backward per input layout.
+    # No finite differences.
+    assert check.calls == {"forward": 3, "backward": 7}
 
 
 def test_a_backward_reading_a_saved_input_flat_fails_for_that_input_only(fx):
-    """Input and grad_output layouts share a run; a wrong gradient is split into runs of each
-    alone, so the finding names the input layout, and no grad_output layout is blamed."""
+    """The finding names the input layout, and no grad_output layout is blamed."""
     check = layout(fx.SavedFlat, ["3x4", "(4,)"])
     assert check.outcome is Outcome.FAILED
     assert rules(check) == ["layout.input_strides"]
@@ -216,3 +215,15 @@ def test_a_custom_op_s_registered_backward_is_checked_too():
     assert check.outcome is Outcome.FAILED
     assert "wrong for a transposed grad_output" in check.summary
     assert layout(ops.row_scale_ok, ["3x4", "(4,)"]).outcome is Outcome.PASSED
+
+
+def test_a_backward_assuming_grad_output_has_the_input_strides_fails(fx):
+    """Right only when grad_output moves with the input (both transposed at once): each layout
+    is tried alone, so the transposed grad_output on a contiguous input shows it."""
+    check = layout(fx.FastPathOnInput, ["3x4", "(4,)"])
+    assert check.outcome is Outcome.FAILED
+    assert rules(check)[0] == "layout.grad_output_raises"
+    assert "backward raises on a transposed grad_output" in check.summary
+    same = layout(fx.SameStridesAsInput, ["3x4", "(4,)"])
+    assert rules(same) == ["layout.grad_output_strides", "layout.grad_output_strides",
+                           "layout.grad_output_raises", "layout.input_strides"]

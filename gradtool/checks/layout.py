@@ -23,9 +23,6 @@ NAME = "layout"
 # rounding, not a bug. A layout bug reads wrong elements, off by the values' own size.
 ROUNDING_ULPS = 256
 ROUNDING_CAP = 1 / 32
-GRAD_RULES = "layout.grad_output_"
-# _attempt's answer when a run with an input and a grad_output layout at once went wrong
-UNSURE = object()
 
 
 @dataclass(frozen=True)
@@ -158,26 +155,18 @@ def compare_layouts(problem: Problem, config: CheckConfig, seed: int,
     # unusable: a second backward through it reads what the first wrote, which is no layout's
     # doing. Each layout then runs on a forward of fresh copies of its own.
     check.fresh = not all(equal(a, b) or both_nan(a, b) for a, b in zip(before, leaves))
-    # An input layout and its grad_output twin (transposed, sliced, channels_last) share one
-    # forward and backward: both agreeing with the contiguous gradient clears both. Only a
-    # disagreement is split into runs of each alone, which say whose it is (one cancelling
-    # the other exactly would take two bugs mirroring each other to the last bit).
-    twins = {v.name: v for v in grad_variants if v.same_values}
-    moved_words, cleared = [], set()
+    tried = []
+    for variant in grad_variants:
+        if check.grad_output(variant, grads):
+            tried.append(variant.words)
+    moved_words = []
     for variant in input_variants:
-        applied, twin_cleared = check.inputs(variant, grads, movable, twins.get(variant.name))
-        if applied:
+        if check.inputs(variant, grads, movable):
             moved_words.append(variant.name)
-        if twin_cleared:
-            cleared.add(variant.name)
-    tried = [variant.words for variant in grad_variants
-             if variant.name in cleared or check.grad_output(variant, grads)]
     if moved_words:
         names = ", ".join(repr(problem.input_names[k]) for k in movable)
         tried.append(f"{'/'.join(moved_words)} inputs {names}")
-    # grad_output findings first, input ones after, each in its layouts' order
-    findings = sorted(check.findings, key=lambda f: not f.rule.startswith(GRAD_RULES))
-    return findings, tried
+    return check.findings, tried
 
 
 class _Comparer:
@@ -203,9 +192,11 @@ class _Comparer:
 
     def grad_output(self, variant: Variant, grads: list[torch.Tensor]) -> bool:
         """Backward with grad_outputs in this layout; False when it applies to none."""
-        given = self._moved_grads(variant, grads)
-        if given is None:
+        moved = [variant.make(g, k) if o.requires_grad else None
+                 for k, (g, o) in enumerate(zip(grads, self.outs))]
+        if all(m is None for m in moved):
             return False
+        given = [g if m is None else m for g, m in zip(grads, moved)]
         problem = self.problem
         try:
             got = _backward(problem, *self._graph(), given)
@@ -224,40 +215,19 @@ class _Comparer:
                 source=self.source, data={"layout": variant.words, "inputs": [bad[0]]}))
         return True
 
-    def _moved_grads(self, variant: Variant, grads: list[torch.Tensor]
-                     ) -> list[torch.Tensor] | None:
-        """grads with each one this layout applies to in it; None when it applies to none."""
-        moved = [variant.make(g, k) if o.requires_grad else None
-                 for k, (g, o) in enumerate(zip(grads, self.outs))]
-        if all(m is None for m in moved):
-            return None
-        return [g if m is None else m for g, m in zip(grads, moved)]
-
-    def inputs(self, variant: Variant, grads: list[torch.Tensor], movable: Sequence[int],
-               twin: Variant | None = None) -> tuple[bool, bool]:
+    def inputs(self, variant: Variant, grads: list[torch.Tensor], movable: Sequence[int]) -> bool:
         """Forward and backward with the movable inputs in this layout: all at once, then, when
         that goes wrong, one at a time, so a finding names the inputs that cause it. An input
         with a finding already is left contiguous (one finding per input, and an expensive
-        forward is not re-run for every layout). With the grad_output layout `twin`, the first
-        backward takes its grad_outputs in it. (whether this layout applied, whether that
-        backward cleared the twin too)"""
+        forward is not re-run for every layout)."""
         leaves = [v.detach().clone() for v in self.problem.inputs]
         moved = [k for k in movable if k not in self.flagged
                  and variant.make(leaves[k], k) is not None]
         if not moved:
-            return False, False
-        given = None if twin is None else self._moved_grads(twin, grads)
-        together = self._attempt(variant, grads, moved, given)
-        if together is UNSURE:  # the two layouts disagree with the contiguous run: split them
-            together, given = self._attempt(variant, grads, moved), None
+            return False
+        together = self._attempt(variant, grads, moved)
         if together is None:
-            return True, given is not None
-        self._culprits(variant, grads, moved, together)  # type: ignore[arg-type]
-        return True, False
-
-    def _culprits(self, variant: Variant, grads: list[torch.Tensor], moved: Sequence[int],
-                  together: Finding) -> None:
-        """The inputs whose layout gives the finding `together` had with all of them moved."""
+            return True
         alone = {k: self._attempt(variant, grads, [k]) for k in moved} if len(moved) > 1 else \
             {moved[0]: together}
         culprits = {k: found for k, found in alone.items() if found is not None}
@@ -268,12 +238,11 @@ class _Comparer:
             self.flagged.add(k)
             if not any(f.rule == found.rule and f.data == found.data for f in self.findings):
                 self.findings.append(found)
+        return True
 
-    def _attempt(self, variant: Variant, grads: list[torch.Tensor], moved: Sequence[int],
-                 given: list[torch.Tensor] | None = None) -> Finding | object | None:
-        """The finding of forward and backward with these inputs in this layout, or None;
-        UNSURE when backward, given grad_outputs in another layout (`given`), raised or
-        disagreed: whose layout did it is for runs of each alone to say."""
+    def _attempt(self, variant: Variant, grads: list[torch.Tensor], moved: Sequence[int]
+                 ) -> Finding | None:
+        """The finding of forward and backward with these inputs in this layout, or None."""
         problem = self.problem
         moved_names = [problem.input_names[k] for k in moved]
         names = ", ".join(map(repr, moved_names))
@@ -294,16 +263,12 @@ class _Comparer:
                            data={"layout": variant.words, "inputs": moved_names,
                                  "output": bad[0]})
         try:
-            got = _backward(problem, leaves, outs, grads if given is None else given)
+            got = _backward(problem, leaves, outs, grads)
         except Exception as exc:  # noqa: BLE001
-            if given is not None and not isinstance(exc, InternalError):
-                return UNSURE
             return self._raised("layout.input_raises", f"backward raises after a {what}", exc,
                                 "read saved tensors through their strides, or save "
                                 "x.contiguous()", moved_names)
         bad = self._first_difference(got, self.base, problem.input_names)
-        if bad and given is not None:
-            return UNSURE
         if bad and not self._nondeterministic(grads):
             return Finding("layout.input_strides", f"backward ignores the strides of a saved "
                            f"input: wrong for a {what} ({bad[1]})", source=self.source,
