@@ -232,3 +232,27 @@ def test_the_target_sees_the_given_pattern_explicit_zeros_included(layout, maske
 
     gradtool.check(pattern_dependent, [given], masked=masked, checks=["contract"])
     assert seen and set(seen) == {3}
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_a_model_passing_its_sparse_input_to_a_function_names_the_wrong_one(fx, layout):
+    """The culprit search checks the Function alone on the sparse tensor it received (an
+    internal error before: the captured case held it sparse, not as its values)."""
+    a, b = fx.operands(LAYOUTS[layout], n=4)
+    assert gradtool.check(fx.SparseInputLayer(), [a, b], masked=True).ok()
+    report = gradtool.check(fx.SparseInputLayer(fx.FactorMatmul), [a, b], masked=True)
+    gradient = result(report, "gradient")
+    assert gradient.outcome.value == "failed"
+    assert any("FactorMatmul" in line and "is wrong w.r.t. b" in line
+               for line in gradient.details), gradient.details
+
+
+def test_below_float64_sparse_inputs_still_skip_double_backward(fx):
+    """The float64 reference of a float32 run keeps the sparse encodings (a false failure of
+    double backward before: the reference problem had lost them)."""
+    a, b = fx.operands(torch.sparse_coo, n=4)
+    a32 = a.detach().float().requires_grad_(True)
+    b32 = b.detach().float().requires_grad_(True)
+    report = gradtool.check(fx.SparseMatmul, [a32, b32], masked=True)
+    assert report.ok(), outcomes(report)
+    assert result(report, "double_backward").outcome.value == "skipped"

@@ -143,7 +143,7 @@ def reference_problem(case: Case, target: Target, config: CheckConfig,
     fn = case.wrap(reference or bind(target, case.n_positional, config.with_(dtype="float64"),
                                      case.seed)[0])
     return Problem(fn, args, list(problem.names), list(problem.diff),
-                   facts=problem.facts.with_(precision="float64"))
+                   facts=problem.facts.with_(precision="float64"), sparse=problem.sparse)
 
 
 def _reference_error(problem: Problem, reference: Callable[..., Any], low: Run, exact: Run,

@@ -39,7 +39,7 @@ def realify(problem: Problem) -> Problem:
     # Its outputs are other tensors (real parts): the priming forward learns them afresh.
     facts = Facts(learnt=True, mutates=problem.mutates, seed=problem.freeze_seed, complex=False)
     return Problem(fn, args, list(problem.names), list(problem.diff), batched_fn=batched,
-                   facts=facts)
+                   facts=facts, sparse=problem.sparse)
 
 
 def _wrap(fn: Callable[..., Any], complex_at: list[int]) -> Callable[..., Any]:

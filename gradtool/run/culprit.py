@@ -13,6 +13,7 @@ import torch
 from ..config.settings import DEFAULT_TOLERANCES, CheckConfig
 from ..errors import InternalError
 from ..numerics.problem import Problem, function_nodes, tensor_outputs
+from ..numerics.sparse import Encoding, is_sparse, rebuilding
 from ..numerics.tangent import projected_tensors
 from ..results import CheckResult, InputInfo, Outcome
 from ..targets.cases import Case, bind
@@ -167,6 +168,7 @@ def case_from_values(target: Target, values: Sequence[Any], config: CheckConfig,
     if differentiable is None:
         differentiable = [isinstance(v, torch.Tensor) and v.requires_grad for v in values]
     args, names, diff, specs, infos = [], [], [], [], []
+    encodings: dict[int, Encoding] = {}  # sparse inputs, held as strided values (as build_case)
     for position, (value, grad) in enumerate(zip(values, differentiable)):
         name = target.arg_names[position] if position < len(target.arg_names) else f"arg{position}"
         spec: InputSpec
@@ -175,6 +177,9 @@ def case_from_values(target: Target, values: Sequence[Any], config: CheckConfig,
             value = value.detach()
             spec = TensorSpec(tuple(value.shape), str(value.dtype).removeprefix("torch."),
                               requires_grad=grad, name=name)
+            if grad and is_sparse(value):
+                encodings[position] = Encoding.of(value, config.masked)
+                value = encodings[position].value()
         else:
             spec, grad = LiteralSpec(value, name), False
         diff += [position] if grad else []
@@ -183,10 +188,16 @@ def case_from_values(target: Target, values: Sequence[Any], config: CheckConfig,
         specs.append(spec)
         infos.append(InputInfo(name, f"captured {spec.describe(config.dtype)}", grad))
     fn, batched_fn, _, _ = bind(target, len(args), config, config.seed)
-    # keyword-only forward arguments: passed along (to a float64 reference too), never checked
-    wrap = (lambda bound: functools.partial(bound, **kwargs)) if kwargs else (lambda bound: bound)
-    fn, batched_fn = wrap(fn), wrap(batched_fn) if batched_fn else None
-    problem = Problem(fn, args, names, diff, batched_fn=batched_fn)
+
+    def wrap(bound: Callable[..., Any]) -> Callable[..., Any]:
+        """keyword-only forward arguments passed along (to a float64 reference too), never
+        checked; sparse inputs rebuilt in their layout"""
+        bound = functools.partial(bound, **kwargs) if kwargs else bound
+        return rebuilding(bound, encodings) if encodings else bound
+
+    fn = wrap(fn)
+    batched_fn = wrap(batched_fn) if batched_fn and not encodings else None  # vmap: no sparse
+    problem = Problem(fn, args, names, diff, batched_fn=batched_fn, sparse=encodings)
     return Case(label, config.seed, specs, problem, infos, wrap=wrap, n_positional=len(args))
 
 
@@ -237,6 +248,8 @@ def captured_case(app: Application, config: CheckConfig, freeze_seed: int | None
         # Some arguments were the forward's own leaves: a closure may hold them, so each
         # evaluation replays the forward rather than calling the Function on copies.
         fn, scope = replaying(app.outer, app.cls, app.ordinal, app.anchors)
+        if case.problem.sparse:  # the replayed forward takes sparse inputs as given
+            fn = rebuilding(fn, case.problem.sparse)
         changes.update(fn=fn, scope=scope, batched_fn=None)
     case.problem = replace(case.problem, **changes)  # a Problem is built complete, never edited
     return target, case, own

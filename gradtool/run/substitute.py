@@ -78,7 +78,7 @@ def fixed_by_forward(problem: Problem, config: CheckConfig, classes: Collection[
         return problem.fn(*args)
 
     swapped = Problem(fn, list(problem.args), list(problem.names), list(problem.diff),
-                      facts=problem.facts, scope=problem.scope)
+                      facts=problem.facts, scope=problem.scope, sparse=problem.sparse)
     try:  # hooked throughout: the substituted backwards run in the checks' backward passes
         with hooked(hook):
             leaves, outs = prime(swapped)
