@@ -63,6 +63,8 @@ def check(target: Any, inputs: Any = None, kwargs: dict[str, Any] | None = None,
     kwargs: keyword arguments of forward, in the same forms. settings: any CheckConfig field
     (seed, dtype, eps, atol, rtol, nondet_tol, checks, mode, probes, ...).
     """
+    from .render import terminal  # noqa: F401 - str(report) reads as the plain report
+
     specs = _input_specs(inputs, kwargs)
     settings = _given_dtype(specs, settings, target)
     config = CheckConfig(**{k: (tuple(v) if k == "checks" else v) for k, v in settings.items()})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
@@ -226,6 +227,11 @@ class Reproducer:
     note: str = ""            # e.g. "budget exhausted", "values simplified"
 
 
+# How a Report reads as plain text (what `gradtool check` prints): registered by the render
+# room when it is loaded (gradtool.check loads it), since results sits below it.
+PLAIN_TEXT: list[Callable[[Report, bool], str]] = []
+
+
 @dataclass(frozen=True)
 class Report:
     """A whole run: the result of gradtool.check and the input of every renderer."""
@@ -239,6 +245,13 @@ class Report:
     not_run: tuple[str, ...] = ()     # targets left unchecked when the run was interrupted
     interrupted: str | None = None    # the signal that stopped the run (SIGINT, SIGTERM)
     reproducers: tuple[Reproducer, ...] = ()  # --repro: a test file per failing target
+
+    def text(self, verbose: bool = False) -> str:
+        """The plain-text report `gradtool check` prints (verbose: as `-v` prints it)."""
+        return PLAIN_TEXT[0](self, verbose) if PLAIN_TEXT else repr(self)
+
+    def __str__(self) -> str:
+        return self.text()
 
     def checks(self) -> list[tuple[TargetResult, CaseResult, CheckResult]]:
         """Every (target, case, check) triple, in run order."""

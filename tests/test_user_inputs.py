@@ -292,3 +292,15 @@ def test_a_layout_neither_strided_nor_sparse_is_refused_naming_it():
     with pytest.raises(InputError, match="_mkldnn: gradtool checks strided and sparse") as info:
         gradtool.check(torch.sin, [mkldnn])
     assert "to_dense()" in str(info.value)
+
+
+def test_a_report_reads_as_the_plain_report_the_command_line_prints(fx):
+    """print(report) in a script shows what `gradtool check` prints, not the dataclass."""
+    from gradtool.render.terminal import render_plain
+
+    report = gradtool.check(fx.MaskedWrongMask, ["2x4"], kwargs={"mask": "2x4"})
+    assert str(report) == render_plain(report) == report.text()
+    assert str(report).startswith("PASS") or str(report).startswith("FAIL")
+    assert "'mask'" in str(report) and "Report(" not in str(report)
+    assert report.text(verbose=True) == render_plain(report, verbose=True)
+    assert "time:" in report.text(verbose=True) and "time:" not in str(report)

@@ -6,7 +6,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from ..results import Block, CaseResult, CheckResult, Outcome, Report, Reproducer, TargetResult
+from ..results import (PLAIN_TEXT, Block, CaseResult, CheckResult, Outcome, Report, Reproducer,
+                       TargetResult)
 from .words import (LABELS, Line, block_lines, check_body, check_text, element_text,
                     inputs_lines, time_text, warnings_text)
 
@@ -58,6 +59,9 @@ def sweep_lines(target: TargetResult) -> list[Line]:
 
 def render_plain(report: Report, verbose: bool = False, quiet: bool = False) -> str:
     return "\n".join(text for text, _ in report_lines(report, verbose, quiet))
+
+
+PLAIN_TEXT[:] = [render_plain]  # str(report), report.text(verbose)
 
 
 def summary_line(report: Report) -> Line:
