@@ -256,3 +256,26 @@ def test_below_float64_sparse_inputs_still_skip_double_backward(fx):
     report = gradtool.check(fx.SparseMatmul, [a32, b32], masked=True)
     assert report.ok(), outcomes(report)
     assert result(report, "double_backward").outcome.value == "skipped"
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_a_masked_failure_names_elements_where_they_sit_in_the_matrix(fx, layout):
+    """Not by their number among the specified values (t[7]): t[2, 0], as the matrix has it,
+    in the worst elements, the diagnosis and the JSON report alike."""
+    import json
+
+    from gradtool.render.json import render_json
+
+    a, b = fx.operands(LAYOUTS[layout], n=4)
+    report = gradtool.check(fx.DroppedSolve, [a, b], masked=True, checks=("gradient",))
+    block = next(blk for blk in result(report, "gradient").blocks if blk.input == "t")
+    assert block.input_shape == (4, 4) and block.grid is None
+    dense = a.detach().to_dense()
+    assert block.worst and all(r > c and dense[r, c] != 0  # the dropped off-diagonal terms
+                               for r, c in (e.input_index for e in block.worst))
+    r, c = block.worst[0].input_index
+    assert f"worst at ({r},{c})->" in block.diagnosis
+    checks = json.loads(render_json(report))["targets"][0]["cases"][0]["checks"]
+    blocks = [blk for blk in checks[0]["blocks"] if blk["input"] == "t"]
+    assert blocks[0]["worst"][0]["input_index"] == [r, c]
+    assert "FAIL" in report.text(verbose=True)

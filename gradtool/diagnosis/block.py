@@ -4,7 +4,7 @@ and the Diagnosis a detector returns: kind, data and words."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -62,6 +62,8 @@ class Block:
     others: Mapping[str, np.ndarray] = field(default_factory=dict)
     others_analytical: Mapping[str, np.ndarray] = field(default_factory=dict)
     judged: np.ndarray | None = None  # the caller's verdict per element (a measured tolerance)
+    # a masked sparse input's columns (its specified elements): where each sits in the tensor
+    places: Sequence[Sequence[int]] | None = None
     mis: np.ndarray = field(init=False)
     sig: np.ndarray = field(init=False)
 
@@ -73,7 +75,9 @@ class Block:
 
     def label(self, row: int, col: int) -> str:
         """Element as 'input index -> output index', unravelled with the user's shapes."""
-        return f"{index_text(col, self.in_shape)}->{index_text(row, self.out_shape)}"
+        where = (index_text(col, self.in_shape) if self.places is None
+                 else "(" + ",".join(str(int(i)) for i in self.places[col]) + ")")
+        return f"{where}->{index_text(row, self.out_shape)}"
 
     def nonzero(self) -> str:
         return f"{int(self.sig.sum())} nonzero of {self.a.size}"

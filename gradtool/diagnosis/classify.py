@@ -249,16 +249,19 @@ def classify_block(analytical: np.ndarray, numerical: np.ndarray, *, input_name:
                    input_values: np.ndarray | None = None, atol: float = 1e-5, rtol: float = 1e-3,
                    other_inputs: Mapping[str, np.ndarray] | None = None,
                    other_analytical: Mapping[str, np.ndarray] | None = None,
-                   mismatched: np.ndarray | None = None) -> Diagnosis | None:
+                   mismatched: np.ndarray | None = None,
+                   input_places: Sequence[Sequence[int]] | None = None) -> Diagnosis | None:
     """The Diagnosis of a first-order mismatch in an (n_out, n_in) block, or None if it agrees.
 
     Rows are flattened output elements (row k = VJP with one-hot e_k), columns flattened input
     elements. Its kind is "no_pattern" when no pattern fits every element. `mismatched`: which
-    elements the verdict judged wrong (else |a - n| > atol + rtol |n|).
+    elements the verdict judged wrong (else |a - n| > atol + rtol |n|). `input_places`: where
+    each column sits in a masked sparse input (its elements named there).
     """
     b = make_block(analytical, numerical, input_shape, output_shape, atol=atol, rtol=rtol,
                     name=input_name, x=input_values, others=dict(other_inputs or {}),
-                    others_analytical=dict(other_analytical or {}), judged=mismatched)
+                    others_analytical=dict(other_analytical or {}), judged=mismatched,
+                    places=input_places)
     return _first_found(b, _FIRST_ORDER)
 
 

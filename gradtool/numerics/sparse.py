@@ -13,12 +13,13 @@ Sparse outputs are compared through `to_dense()` and sparse gradients densified 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from ..errors import InputError
+from ..results import Block
 from ..tracebacks import calls_user_code
 
 COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
@@ -87,6 +88,17 @@ class Encoding:
         blocksize = tuple(p.values().shape[1:3]) if p.layout in BLOCKED else None
         return whole.to_sparse(layout=p.layout, blocksize=blocksize)
 
+    def places(self) -> torch.Tensor:
+        """(elements of the value, sparse dims + dense dims): where each element of the masked
+        value (values(), in storage order) sits in the sparse tensor."""
+        values = self.pattern.values()
+        ids = torch.arange(1, values.numel() + 1, dtype=torch.float64, device=values.device)
+        dense = self.rebuild(ids.reshape(values.shape)).to_dense()  # each element its number
+        at = dense.nonzero()
+        places = torch.empty_like(at)
+        places[dense[tuple(at.T)].long() - 1] = at
+        return places
+
     def describe(self) -> str:
         elements = "specified elements (masked)" if self.masked else "every element (unmasked)"
         return f"{str(self.pattern.layout).removeprefix('torch.')}, {elements}"
@@ -108,3 +120,22 @@ def dense_output(t: torch.Tensor) -> torch.Tensor:
     """A sparse output compared as the dense tensor it stands for; grad_outputs reach backward
     on its specified elements (to_dense's masked_grad)."""
     return t.to_dense() if is_sparse(t) else t
+
+
+def in_place(block: Block, encoding: Encoding, value_shape: tuple[int, ...]) -> Block:
+    """A masked input's block with its elements named where they sit in the sparse tensor
+    (a[2, 1]), not by their number in values() (a[7]); the heat map, drawn over values()'
+    order, is dropped."""
+    if not encoding.masked:
+        return block  # the value is the dense tensor already
+    places = encoding.places().tolist()
+
+    def flat(index: tuple[int, ...]) -> int:
+        out = 0
+        for i, size in zip(index, value_shape):
+            out = out * size + i
+        return out
+
+    worst = tuple(replace(e, input_index=tuple(places[flat(e.input_index)]))
+                  for e in block.worst)
+    return replace(block, input_shape=tuple(encoding.pattern.shape), worst=worst, grid=None)
