@@ -227,3 +227,12 @@ def test_a_backward_assuming_grad_output_has_the_input_strides_fails(fx):
     same = layout(fx.SameStridesAsInput, ["3x4", "(4,)"])
     assert rules(same) == ["layout.grad_output_strides", "layout.grad_output_strides",
                            "layout.grad_output_raises", "layout.input_strides"]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_gradient_that_cancels_whole_is_judged_at_its_backward_s_scale(fx, dtype):
+    """A convolution's bias before batch norm: its gradient is rounding noise (~1e-15 in
+    float64), other noise in every layout; it failed every layout before (a reviewer's find)."""
+    check = layout(fx.ConvBatchNorm(), ["2x3x6x6"], dtype=dtype)
+    assert check.outcome is Outcome.PASSED, check.summary
+    assert layout(fx.RowScaleFlat, ["3x4", "(4,)"], dtype=dtype).outcome is Outcome.FAILED

@@ -17,7 +17,7 @@ from ..targets.load import Target
 from ..targets.probe import _graph_forward, both_nan, comparable, equal, probe, stochastic_note
 from ..tracebacks import calls_user_code
 from ._common import Context, calls_since, error_result
-from .contract_rounding import beyond_rounding, rounded, summed
+from .contract_rounding import beyond_rounding, rounded, shared_scale, summed
 
 
 def check_contract(case: Case, target: Target, config: CheckConfig) -> CheckResult:
@@ -370,12 +370,14 @@ def _linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> l
     # Each of the three calls may wander by nondet_tol: 2·a + 3·b + m can by 6·nondet_tol.
     atol, rtol = config.tolerance("atol") + 6 * config.nondet_tol, config.tolerance("rtol")
     problem.cache.linear = True  # double backward mirrors grad_output columns on it
+    shared = shared_scale(mixed, r1, r2, weights=(1, 2, 3))
     for name, a, b, m in zip(problem.input_names, r1, r2, mixed):
         if a is None or b is None or m is None or a.shape != m.shape:
             continue
         low = rounded(config, a, b, m)
         if low is not None:
-            off = beyond_rounding(m, [(2, a), (3, b)], low, summed(g1), 6 * config.nondet_tol)
+            off = beyond_rounding(m, [(2, a), (3, b)], low, summed(g1), 6 * config.nondet_tol,
+                                  shared=shared)
         else:
             off = None if _allclose(m, 2 * a + 3 * b, atol=atol, rtol=rtol) else \
                 f"by {(m - (2 * a + 3 * b)).abs().max().item():.3g}"
@@ -391,12 +393,14 @@ def _linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> l
 
 def _deterministic(backward, g1, r1, problem: Problem, config: CheckConfig) -> list[Finding]:
     again = backward(g1)
+    shared = shared_scale(again, r1, weights=(1, 1))
     for name, a, b in zip(problem.input_names, r1, again):
         if a is None or b is None or a.shape != b.shape:
             continue
         low = rounded(config, a, b)
         if low is not None:
-            off = beyond_rounding(b, [(1, a)], low, summed(g1), config.nondet_tol, False)
+            off = beyond_rounding(b, [(1, a)], low, summed(g1), config.nondet_tol, False,
+                                  shared=shared)
         else:
             diff = (a - b).abs().max().item() if a.numel() else 0.0
             off = f"by {diff:.3g} (> nondet_tol {config.nondet_tol:g})" \

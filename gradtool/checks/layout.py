@@ -23,6 +23,10 @@ NAME = "layout"
 # rounding, not a bug. A layout bug reads wrong elements, off by the values' own size.
 ROUNDING_ULPS = 256
 ROUNDING_CAP = 1 / 32
+# A gradient that cancels to ~0 (a conv bias before batch norm) is rounding noise of the size
+# of the terms it sums, which the largest gradient of the same backward shows (measured: under
+# one unit of it in float64 and float32): its elements are compared to that scale too.
+FLOOR_ULPS = 16
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,7 @@ class _Comparer:
         # The random-cotangent gradients set the scale: a constant cotangent may cancel to
         # rounding noise (a normalisation's input gradient), which is no scale at all.
         self.scales = [_max_abs(b) for b in base]
+        self.floor = max(self.scales, default=0.0)
         self.findings: list[Finding] = []
         self.flagged: set[int] = set()  # inputs with a finding: later layouts leave them be
         self.fresh = False  # every backward on a forward of its own (see compare_layouts)
@@ -254,7 +259,7 @@ class _Comparer:
             return self._raised("layout.input_raises", f"forward raises on a {what}", exc,
                                 _contiguity_fix(exc, names), moved_names)
         bad = self._first_difference(outs, self.outs, problem.output_names
-                                     or [f"output {k}" for k in range(len(outs))])
+                                     or [f"output {k}" for k in range(len(outs))], False)
         if bad and self._forward_varies():
             return None  # the contract's finding (a stochastic forward), not a layout's
         if bad:  # a warning: code addressing storage (as_strided) may mean it
@@ -287,18 +292,22 @@ class _Comparer:
                        data={"inputs": list(inputs), "exception": type(exc).__name__})
 
     def _first_difference(self, got: Sequence[torch.Tensor], want: Sequence[torch.Tensor],
-                          names: Sequence[str]) -> tuple[str, str] | None:
-        """(name, words) of the first tensor that differs, or None."""
-        scales = self.scales if len(self.scales) == len(got) else [0.0] * len(got)
+                          names: Sequence[str], gradients: bool = True
+                          ) -> tuple[str, str] | None:
+        """(name, words) of the first tensor that differs, or None (`gradients`: got holds a
+        gradient per input, else forward's outputs, judged at their own scale)."""
+        scales = self.scales if gradients else [0.0] * len(got)
+        floor = self.floor if gradients else 0.0
         for have, expect, name, scale in zip(got, want, names, scales):
-            text = difference(have, expect, self.config.nondet_tol, name, scale)
+            text = difference(have, expect, self.config.nondet_tol, name, scale, floor)
             if text:
                 return name, text
         return None
 
     def _forward_varies(self) -> bool:
         _, again = _forward(self.problem, [v.detach().clone() for v in self.problem.inputs])
-        return self._first_difference(again, self.outs, ["output"] * len(again)) is not None
+        return self._first_difference(again, self.outs, ["output"] * len(again), False) \
+            is not None
 
     def _nondeterministic(self, grads: list[torch.Tensor]) -> bool:
         """A backward that differs from itself is the contract's finding, not a layout's."""
@@ -328,9 +337,10 @@ def _identical(have: torch.Tensor, want: torch.Tensor) -> bool:
 
 
 def difference(have: torch.Tensor, want: torch.Tensor, nondet_tol: float, name: str,
-               scale: float = 0.0) -> str | None:
+               scale: float = 0.0, floor: float = 0.0) -> str | None:
     """'gradient of x at (1, 0): 0.3, contiguous 1.2; 6 of 12 elements differ', or None when
-    the two agree within the dtype's rounding."""
+    the two agree within the dtype's rounding (of their own scale, and FLOOR_ULPS of `floor`:
+    the largest gradient of the backward that gave them)."""
     if have.shape != want.shape:
         return f"{name}: shape {tuple(have.shape)}, contiguous {tuple(want.shape)}"
     if want.numel() == 0 or not (want.is_floating_point() or want.is_complex()):
@@ -340,7 +350,8 @@ def difference(have: torch.Tensor, want: torch.Tensor, nondet_tol: float, name: 
     have, want = have.detach().to(want.dtype), want.detach()
     eps = torch.finfo(want.real.dtype if want.is_complex() else want.dtype).eps
     scale = max(_max_abs(want), scale)
-    tol = min(ROUNDING_ULPS * eps, ROUNDING_CAP) * max(scale, 1e-30) + nondet_tol
+    tol = max(min(ROUNDING_ULPS * eps, ROUNDING_CAP) * max(scale, 1e-30),
+              FLOOR_ULPS * eps * floor) + nondet_tol
     diff = (have - want).abs().nan_to_num(float("inf"))
     same_nan = torch.isnan(have.abs()) == torch.isnan(want.abs())
     bad = ((diff > tol) & ~(torch.isnan(want.abs()) & same_nan)) | ~same_nan

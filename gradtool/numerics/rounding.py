@@ -71,7 +71,7 @@ COMBINATION_SLACK = 8.0
 
 
 def combination_bound(terms: Sequence[tuple[float, torch.Tensor]], dtype: str, summed: int,
-                      rounded_input: bool = True) -> torch.Tensor:
+                      rounded_input: bool = True, shared: float = 0.0) -> torch.Tensor:
     """Per element: how far sum c·t over low-precision results t may be from zero by rounding
     alone, where the exact results would cancel (2·B(g1) + 3·B(g2) - B(2·g1 + 3·g2) = 0).
 
@@ -81,12 +81,20 @@ def combination_bound(terms: Sequence[tuple[float, torch.Tensor]], dtype: str, s
     terms, not of the element's result where they cancel: a floor from the tensor's
     root-mean-square scale, as the kernel libraries' tests floor theirs with the output's.
     `rounded_input`: the grad_output was rounded too (2·g1 + 3·g2 in the low dtype), an error
-    the backward's sums carry to every element at that same scale, u of the floor."""
+    the backward's sums carry to every element at that same scale, u of the floor. `shared`:
+    a floor from the other gradients of the same backward, for a tensor that cancels whole (a
+    convolution's bias before batch norm: every element rounding noise of its terms' size)."""
     scale = sum(abs(c) * t.detach().double().abs() for c, t in terms)
-    floor = scale.pow(2).mean().sqrt() if scale.numel() else scale.new_zeros(())
+    floor = rms(scale) if scale.numel() else scale.new_zeros(())
+    floor = torch.clamp(floor, min=shared)
     u, u_sums = unit_roundoff(dtype), math.sqrt(summed) * accumulation_roundoff(dtype)
     return COMBINATION_SLACK * (u * (scale + floor * rounded_input) + u_sums * (scale + floor)) \
         + ETA[dtype]
+
+
+def rms(t: torch.Tensor) -> torch.Tensor:
+    """The root-mean-square of a tensor's values (0-d)."""
+    return t.pow(2).mean().sqrt()
 
 
 # What simulated rounding is made of, each re-run alone to say where a bound came from: the
