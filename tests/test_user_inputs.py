@@ -304,3 +304,17 @@ def test_a_report_reads_as_the_plain_report_the_command_line_prints(fx):
     assert "'mask'" in str(report) and "Report(" not in str(report)
     assert report.text(verbose=True) == render_plain(report, verbose=True)
     assert "time:" in report.text(verbose=True) and "time:" not in str(report)
+
+
+def test_a_floating_tensor_left_unchecked_by_gradcheck_s_rule_is_said(fx):
+    """Forgetting requires_grad on one tensor while another has it leaves it unchecked (as
+    gradcheck does): a wrong gradient for it passes, so the report says so."""
+    x = torch.randn(2, 4, dtype=torch.float64)
+    mask = torch.rand(2, 4, dtype=torch.float64, requires_grad=True)
+    report = gradtool.check(fx.Masked, [x], kwargs={"mask": mask})
+    (_, case, _), *_ = report.checks()
+    assert any(n.startswith("'x' not checked: it does not require grad while another given "
+                            "tensor does") for n in case.notes), case.notes
+    both = gradtool.check(fx.Masked, [x.requires_grad_(True)], kwargs={"mask": mask})
+    (_, case, _), *_ = both.checks()
+    assert not any("not checked" in n for n in case.notes)

@@ -98,6 +98,27 @@ def _cli_input(spec: Any, config: CheckConfig) -> str:
         if spec.dtype is None else spec.describe(config.dtype)
 
 
+def left_unchecked(specs: Sequence[Any], names: Sequence[str]) -> str | None:
+    """A note naming the given floating tensors not checked because another given tensor
+    requires grad (gradcheck's rule, easy to trip on by forgetting requires_grad), or None.
+    `names`: the case's input names, in the order of the specs' leaves."""
+    from ..targets.values import ValueSpec, leaves
+
+    given = [leaf for _, leaf in leaves([getattr(s, "spec", s) for s in specs])]
+    tensors = [(name, leaf) for name, leaf in zip(names, given) if isinstance(leaf, ValueSpec)
+               and hasattr(leaf.value, "is_floating_point")]
+    if not any(leaf.requires_grad for _, leaf in tensors):
+        return None
+    left = [name for name, leaf in tensors if not leaf.requires_grad
+            and (leaf.value.is_floating_point() or leaf.value.is_complex())]
+    if not left:
+        return None
+    they = "it does" if len(left) == 1 else "they do"
+    return (f"{', '.join(repr(n) for n in left)} not checked: {they} not require grad while "
+            "another given tensor does (gradcheck's rule); to check it, pass it with "
+            "requires_grad=True")
+
+
 def has_given_values(specs: Sequence[Any]) -> bool:
     """Whether any input is a value the user gave (no --input string can reproduce it)."""
     from ..targets.values import ValueSpec, leaves

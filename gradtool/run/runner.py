@@ -15,7 +15,7 @@ from ..results import (CaseResult, CheckResult, Finding, Outcome, Rejected, Repo
                        headline)
 from ..targets.inputs import InputSpec
 from ..targets.load import Target
-from .reproduce import has_given_values, pin_flags, reproduce_for
+from .reproduce import has_given_values, left_unchecked, pin_flags, reproduce_for
 
 if TYPE_CHECKING:  # the runner imports torch only when it runs
     from ..checks._common import Context
@@ -162,6 +162,8 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
         checks = [inner_algebra_waived(c) for c in checks]
     notes = list(case.notes)
     if has_given_values(case.specs) and not spec.origin:
+        unchecked = left_unchecked(case.specs, [info.name for info in case.infos])
+        notes += [unchecked] if unchecked else []
         notes.append("inputs given as values: to replay them, torch.save((args, kwargs), "
                      "'INPUTS.pt'), or run with --save-inputs INPUTS.pt")
     if case.facts.stochastic:
