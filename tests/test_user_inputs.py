@@ -318,3 +318,17 @@ def test_a_floating_tensor_left_unchecked_by_gradcheck_s_rule_is_said(fx):
     both = gradtool.check(fx.Masked, [x.requires_grad_(True)], kwargs={"mask": mask})
     (_, case, _), *_ = both.checks()
     assert not any("not checked" in n for n in case.notes)
+
+
+def test_usage_hints_for_integer_and_sparse_arguments():
+    """A forward that wants token ids says how to give integers; a sparse option on --input
+    says how to give sparse tensors (both exit 2)."""
+    target = f"{FIXTURES}/sparse_functions.py:SparseEmbedding"
+    inferred = run("check", target)
+    assert inferred.exit_code == 2
+    assert "-i 2x5:integer[0,9]" in inferred.output
+    assert run("check", target, "-i", "2x5:integer[0,9]").exit_code == 0
+    sparse = run("check", target, "-i", "4x4:sparse_coo")
+    assert sparse.exit_code == 2
+    assert "--input samples strided tensors only, not 'sparse_coo'" in sparse.output
+    assert "--inputs-from INPUTS.pt" in sparse.output

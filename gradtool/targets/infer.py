@@ -83,7 +83,17 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
         + (f" (last error: {type(last_error).__name__}: {_first_line(last_error)})"
            if last_error else ""),
         f"pass them with --input, one per argument, e.g. {slot_hint(slots)}  "
-        "(a keyword as -i NAME=SPEC; see gradtool check --help)")
+        "(a keyword as -i NAME=SPEC; see gradtool check --help)" + _integer_hint(last_error))
+
+
+def _integer_hint(error: BaseException | None) -> str:
+    """For a forward that wanted integer tensors (indices, token ids): the form that makes
+    them; inference samples floating tensors only."""
+    text = str(error or "")
+    if not re.search(r"\b(Long|Int|integer|index|indices)\b", text):
+        return ""
+    return ("; an argument that takes integers (indices, token ids) as, e.g., "
+            "-i 2x5:integer[0,9] (values 0 to 9, never differentiated)")
 
 
 def _first_line(exc: BaseException) -> str:

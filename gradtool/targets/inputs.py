@@ -245,6 +245,11 @@ def _apply_options(spec: TensorSpec, options: list[str], text: str) -> TensorSpe
             domain = Domain(option)
         elif range_match:
             domain = _range_domain(range_match, option, text)
+        elif option.startswith("sparse") or option in ("coo", "csr", "csc", "bsr", "bsc"):
+            raise InputError(f"--input {text!r}: --input samples strided tensors only, not "
+                             f"{option!r}", "give sparse tensors as values: gradtool.check("
+                             "target, [a, b], masked=True), or torch.save((args, kwargs), "
+                             "'INPUTS.pt') and --inputs-from INPUTS.pt (docs/inputs.md)")
         else:
             known = (*DOMAINS, *DTYPES, *COMPLEX_DTYPES, *INTEGER_DTYPES, "nograd")
             raise InputError(f"--input {text!r}: unknown option {option!r}",
