@@ -373,6 +373,11 @@ def test_a_backward_that_only_takes_scalars_is_reported_not_checked_at_a_scalar(
     assert "shape '[]' is invalid for input of size 12" in gradient.summary
     assert "0-d inputs ran forward and backward where these did not; if the target takes only " \
            "scalars, pin them: -i '()'" in case.notes
+    # a 0-d argument beside a larger one (a temperature) is still found, not the error
+    scaled = gradtool.check(fx.ScaledByScalar, None, checks=("gradient",))
+    (_, scaled_case, scaled_gradient), = scaled.checks()
+    assert [i.description for i in scaled_case.inputs] == ["3x4:float64", "():float64"]
+    assert scaled_gradient.outcome is Outcome.PASSED
     twin = gradtool.check(fx.AnyGradOutput, None, checks=("gradient",))
     (_, twin_case, twin_gradient), = twin.checks()
     assert [i.description for i in twin_case.inputs] == ["3x4:float64"]

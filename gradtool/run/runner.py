@@ -161,6 +161,9 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
 
         checks = [inner_algebra_waived(c) for c in checks]
     notes = list(case.notes)
+    if case.alternative is not None:
+        notes.append("0-d inputs ran forward and backward where these did not; if the target "
+                     f"takes only scalars, pin them: {pin_flags(case.alternative, config)}")
     if has_given_values(case.specs) and not spec.origin:
         unchecked = left_unchecked(case.specs, [info.name for info in case.infos])
         notes += [unchecked] if unchecked else []

@@ -38,6 +38,9 @@ class Case:
     # inputs projected), as the case's own fn was wrapped: a float64 reference needs the same
     wrap: Callable[[Callable[..., Any]], Callable[..., Any]] = lambda fn: fn
     n_positional: int = 0  # forward's positional arguments, as bind() counts them
+    # inferred inputs only: 0-d ones that ran forward and backward where these did not, kept
+    # off so that backward's error on larger ones is the report (the runner says how to pin)
+    alternative: list[InputSpec] | None = None
 
     @property
     def facts(self) -> Facts:

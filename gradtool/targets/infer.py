@@ -41,6 +41,7 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
     fallback: Case | None = None  # forward ran, backward did not: used only if nothing better
     dropped: list[str] = []       # why candidates that forward accepted were passed over
     flat: Case | None = None      # accepted, every tensor 1-D: a batched one is looked for
+    scalar: list[Any] | None = None  # the first all-0-d candidate both ran, passed over
     for specs in _candidates(slots, hinted):
         tried += 1
         if tried > MAX_ATTEMPTS or (flat is not None and tried > flat_at + BATCH_LOOKAHEAD):
@@ -57,11 +58,11 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
             continue
         why = _backward_fails(case)
         if why is None and fallback is not None and _rank(specs) == 0:
-            # Only scalars run backward, while forward took larger tensors: a backward that
-            # breaks on them is reported by the checks, not passed over for a 0-d tensor.
-            fallback.notes.append("0-d inputs ran forward and backward where these did not; "
-                                  f"if the target takes only scalars, pin them: {_pins(specs)}")
-            break
+            # Only 0-d tensors run backward so far, while forward took larger ones: a backward
+            # that breaks on those is the report, unless a candidate with a larger tensor (a
+            # 0-d temperature beside a 3x4 input) runs both.
+            scalar = scalar or specs
+            continue
         if why is None and flat is None and 0 < _rank(specs) < 2:
             flat, flat_at = case, tried  # accepted; a batched candidate would test layouts
             continue
@@ -76,7 +77,9 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
     if flat is not None:
         return _prefer_literals(target, _noted(flat, dropped), config, seed)
     if fallback is not None:  # a broken backward must be reported by the checks, not hidden here
-        return _prefer_literals(target, fallback, config, seed)
+        chosen = _prefer_literals(target, fallback, config, seed)
+        chosen.alternative = scalar  # the runner says how to pin those, if scalars are meant
+        return chosen
     raise InputError(
         f"could not infer inputs for {target.name}: forward({', '.join(target.arg_names)}) "
         f"rejected {tried} candidate shapes"
@@ -254,11 +257,6 @@ def _shapes(specs: list[Any]) -> str:
     """'3x4, (5,)': a candidate's tensor shapes as --input writes them."""
     return ", ".join("x".join(map(str, s.shape)) if len(s.shape) > 1 else
                      f"({s.shape[0]},)" if s.shape else "()" for s in _tensor_specs(specs))
-
-
-def _pins(specs: list[Any]) -> str:
-    """"-i '()' -i '()'": the --input flags of a candidate's tensors."""
-    return " ".join(f"-i '{shape}'" for shape in _shapes(specs).split(", "))
 
 
 def _noted(case: Case, dropped: list[str]) -> Case:
