@@ -236,3 +236,13 @@ def test_a_gradient_that_cancels_whole_is_judged_at_its_backward_s_scale(fx, dty
     check = layout(fx.ConvBatchNorm(), ["2x3x6x6"], dtype=dtype)
     assert check.outcome is Outcome.PASSED, check.summary
     assert layout(fx.RowScaleFlat, ["3x4", "(4,)"], dtype=dtype).outcome is Outcome.FAILED
+
+
+@pytest.mark.parametrize("dtype, scale", [("float64", 1e-6), ("float32", 1e-4),
+                                          ("float16", 1e-2), ("bfloat16", 1e-1)])
+def test_a_small_but_real_gradient_keeps_its_own_rounding(fx, dtype, scale):
+    """Only a gradient within a few units of rounding of the backward's largest is taken for a
+    cancelled sum's noise: a layout bug on an input whose gradient is `scale` times smaller
+    than another's still fails (it passed at bfloat16 with a floor for every gradient)."""
+    check = layout(fx.SmallBranch(scale), ["3x4", "3x4"], dtype=dtype)
+    assert "layout.input_strides" in rules(check), check.summary

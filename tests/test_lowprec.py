@@ -414,3 +414,10 @@ def test_a_gradient_that_cancels_whole_is_linear_within_its_backward_s_rounding(
     linearity at float32 (9e-6 against a bound of 1e-10) before."""
     conv_bn = load_fixture("layouts").ConvBatchNorm()
     assert contract(conv_bn, ["2x3x6x6"], dtype=dtype).outcome.value == "passed"
+
+
+@pytest.mark.parametrize("dtype, scale", [("float32", 1e-4), ("bfloat16", 1e-1)])
+def test_a_small_but_real_gradient_keeps_its_own_linearity_bound(dtype, scale):
+    """The backward-wide floor is for a tensor that cancels whole, not for every small one."""
+    bad = contract(L.small_nonlinear(scale), ["3x4", "3x4"], dtype=dtype)
+    assert "contract.nonlinear" in [f.rule for f in bad.findings], bad.summary

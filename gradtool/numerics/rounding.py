@@ -68,6 +68,7 @@ def accumulation_roundoff(dtype: str) -> float:
 # 8 (1 + sqrt k) allow 1400; a backward that squares or clamps grad_output is off by a large
 # fraction of its values.
 COMBINATION_SLACK = 8.0
+NOISE_UNITS = 4.0  # a tensor this close to rounding of its backward's scale cancels whole
 
 
 def combination_bound(terms: Sequence[tuple[float, torch.Tensor]], dtype: str, summed: int,
@@ -82,12 +83,15 @@ def combination_bound(terms: Sequence[tuple[float, torch.Tensor]], dtype: str, s
     root-mean-square scale, as the kernel libraries' tests floor theirs with the output's.
     `rounded_input`: the grad_output was rounded too (2·g1 + 3·g2 in the low dtype), an error
     the backward's sums carry to every element at that same scale, u of the floor. `shared`:
-    a floor from the other gradients of the same backward, for a tensor that cancels whole (a
-    convolution's bias before batch norm: every element rounding noise of its terms' size)."""
+    the scale of the other gradients of the same backward, the floor of a tensor that cancels
+    whole (a convolution's bias before batch norm: every element rounding noise of its terms'
+    size), told by a scale of its own within NOISE_UNITS of rounding of `shared`; a small but
+    real gradient keeps its own floor."""
     scale = sum(abs(c) * t.detach().double().abs() for c, t in terms)
     floor = rms(scale) if scale.numel() else scale.new_zeros(())
-    floor = torch.clamp(floor, min=shared)
     u, u_sums = unit_roundoff(dtype), math.sqrt(summed) * accumulation_roundoff(dtype)
+    if float(floor) <= NOISE_UNITS * (u + u_sums) * shared:
+        floor = torch.clamp(floor, min=shared)
     return COMBINATION_SLACK * (u * (scale + floor * rounded_input) + u_sums * (scale + floor)) \
         + ETA[dtype]
 
