@@ -279,3 +279,29 @@ def test_a_masked_failure_names_elements_where_they_sit_in_the_matrix(fx, layout
     blocks = [blk for blk in checks[0]["blocks"] if blk["input"] == "t"]
     assert blocks[0]["worst"][0]["input_index"] == [r, c]
     assert "FAIL" in report.text(verbose=True)
+
+
+def test_below_float64_a_masked_failure_is_named_in_the_matrix_too(fx):
+    """The low-precision comparison (against the same target in float64) names a masked
+    input's gradient elements where they sit, as the gradient check does."""
+
+    class WrongInFloat32(fx.SparseMatmul):
+        @staticmethod
+        def backward(ctx, g):
+            a, b = ctx.saved_tensors
+            dense = g @ b.T
+            if g.dtype == torch.float32:  # wrong only below float64, at a[2, 2]
+                dense = dense.clone()
+                dense[2, 2] *= 3
+            return fx._sparse_grad(dense, a), torch.sparse.mm(a.t(), g) + g
+
+    for layout in LAYOUTS.values():
+        a, b = fx.operands(layout, n=4)
+        a32, b32 = (t.detach().float().requires_grad_(True) for t in (a, b))
+        report = gradtool.check(WrongInFloat32, [a32, b32], masked=True, checks=("gradient",))
+        gradient = result(report, "gradient")
+        assert gradient.outcome.value == "failed"
+        block = next(blk for blk in gradient.blocks if blk.input == "a")
+        assert block.input_shape == (4, 4) and block.mismatched == 1
+        assert any("gradient of 'a' at (2, 2):" in line for line in gradient.details), \
+            gradient.details

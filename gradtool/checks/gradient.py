@@ -125,7 +125,7 @@ def _in_place(problem: Problem, block: Block) -> Block:
     """A masked sparse input's elements named by their place in its matrix."""
     k = problem.input_names.index(block.input) if block.input in problem.input_names else -1
     encoding = problem.sparse.get(problem.diff[k]) if k >= 0 else None
-    if encoding is None or not block.worst:
+    if encoding is None:
         return block
     return in_place(block, encoding, tuple(problem.inputs[k].shape))
 

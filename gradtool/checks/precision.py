@@ -185,6 +185,7 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
     """Every element: |low - reference| <= its bound, or resolved as beyond it. `explain`: the
     worst elements' lines, with where each bound came from (re-runs, paid on a failure)."""
     labels = _labels(problem, low)
+    sparse = _masked_places(problem)
     failed = unresolved = forward_bad = 0
     lines: list[str] = []
     stats: dict[tuple[str, str], list[Any]] = {}
@@ -208,7 +209,8 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
         failed += int(bad.sum())
         unresolved += int(vague.sum())
         forward_bad += int(bad.sum()) if kind == "forward" else 0
-        entry = stats.setdefault((kind, name), [shape, 0, 0, 0.0, 0.0])
+        places, matrix = sparse.get(name, (None, shape)) if kind != "forward" else (None, shape)
+        entry = stats.setdefault((kind, name), [matrix, 0, 0, 0.0, 0.0])
         entry[1] += diff.numel()
         entry[2] += int(over.sum())
         entry[3] = max(entry[3], float(diff.max()) if diff.numel() else 0.0)
@@ -217,7 +219,7 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
         if explain:
             lines += _worst_lines(kind, name, shape, lo, ex, diff, tol, over,
                                   UNIT_ROUNDOFF[bound.dtype],
-                                  lambda flat, t=tensor: bound.explain(t, flat))
+                                  lambda flat, t=tensor: bound.explain(t, flat), places)
         for index in torch.nonzero(vague.reshape(-1)).reshape(-1)[:1].tolist():
             need = finest_resolving(bound.dtype, float(tol.reshape(-1)[index])
                                     / float(diff.reshape(-1)[index]))
@@ -263,18 +265,33 @@ def _output_names(problem: Problem, count: int) -> list[str]:
     return list(names) if len(names) == count else output_names(count)
 
 
+def _masked_places(problem: Problem) -> dict[str, tuple[list[list[int]], tuple[int, ...]]]:
+    """name -> (where each element of its value sits, the matrix's shape) for each masked
+    sparse input: its gradient's elements are named there, as the gradient check names them."""
+    out = {}
+    for k, position in enumerate(problem.diff):
+        encoding = problem.sparse.get(position)
+        if encoding is not None and encoding.masked:
+            out[problem.input_names[k]] = (encoding.places().tolist(),
+                                           tuple(encoding.pattern.shape))
+    return out
+
+
 def _worst_lines(kind: str, name: str, shape: tuple[int, ...], low: torch.Tensor,
                  exact: torch.Tensor, diff: torch.Tensor, tol: torch.Tensor,
-                 over: torch.Tensor, u: float, explain: Callable[[int], str]) -> list[str]:
+                 over: torch.Tensor, u: float, explain: Callable[[int], str],
+                 places: list[list[int]] | None = None) -> list[str]:
     """The worst elements beyond their bounds: values, the difference in units of u|value|
-    (a kernel off by 40 u, or by rounding), and where the bound came from."""
+    (a kernel off by 40 u, or by rounding), and where the bound came from (`places`: a masked
+    sparse input's element positions in its matrix)."""
     excess = torch.where(over, diff / tol.clamp_min(1e-300), torch.zeros_like(diff)).reshape(-1)
     lines = []
     for flat in torch.argsort(excess, descending=True)[:3].tolist():
         if not excess[flat] > 0:
             break
-        index = tuple(int(i) for i in torch.unravel_index(
-            torch.tensor(flat, device="cpu"), shape)) if shape else ()  # a label only
+        index = tuple(places[flat]) if places is not None else tuple(
+            int(i) for i in torch.unravel_index(torch.tensor(flat, device="cpu"), shape)) \
+            if shape else ()  # a label only
         what = f"output {name!r}" if kind == "forward" else f"gradient of {name!r}"
         value, gap = float(exact.reshape(-1)[flat]), float(diff.reshape(-1)[flat])
         units = f" = {gap / (u * abs(value)):.3g} u|value|" if value else ""
