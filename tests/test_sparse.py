@@ -214,6 +214,14 @@ def test_a_complex_sparse_input_is_compared_masked_and_refused_unmasked_saying_w
     assert outcomes(masked)["double_backward"] == "skipped"
     unmasked = gradtool.check(lambda x: x.to_dense() * 2, [z])
     assert not unmasked.targets and "masked=True" in unmasked.rejected[0].message
+    # torch has no autograd for building a complex compressed tensor: refused, saying how
+    # (an internal error before), for a model's inner Function too
+    for layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr):
+        blocks = {"blocksize": (1, 1)} if layout == torch.sparse_bsr else {}
+        zc = (_specified_half() * (1 + 1j)).to_sparse(layout=layout, **blocks)
+        refused = gradtool.check(lambda x: x.to_dense() * 2, [zc.requires_grad_(True)],
+                                 masked=True)
+        assert not refused.targets and "to_sparse_coo()" in refused.rejected[0].message
 
 
 @pytest.mark.parametrize("layout", ["coo", "csr"])

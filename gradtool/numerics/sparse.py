@@ -45,6 +45,13 @@ class Encoding:
                              "elements: torch cannot differentiate to_sparse of a complex "
                              "tensor, by which every element would be", "pass masked=True "
                              "(--masked), or check the dense function with tensor.to_dense()")
+        if tensor.is_complex() and tensor.layout in COMPRESSED:
+            layout = str(tensor.layout).removeprefix("torch.")
+            raise InputError(f"a complex {layout} input cannot be checked: torch cannot "
+                             f"differentiate building a complex {layout} tensor (no autograd "
+                             "for sparse_compressed_tensor with complex values), which giving "
+                             "the target one that requires grad needs", "check it as COO "
+                             "(tensor.to_sparse_coo()) or dense (tensor.to_dense())")
         tensor = tensor.detach()
         if tensor.layout == torch.sparse_coo:
             tensor = tensor.coalesce()
