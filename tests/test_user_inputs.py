@@ -332,3 +332,27 @@ def test_usage_hints_for_integer_and_sparse_arguments():
     assert sparse.exit_code == 2
     assert "--input samples strided tensors only, not 'sparse_coo'" in sparse.output
     assert "--inputs-from INPUTS.pt" in sparse.output
+
+
+class PairModule(torch.nn.Module):
+    """A module with a parameter taking a tuple and a literal: several leaves per argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(0.5, 2.0, 4, dtype=torch.float64))
+
+    def forward(self, pair, k=3):
+        a, b = pair
+        return (a * self.w + b) * k
+
+
+def test_a_module_takes_nested_arguments_and_literals_beside_its_parameters():
+    """Its parameters are bound after the flat leaves (an internal error before: the literal
+    4 was bound to the parameter w)."""
+    a, b = (torch.randn(3, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    for report in (gradtool.check(PairModule(), [(a, b), 4]),
+                   gradtool.check(PairModule(), [(a, b)], kwargs={"k": 2})):
+        assert report.ok(), report.text()
+        blocks = {blk.input for _, _, c in report.checks() if c.name == "gradient"
+                  for blk in c.blocks}
+        assert blocks == {"pair[0]", "pair[1]", "w"}

@@ -48,6 +48,13 @@ class Case:
         return self.problem.facts
 
 
+def _flat_scope(scope: Callable[[Sequence[Any]], Any], n_args: int, n_leaves: int
+                ) -> Callable[[Sequence[Any]], Any]:
+    """A module's scope taking the engine's flat arguments (a nested or keyword argument is
+    several leaves there): the parameters after the leaves, where it looks after n_args."""
+    return lambda args: scope([*args[:n_args], *args[n_leaves:]])
+
+
 def check_device(device: str) -> None:
     """A device torch knows and can use here; ConfigError (exit 2) naming the fix otherwise."""
     from ..errors import ConfigError
@@ -100,6 +107,9 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
     nested = is_structured(list(specs))
     if nested:
         fn = structured(fn, positional, keywords, n_leaves)
+        # The Problem binds parameters at its flat arguments (leaves, then parameters); the
+        # module's scope reads them after its positional arguments.
+        scope = _flat_scope(scope, len(positional), n_leaves) if scope is not None else None
         batched_fn = structured(batched_fn, positional, keywords, n_leaves) \
             if batched_fn is not None and (target.kind.batched_keywords or not keywords) else None
     notes = []
