@@ -33,6 +33,12 @@ GRADIENT = "gradient"  # the output label of a gradient block (the VJP of every 
 # many unit roundoffs (a biased rounding mode could shift every element by about u).
 SCALE_SIGNIFICANCE = 6.0
 SCALE_BIAS = 4.0
+# A gradient the float64 reference finds zero at the low dtype's resolution (a convolution's
+# bias before batch norm, anything under a constant output) is, in the low dtype, rounding
+# noise of the size of the terms its sums cancel: the backward's largest gradient shows that
+# size. Its elements may be this many units of it (u + sqrt(k) u_acc) off, and no scale is
+# fitted to it (a ratio to zero means nothing).
+ZERO_UNITS = 16.0
 DRAWS = 1   # grad_output draws (one VJP of random grad_outputs covers every input element)
 
 
@@ -186,6 +192,7 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
     worst elements' lines, with where each bound came from (re-runs, paid on a failure)."""
     labels = _labels(problem, low)
     sparse = _masked_places(problem)
+    noise = _zero_noise(labels, exact, low, bound.dtype)
     failed = unresolved = forward_bad = 0
     lines: list[str] = []
     stats: dict[tuple[str, str], list[Any]] = {}
@@ -195,9 +202,15 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
             labels, low.values, exact.values, bound.tolerances, bound.sigmas)):
         diff = (lo.double() - ex).abs().cpu()
         tol, ex, lo = tol.cpu(), ex.cpu(), lo.cpu()
+        # zero at the low dtype's resolution: within one unit of the backward's largest
+        zero = kind != "forward" and ex.numel() > 0 and \
+            float(ex.abs().max()) <= noise / ZERO_UNITS
+        if zero:
+            tol = tol.clamp_min(noise)
         over = ~(diff <= tol)  # NaN too: a low-precision overflow or NaN is beyond any bound
         # Elements beyond their bound are reported as such; the fit looks for what hides below.
-        scaled = _scale_line(kind, name, lo[~over], ex[~over], sigma.cpu()[~over], bound.dtype)
+        scaled = None if zero else _scale_line(kind, name, lo[~over], ex[~over],
+                                               sigma.cpu()[~over], bound.dtype)
         if scaled:
             lines.insert(0, scaled)
             scaled_names.append(name)
@@ -235,6 +248,19 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
     resolve_with = min(finer, key=FINEST_FIRST.index, default=None) if finer else None
     return Verdict(outcome, forward_bad, blocks, lines[:8], resolve_with,
                    list(dict.fromkeys(scaled_names)))
+
+
+def _zero_noise(labels: list[tuple[str, str, tuple[int, ...]]], exact: Run, low: Run,
+                dtype: str) -> float:
+    """The rounding noise a gradient the float64 reference finds zero may carry in the low
+    dtype: ZERO_UNITS units (u + sqrt(k) u_acc) of the backward's largest gradient."""
+    from ..numerics.rounding import accumulation_roundoff
+
+    largest = max((float(ex.abs().max()) for (kind, _, _), ex in zip(labels, exact.values)
+                   if kind != "forward" and ex.numel()), default=0.0)
+    summed = max((sum(g.numel() for g in draw) for draw in low.grad_outputs), default=1)
+    units = UNIT_ROUNDOFF[dtype] + summed ** 0.5 * accumulation_roundoff(dtype)
+    return ZERO_UNITS * units * largest
 
 
 def _scale_line(kind: str, name: str, low: torch.Tensor, exact: torch.Tensor,
