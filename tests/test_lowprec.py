@@ -432,3 +432,11 @@ def test_gradients_the_float64_reference_finds_zero_are_judged_as_rounding_noise
     reference") before; a real low-precision bug still fails (the other tests here)."""
     model = load_fixture("layouts").ConvBatchNormSummed()
     assert gradient(model, ["2x3x4x4"], dtype=dtype, seed=seed).outcome.value == "passed"
+
+
+@pytest.mark.parametrize("dtype", ("float32", "bfloat16"))
+def test_a_checkpointed_module_is_judged_in_float64_with_its_parameters_bound_in_backward(dtype):
+    """The float64 copy binds its parameters in backward too, where a checkpoint re-runs the
+    forward: its double backward (and, at bfloat16, its own gradient) failed before."""
+    report = gradtool.check(L.Checkpointed(), ["3x5"], dtype=dtype)
+    assert report.ok(), report.text()

@@ -145,11 +145,16 @@ def reference_problem(case: Case, target: Target, config: CheckConfig,
     args = [a.detach().to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point()
             else a.detach().to(torch.complex128) if isinstance(a, torch.Tensor) and a.is_complex()
             else a for a in problem.args]
-    # bind() again in float64: a module's frozen buffers too, and no autocast region.
-    fn = case.wrap(reference or bind(target, case.n_positional, config.with_(dtype="float64"),
-                                     case.seed)[0])
-    return Problem(fn, args, list(problem.names), list(problem.diff),
-                   facts=problem.facts.with_(precision="float64"), sparse=problem.sparse)
+    # bind() again in float64: a module's frozen buffers too, and no autocast region; its
+    # scope binds the parameters in backward too (a checkpoint's recompute reads them there)
+    scope = None
+    if reference is None:
+        bound, _, _, scope = bind(target, case.n_positional, config.with_(dtype="float64"),
+                                  case.seed)
+        reference, scope = bound, case.wrap_scope(scope) if scope is not None else None
+    return Problem(case.wrap(reference), args, list(problem.names), list(problem.diff),
+                   facts=problem.facts.with_(precision="float64"), sparse=problem.sparse,
+                   scope=scope)
 
 
 def _reference_error(problem: Problem, reference: Callable[..., Any], low: Run, exact: Run,

@@ -38,6 +38,8 @@ class Case:
     # inputs projected), as the case's own fn was wrapped: a float64 reference needs the same
     wrap: Callable[[Callable[..., Any]], Callable[..., Any]] = lambda fn: fn
     n_positional: int = 0  # forward's positional arguments, as bind() counts them
+    # scope -> the scope taking the engine's flat values, as the case's own scope was wrapped
+    wrap_scope: Callable[[Any], Any] = lambda scope: scope
     # inferred inputs only: 0-d ones that ran forward and backward where these did not, kept
     # off so that backward's error on larger ones is the report (the runner says how to pin)
     alternative: list[InputSpec] | None = None
@@ -146,7 +148,12 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
             bound = projecting(bound, symmetric)
         return bound
 
-    return Case(label, seed, list(specs), problem, infos, inferred, notes, wrap, len(positional))
+    def wrap_scope(scope: Any) -> Any:
+        """Another bound scope (the float64 reference's) taking flat values, as scope does."""
+        return _flat_scope(scope, len(positional), n_leaves) if nested and scope else scope
+
+    return Case(label, seed, list(specs), problem, infos, inferred, notes, wrap, len(positional),
+                wrap_scope)
 
 
 def autocast(fn: Callable[..., Any], dtype: str, device: str) -> Callable[..., Any]:
