@@ -440,3 +440,11 @@ def test_a_checkpointed_module_is_judged_in_float64_with_its_parameters_bound_in
     forward: its double backward (and, at bfloat16, its own gradient) failed before."""
     report = gradtool.check(L.Checkpointed(), ["3x5"], dtype=dtype)
     assert report.ok(), report.text()
+
+
+def test_the_contract_takes_a_cancelled_gradient_for_noise_over_seeds():
+    """lin.bias under a layer norm's mean is noise of up to ~6 units of the backward's rounding
+    (seed 9 failed linearity at float32 with 4 allowed; 8 are now)."""
+    for seed in range(11):
+        check = contract(L.LayerNormMean, ["3x5"], dtype="float32", seed=seed)
+        assert check.outcome.value == "passed", (seed, check.summary)

@@ -68,7 +68,7 @@ def accumulation_roundoff(dtype: str) -> float:
 # 8 (1 + sqrt k) allow 1400; a backward that squares or clamps grad_output is off by a large
 # fraction of its values.
 COMBINATION_SLACK = 8.0
-NOISE_UNITS = 4.0  # a tensor this close to rounding of its backward's scale cancels whole
+NOISE_UNITS = 8.0  # a tensor this close to rounding of its backward's scale cancels whole
 
 
 def combination_bound(terms: Sequence[tuple[float, torch.Tensor]], dtype: str, summed: int,
@@ -85,8 +85,9 @@ def combination_bound(terms: Sequence[tuple[float, torch.Tensor]], dtype: str, s
     the backward's sums carry to every element at that same scale, u of the floor. `shared`:
     the scale of the other gradients of the same backward, the floor of a tensor that cancels
     whole (a convolution's bias before batch norm: every element rounding noise of its terms'
-    size), told by a scale of its own within NOISE_UNITS of rounding of `shared`; a small but
-    real gradient keeps its own floor."""
+    size), told by a scale of its own within NOISE_UNITS of rounding of `shared` (a linear
+    layer's bias under a layer norm's mean reached 6); a small but real gradient keeps its own
+    floor."""
     scale = sum(abs(c) * t.detach().double().abs() for c, t in terms)
     floor = rms(scale) if scale.numel() else scale.new_zeros(())
     u, u_sums = unit_roundoff(dtype), math.sqrt(summed) * accumulation_roundoff(dtype)
