@@ -14,7 +14,7 @@ from ..config.settings import CheckConfig
 from ..numerics.jacobian import Reference, Verdict, check_full, choose_mode, prime
 from ..numerics.probe import check_probe
 from ..numerics.problem import Problem
-from ..numerics.sparse import in_place
+from ..numerics.sparse import in_place, masked_places
 from ..results import Block, CheckResult, Finding, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
@@ -97,8 +97,10 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
     diagnosed = [_with_diagnosis(problem, verdict, b, k, config, diagnoser, surrogate is not None)
                  for k, b in enumerate(verdict.blocks)]
     blocks = [with_grid(problem, verdict, b, k, config) for k, (b, _) in enumerate(diagnosed)]
-    if problem.sparse:
-        blocks = [_in_place(problem, b) for b in blocks]
+    for sparse_input, (places, shape) in masked_places(problem).items():
+        value_shape = tuple(problem.inputs[problem.input_names.index(sparse_input)].shape)
+        blocks = [in_place(b, places, shape, value_shape) if b.input == sparse_input else b
+                  for b in blocks]
     left_out = [f"{out} left out: it does not require grad after forward "
                 "(ctx.mark_non_differentiable, or autograd does not differentiate it)"
                 for out in problem.left_out]
@@ -113,21 +115,6 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
         calls=calls_since(problem, before), duration_s=time.perf_counter() - start,
         source=target.source if verdict.outcome is not Outcome.PASSED else None,
         findings=mismatch_findings(name, verdict.outcome, diagnosed, surrogate))
-
-
-def _places(problem: Problem, i: int) -> list[list[int]] | None:
-    """Where each element of input i's value sits, for a masked sparse input (else None)."""
-    encoding = problem.sparse.get(problem.diff[i])
-    return encoding.places().tolist() if encoding is not None and encoding.masked else None
-
-
-def _in_place(problem: Problem, block: Block) -> Block:
-    """A masked sparse input's elements named by their place in its matrix."""
-    k = problem.input_names.index(block.input) if block.input in problem.input_names else -1
-    encoding = problem.sparse.get(problem.diff[k]) if k >= 0 else None
-    if encoding is None:
-        return block
-    return in_place(block, encoding, tuple(problem.inputs[k].shape))
 
 
 def mismatch_findings(name: str, outcome: Outcome,
@@ -255,7 +242,8 @@ def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: in
         input_shape=block.input_shape, output_shape=block.output_shape,
         input_values=as_numpy(problem.inputs[i].detach().reshape(-1)),
         atol=atol, rtol=rtol, other_inputs=others, other_analytical=theirs,
-        mismatched=_judged(verdict, i, o), input_places=_places(problem, i))
+        mismatched=_judged(verdict, i, o),
+        input_places=masked_places(problem).get(block.input, (None,))[0])
 
 
 def _judged(verdict: Verdict, i: int, o: int) -> Any:

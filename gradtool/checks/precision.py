@@ -17,11 +17,13 @@ from ..numerics.rounding import (
     REFERENCE_FACTOR,
     UNIT_ROUNDOFF,
     Bound,
+    accumulation_roundoff,
     dtype_name,
     finest_resolving,
     measure_bound,
     scale_error,
 )
+from ..numerics.sparse import masked_places
 from ..results import Block, CheckResult, Finding, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
@@ -151,7 +153,7 @@ def reference_problem(case: Case, target: Target, config: CheckConfig,
     if reference is None:
         bound, _, _, scope = bind(target, case.n_positional, config.with_(dtype="float64"),
                                   case.seed)
-        reference, scope = bound, case.wrap_scope(scope) if scope is not None else None
+        reference, scope = bound, case.wrap_scope(scope)
     return Problem(case.wrap(reference), args, list(problem.names), list(problem.diff),
                    facts=problem.facts.with_(precision="float64"), sparse=problem.sparse,
                    scope=scope)
@@ -196,7 +198,7 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
     """Every element: |low - reference| <= its bound, or resolved as beyond it. `explain`: the
     worst elements' lines, with where each bound came from (re-runs, paid on a failure)."""
     labels = _labels(problem, low)
-    sparse = _masked_places(problem)
+    sparse = masked_places(problem)
     noise = _zero_noise(labels, exact, low, bound.dtype)
     failed = unresolved = forward_bad = 0
     lines: list[str] = []
@@ -259,8 +261,6 @@ def _zero_noise(labels: list[tuple[str, str, tuple[int, ...]]], exact: Run, low:
                 dtype: str) -> float:
     """The rounding noise a gradient the float64 reference finds zero may carry in the low
     dtype: ZERO_UNITS units (u + sqrt(k) u_acc) of the backward's largest gradient."""
-    from ..numerics.rounding import accumulation_roundoff
-
     largest = max((float(ex.abs().max()) for (kind, _, _), ex in zip(labels, exact.values)
                    if kind != "forward" and ex.numel()), default=0.0)
     summed = max((sum(g.numel() for g in draw) for draw in low.grad_outputs), default=1)
@@ -294,18 +294,6 @@ def _output_names(problem: Problem, count: int) -> list[str]:
 
     names = problem.output_labels or problem.output_names
     return list(names) if len(names) == count else output_names(count)
-
-
-def _masked_places(problem: Problem) -> dict[str, tuple[list[list[int]], tuple[int, ...]]]:
-    """name -> (where each element of its value sits, the matrix's shape) for each masked
-    sparse input: its gradient's elements are named there, as the gradient check names them."""
-    out = {}
-    for k, position in enumerate(problem.diff):
-        encoding = problem.sparse.get(position)
-        if encoding is not None and encoding.masked:
-            out[problem.input_names[k]] = (encoding.places().tolist(),
-                                           tuple(encoding.pattern.shape))
-    return out
 
 
 def _worst_lines(kind: str, name: str, shape: tuple[int, ...], low: torch.Tensor,

@@ -129,13 +129,24 @@ def dense_output(t: torch.Tensor) -> torch.Tensor:
     return t.to_dense() if is_sparse(t) else t
 
 
-def in_place(block: Block, encoding: Encoding, value_shape: tuple[int, ...]) -> Block:
-    """A masked input's block with its elements named where they sit in the sparse tensor
-    (a[2, 1]), not by their number in values() (a[7]); the heat map, drawn over values()'
-    order, is dropped."""
-    if not encoding.masked:
-        return block  # the value is the dense tensor already
-    places = encoding.places().tolist()
+def masked_places(problem: Any) -> dict[str, tuple[list[list[int]], tuple[int, ...]]]:
+    """name -> (where each element of its value sits, the tensor's shape) for each masked
+    sparse input of a Problem: its elements are named there in reports, not by their number in
+    values()."""
+    out = {}
+    for k, position in enumerate(problem.diff):
+        encoding = problem.sparse.get(position)
+        if encoding is not None and encoding.masked:
+            out[problem.input_names[k]] = (encoding.places().tolist(),
+                                           tuple(encoding.pattern.shape))
+    return out
+
+
+def in_place(block: Block, places: list[list[int]], shape: tuple[int, ...],
+             value_shape: tuple[int, ...]) -> Block:
+    """A masked input's block (`places`, `shape`: masked_places') with its elements named
+    where they sit in the sparse tensor (a[2, 1]), not by their number in values() (a[7]); the
+    heat map, drawn over values()' order, is dropped."""
 
     def flat(index: tuple[int, ...]) -> int:
         out = 0
@@ -145,4 +156,4 @@ def in_place(block: Block, encoding: Encoding, value_shape: tuple[int, ...]) -> 
 
     worst = tuple(replace(e, input_index=tuple(places[flat(e.input_index)]))
                   for e in block.worst)
-    return replace(block, input_shape=tuple(encoding.pattern.shape), worst=worst, grid=None)
+    return replace(block, input_shape=shape, worst=worst, grid=None)

@@ -109,9 +109,6 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
     nested = is_structured(list(specs))
     if nested:
         fn = structured(fn, positional, keywords, n_leaves)
-        # The Problem binds parameters at its flat arguments (leaves, then parameters); the
-        # module's scope reads them after its positional arguments.
-        scope = _flat_scope(scope, len(positional), n_leaves) if scope is not None else None
         batched_fn = structured(batched_fn, positional, keywords, n_leaves) \
             if batched_fn is not None and (target.kind.batched_keywords or not keywords) else None
     notes = []
@@ -133,7 +130,14 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
         batched_fn = projecting(batched_fn, symmetric) if batched_fn is not None else None
         notes.append(f"{', '.join(names[p] for p in symmetric)}: perturbed along symmetric "
                      "directions, both gradients symmetrised (the tangent space of sym/spd)")
-    problem = Problem(fn, args, names, diff, batched_fn=batched_fn, scope=scope,
+
+    def wrap_scope(scope: Any) -> Any:
+        """A bound scope (the case's, a float64 reference's) taking the engine's flat values:
+        the Problem binds parameters after every leaf, the module's scope after its
+        positional arguments."""
+        return _flat_scope(scope, len(positional), n_leaves) if nested and scope else scope
+
+    problem = Problem(fn, args, names, diff, batched_fn=batched_fn, scope=wrap_scope(scope),
                       sparse=encodings)
 
     def wrap(bound: Callable[..., Any]) -> Callable[..., Any]:
@@ -147,10 +151,6 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
 
             bound = projecting(bound, symmetric)
         return bound
-
-    def wrap_scope(scope: Any) -> Any:
-        """Another bound scope (the float64 reference's) taking flat values, as scope does."""
-        return _flat_scope(scope, len(positional), n_leaves) if nested and scope else scope
 
     return Case(label, seed, list(specs), problem, infos, inferred, notes, wrap, len(positional),
                 wrap_scope)
