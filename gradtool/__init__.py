@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ._version import __version__
 
-__all__ = ["__version__", "assert_gradients", "check"]
+__all__ = ["__version__", "assert_gradients", "check", "gradcheck", "gradgradcheck"]
 
 
 def __getattr__(name: str):
@@ -13,4 +13,8 @@ def __getattr__(name: str):
         from . import api
 
         return getattr(api, name)
+    if name in ("gradcheck", "gradgradcheck"):
+        from . import dropin
+
+        return getattr(dropin, name)
     raise AttributeError(f"module 'gradtool' has no attribute {name!r}")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import sysconfig
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from types import CodeType
 from typing import TypeVar
@@ -14,6 +16,24 @@ _STDLIB = str(Path(sysconfig.get_paths()["stdlib"]).resolve())
 _BOUNDARIES: set[CodeType] = set()
 _INTERPRETERS: set[CodeType] = set()
 F = TypeVar("F", bound=Callable[..., object])
+# Set by the gradcheck drop-in: an exception from the user's code propagates unchanged, as from
+# torch's gradcheck, instead of becoming an `error` result.
+_PROPAGATE: ContextVar[bool] = ContextVar("gradtool_propagate_user_errors", default=False)
+
+
+@contextlib.contextmanager
+def user_errors_propagate() -> Iterator[None]:
+    """Within: the checks re-raise the user's exceptions (checks/_common.py:error_result)."""
+    token = _PROPAGATE.set(True)
+    try:
+        yield
+    finally:
+        _PROPAGATE.reset(token)
+
+
+def propagating() -> bool:
+    """Whether the user's exceptions propagate (inside user_errors_propagate)."""
+    return _PROPAGATE.get()
 
 
 def calls_user_code(fn: F) -> F:

@@ -20,7 +20,7 @@ LAYERS = [
     {"spec", "checks"},
     {"run"},
     {"api"},
-    {"testing"},
+    {"testing", "dropin"},
     {"cli", "pytest_plugin"},
     {"__main__", "__init__"},
 ]

@@ -13,7 +13,8 @@ from ..errors import InternalError
 from ..numerics.problem import Problem
 from ..results import CheckResult, Outcome
 from ..targets.load import Target
-from ..tracebacks import gradtool_frame, innermost_user_frame, raised_in_gradtool, trim
+from ..tracebacks import (gradtool_frame, innermost_user_frame, propagating, raised_in_gradtool,
+                          trim)
 
 
 def calls_since(problem: Problem, before: dict[str, int]) -> dict[str, int]:
@@ -29,6 +30,8 @@ def error_result(name: str, exc: BaseException, target: Target, start: float,
         raise exc
     if raised_in_gradtool(exc):
         raise InternalError(exc, gradtool_frame(exc)) from exc
+    if propagating():  # the gradcheck drop-in: the user's exception is the caller's, unchanged
+        raise exc
     where = innermost_user_frame(exc) or target.source
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return CheckResult(

@@ -20,17 +20,23 @@ REVERSE = "forward and reverse mode disagree"  # numerics/forward.py's consisten
 
 
 def applies(case: Case, context: Context) -> str | None:
-    """On for a Function that defines jvp; nothing else has a forward mode of its own."""
+    """On by default for a Function that defines jvp; asked for by name (`--check forward_ad`,
+    gradcheck's check_forward_ad), on any target: forward-mode AD through whatever it calls."""
     from torch.autograd import Function
 
+    from ..config.registry import DEFAULT_CHECKS
+
     cls = context.target.function_cls
-    if cls is None:
-        return "not a custom Function: forward mode is only checked for a Function's own jvp"
-    if getattr(cls, "jvp", Function.jvp) is Function.jvp:
-        return "the Function defines no jvp (forward-mode AD is not supported by it)"
     if case.problem.sparse:
         return ("sparse inputs: forward mode through sparse layouts is not checked (torch "
                 "supports few sparse tangents)")
+    if context.config.checks != DEFAULT_CHECKS:
+        return None  # asked for: a Function without jvp then fails as torch's gradcheck does
+    if cls is None:
+        return ("not a custom Function: forward mode is checked by default only for a "
+                "Function's own jvp (--check forward_ad checks any target)")
+    if getattr(cls, "jvp", Function.jvp) is Function.jvp:
+        return "the Function defines no jvp (forward-mode AD is not supported by it)"
     return None
 
 
@@ -45,14 +51,15 @@ def run(case: Case, context: Context) -> CheckResult:
         # Failed with no block mismatched (no finding): only forward against reverse mode can
         # fail so (numerics/forward.py puts its line first). jvp agrees with finite
         # differences: what disagrees with both is backward.
-        backward = source_of(context.target.function_cls.backward)
+        backward = source_of(cls.backward) if (cls := context.target.function_cls) else None
         summary = (f"jvp agrees with finite differences, but backward does not agree with jvp "
                    f"({result.details[0].removeprefix(REVERSE + ': ')}): backward is the wrong "
                    "one (the gradient check names its elements)")
         return replace(result, summary=summary, details=result.details[1:],
                        source=backward or result.source,
                        findings=(Finding(f"{NAME}.reverse_disagrees", summary),))
-    where = source_of(context.target.function_cls.jvp)
+    cls = context.target.function_cls
+    where = source_of(cls.jvp) if cls is not None and hasattr(cls, "jvp") else None
     return replace(result, summary=_summary(result), source=where or result.source)
 
 

@@ -204,15 +204,15 @@ REGISTRY: tuple[CheckInfo, ...] = (
               hooks=(("composite", "gradtool.run.second:annotate_double"),),
               reuses_graph=True),
     CheckInfo("forward_ad", "forward mode: jvp's columns J·u against finite differences, and "
-                            "forward against reverse mode (on when the Function defines jvp)",
-              targets=("function",),
+                            "forward against reverse mode (on when the Function defines jvp; "
+                            "any target when asked for by name)",
               rules=_jacobian_rules(
                   "forward_ad", "jvp's Jacobian against finite differences",
                   _forward_mode(FIRST_ORDER_KINDS),
                   Rule("forward_ad.reverse_disagrees", "failure", "jvp agrees with finite "
                        "differences but backward does not agree with jvp: backward is wrong",
                        unsilenceable=NEVER_SILENCED),
-                  targets=("function",), unsilenceable=NEVER_SILENCED)),
+                  unsilenceable=NEVER_SILENCED)),
     CheckInfo("vmap", "batched forward and backward under torch.func.vmap equal the per-sample "
                       "loop (on for generate_vmap_rule or a vmap staticmethod)",
               targets=("function",),
@@ -289,6 +289,10 @@ CHECK_NAMES = tuple(BY_NAME)
 DEFAULT_CHECKS = tuple(info.name for info in REGISTRY if info.default)
 RULES = {rule.id: rule for info in REGISTRY for rule in info.rules}
 RULE_IDS = tuple(RULES)
+# The checks the gradcheck drop-in runs for torch's keywords: check_backward_ad (the Jacobian,
+# its complex form for complex values), check_forward_ad (forward mode on any target).
+GRADCHECK_BACKWARD = ("gradient", "complex")
+GRADCHECK_FORWARD = ("forward_ad",)
 
 
 @dataclass(frozen=True)

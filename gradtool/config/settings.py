@@ -37,6 +37,8 @@ class CheckConfig:
     rtol: float | None = None
     nondet_tol: float = 0.0
     masked: bool = False  # sparse inputs: compare specified elements only (gradcheck's masked)
+    module_parameters: bool = True  # a module's parameters are checked too (False: only the
+                                    # tensors given, gradcheck's scope: the drop-in's)
     checks: tuple[str, ...] = DEFAULT_CHECKS
     mode: str = "auto"
     probes: int = 4

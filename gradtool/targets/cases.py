@@ -250,7 +250,7 @@ def bind_module(target: Target, n_args: int, config: CheckConfig, seed: int) -> 
     dtype, device = getattr(torch, config.dtype), config.device
     module.to(device=device, dtype=dtype)  # casts floating parameters and buffers only
     params = [(name, p.detach().clone()) for name, p in module.named_parameters()
-              if p.requires_grad and p.is_floating_point()]
+              if p.requires_grad and p.is_floating_point() and config.module_parameters]
     names = [n for n, _ in params]
 
     @contextlib.contextmanager

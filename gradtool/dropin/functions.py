@@ -1,0 +1,191 @@
+"""gradtool.gradcheck / gradgradcheck: torch's signatures and contract, gradtool's reports.
+
+A drop-in for `torch.autograd.gradcheck` and `gradgradcheck`: the same arguments (every keyword of
+torch 2.4 to 2.15, positional order included), True on success, and on failure a
+`GradcheckFailure` -- which IS a `torch.autograd.gradcheck.GradcheckError` -- whose message is
+gradtool's plain report (the wrong elements, the diagnosis, look at:, reproduce:);
+`raise_exception=False` returns False instead. An exception raised by the user's code propagates
+unchanged, as it does from torch's.
+
+Verdict policy (docs/library-and-pytest.md says it for users):
+- Scope is gradcheck's: the given tensors that require grad (an nn.Module's parameters are not
+  added), at the given values, with `eps`, `atol` and `rtol` as given (|a - n| <= atol + rtol |n|,
+  torch's rule). Below float64, torch's float64 defaults left as they are mean gradtool's per-dtype
+  tolerances (torch's would fail float32 on its own rounding).
+- The Jacobian is gradtool's `gradient` check (`complex` for complex values, `forward_ad` for
+  check_forward_ad): full mode, or probe mode (its fastest sound mode) for `fast_mode=True`.
+  Every other test gradcheck runs beside it is run as gradcheck runs it: the inputs' and outputs'
+  validation, reentrancy within nondet_tol, check_grad_dtypes, check_undefined_grad,
+  check_batched_grad, check_batched_forward_grad, backward's multiplication by grad_output
+  (torch_tests.py). So gradtool never passes what torch's function fails for a defect; where
+  torch's own finite differences fail a correct function (a step across a kink, rounding its
+  fixed tolerance cannot absorb), gradtool's verdict (inconclusive is not a failure) stands.
+- gradtool's other checks (contract, layout, double backward, ...) are opt-in: `gradtool=True`.
+- gradgradcheck is gradcheck of the function (inputs, grad_outputs) -> backward's gradients,
+  built with a graph, exactly as torch's: the caller's grad_outputs, else random ones (non-
+  contiguous under gen_non_contig_grad_outputs); check_fwd_over_rev and check_rev_over_rev are
+  that gradcheck's check_forward_ad and check_backward_ad.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.autograd.gradcheck import GradcheckError
+
+from . import torch_tests
+from ..tracebacks import user_errors_propagate
+
+__all__ = ["GradcheckFailure", "gradcheck", "gradgradcheck"]
+
+# torch's float64 defaults: left as they are below float64, they mean gradtool's dtype defaults.
+TORCH_DEFAULTS = {"eps": 1e-6, "atol": 1e-5, "rtol": 1e-3}
+
+
+class GradcheckFailure(GradcheckError):
+    """A gradient gradtool found wrong: torch's GradcheckError, with gradtool's report as message
+    (`report` holds the Report itself, or None for a test gradtool ran as torch runs it)."""
+
+    def __init__(self, message: str, report: Any = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol: float = 1e-5,
+              rtol: float = 1e-3, raise_exception: bool = True, nondet_tol: float = 0.0,
+              check_undefined_grad: bool = True, check_grad_dtypes: bool = False,
+              check_batched_grad: bool = False, check_batched_forward_grad: bool = False,
+              check_forward_ad: bool = False, check_backward_ad: bool = True,
+              fast_mode: bool = False, masked: bool | None = None,
+              gradtool: bool = False) -> bool:
+    """torch.autograd.gradcheck's contract, judged by gradtool (see the module docstring).
+
+    gradtool=True adds gradtool's default checks (contract, layout, double backward, ...)."""
+    args = inputs if isinstance(inputs, tuple) else \
+        tuple(inputs) if isinstance(inputs, list) else (inputs,)
+    try:
+        torch_tests.check_inputs(args)
+        out = func(*args)
+        outputs = torch_tests.differentiable_outputs(out)
+        torch_tests.check_outputs(outputs)
+        if not outputs:  # torch's test: finite differences find every output constant
+            torch_tests.no_differentiable_outputs(func, args, out, eps)
+        elif check_backward_ad or check_forward_ad:
+            _judge(func, args, _settings(args, eps, atol, rtol, nondet_tol, fast_mode, masked,
+                                         check_forward_ad, check_backward_ad, gradtool))
+        torch_tests.run(func, args, outputs, nondet_tol=nondet_tol,
+                         check_undefined_grad=check_undefined_grad,
+                         check_grad_dtypes=check_grad_dtypes,
+                         check_batched_grad=check_batched_grad,
+                         check_batched_forward_grad=check_batched_forward_grad,
+                         check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
+                         masked=bool(masked))
+    except GradcheckError as exc:
+        if raise_exception:
+            if isinstance(exc, GradcheckFailure):
+                raise
+            raise GradcheckFailure(f"{_name(func)}: {exc}") from exc
+        return False
+    return True
+
+
+def _settings(args: Sequence[Any], eps: float, atol: float, rtol: float, nondet_tol: float,
+              fast_mode: bool, masked: bool | None, forward: bool, backward: bool,
+              extra: bool) -> dict[str, Any]:
+    """gradtool.check's settings for gradcheck's keywords."""
+    from ..config.registry import DEFAULT_CHECKS, GRADCHECK_BACKWARD, GRADCHECK_FORWARD
+
+    names = [*(GRADCHECK_BACKWARD if backward else ()), *(GRADCHECK_FORWARD if forward else ())]
+    if extra:
+        names += [n for n in DEFAULT_CHECKS if n not in names]
+    tolerances = {"eps": eps, "atol": atol, "rtol": rtol}
+    if any(t.is_floating_point() and t.dtype != torch.float64 for t in _tensors(args)):
+        tolerances = {k: v for k, v in tolerances.items() if v != TORCH_DEFAULTS[k]}
+    return {**tolerances, "nondet_tol": nondet_tol, "masked": bool(masked),
+            "mode": "probe" if fast_mode else "full", "checks": tuple(names),
+            "module_parameters": False}
+
+
+def _judge(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[str, Any]) -> None:
+    """gradtool's checks on the call: GradcheckFailure with the plain report when one fails."""
+    from ..api import check
+    from ..render.terminal import render_plain
+
+    with user_errors_propagate():
+        report = check(func, args, **settings)
+    if not report.ok():
+        raise GradcheckFailure("gradtool found gradient problems:\n"
+                               + render_plain(report, quiet=True), report)
+
+
+def gradgradcheck(func: Callable[..., Any], inputs: Any, grad_outputs: Any = None, *,
+                  eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3,
+                  gen_non_contig_grad_outputs: bool = False, raise_exception: bool = True,
+                  nondet_tol: float = 0.0, check_undefined_grad: bool = True,
+                  check_grad_dtypes: bool = False, check_batched_grad: bool = False,
+                  check_fwd_over_rev: bool = False, check_rev_over_rev: bool = True,
+                  fast_mode: bool = False, masked: bool = False,
+                  gradtool: bool = False) -> bool:
+    """torch.autograd.gradgradcheck's contract: gradcheck of backward's gradients as a function
+    of (inputs, grad_outputs), built with a graph (see the module docstring)."""
+    args = inputs if isinstance(inputs, tuple) else \
+        tuple(inputs) if isinstance(inputs, list) else (inputs,)
+    if grad_outputs is None:
+        outputs = torch_tests.differentiable_outputs(func(*args))
+        grad_outputs = tuple(_random_like(o, gen_non_contig_grad_outputs) for o in outputs)
+    elif not isinstance(grad_outputs, (tuple, list)):
+        grad_outputs = (grad_outputs,)
+    grad_outputs = tuple(grad_outputs)
+    backward = _backward_of(func, args, grad_outputs)
+    return gradcheck(backward, args + grad_outputs, eps=eps, atol=atol, rtol=rtol,
+                     raise_exception=raise_exception, nondet_tol=nondet_tol,
+                     check_undefined_grad=check_undefined_grad,
+                     check_grad_dtypes=check_grad_dtypes, check_batched_grad=check_batched_grad,
+                     check_forward_ad=check_fwd_over_rev, check_backward_ad=check_rev_over_rev,
+                     fast_mode=fast_mode, masked=masked, gradtool=gradtool)
+
+
+def _random_like(output: torch.Tensor, non_contiguous: bool) -> torch.Tensor:
+    """A grad_output as torch's gradgradcheck makes one: uniform in [-1, 1), requiring grad."""
+    from torch.testing import make_tensor
+
+    dtype = output.dtype if output.is_floating_point() or output.is_complex() else torch.double
+    return make_tensor(output.shape, dtype=dtype, device=output.device, low=-1, high=1,
+                       requires_grad=True, noncontiguous=non_contiguous)
+
+
+def _backward_of(func: Callable[..., Any], args: tuple[Any, ...],
+                 grad_outputs: tuple[Any, ...]) -> Callable[..., Any]:
+    """(inputs..., grad_outputs...) -> the gradients of func's differentiable inputs, with a
+    graph: the function whose Jacobian is func's second derivative."""
+    n = len(grad_outputs)
+    wants = [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
+    wants_v = [isinstance(v, torch.Tensor) and v.requires_grad for v in grad_outputs]
+
+    def backward(*values: Any) -> tuple[torch.Tensor, ...]:
+        # Its value is a gradient whatever the caller's grad mode (finite differences run it
+        # under no_grad): the graph inside is always built.
+        with torch.enable_grad():
+            xs = [v.requires_grad_() if w else v for v, w in zip(values[:-n], wants)]
+            vs = [v.requires_grad_() if w else v for v, w in zip(values[-n:], wants_v)]
+            outs = torch_tests.differentiable_outputs(func(*xs))
+            diff = [x for x, w in zip(xs, wants) if w]
+            grads = torch.autograd.grad(outs, diff, vs, create_graph=True, allow_unused=True)
+        return tuple(g for g in grads if g is not None)
+
+    name = _name(func)
+    backward.__name__ = backward.__qualname__ = f"backward of {name}"
+    backward.__module__ = getattr(func, "__module__", None) or __name__
+    return backward
+
+
+def _tensors(args: Sequence[Any]) -> list[torch.Tensor]:
+    return [a for a in args if isinstance(a, torch.Tensor)]
+
+
+def _name(func: Any) -> str:
+    owner = getattr(func, "__self__", None)
+    named = owner if isinstance(owner, type) else func
+    return getattr(named, "__qualname__", None) or type(named).__name__
