@@ -20,7 +20,7 @@ Verdict policy (docs/library-and-pytest.md says it for users):
   (torch_tests.py). So gradtool never passes what torch's function fails for a defect; where
   torch's own finite differences fail a correct function (a step across a kink, rounding its
   fixed tolerance cannot absorb), gradtool's verdict (inconclusive is not a failure) stands.
-- gradtool's other checks (contract, layout, double backward, ...) are opt-in: `gradtool=True`.
+- gradtool's other checks (contract, layout, double backward, ...) are opt-in: `extra_checks=True`.
 - gradgradcheck is gradcheck of the function (inputs, grad_outputs) -> backward's gradients,
   built with a graph, exactly as torch's: the caller's grad_outputs, else random ones (non-
   contiguous under gen_non_contig_grad_outputs); check_fwd_over_rev and check_rev_over_rev are
@@ -59,10 +59,10 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
               check_batched_grad: bool = False, check_batched_forward_grad: bool = False,
               check_forward_ad: bool = False, check_backward_ad: bool = True,
               fast_mode: bool = False, masked: bool | None = None,
-              gradtool: bool = False) -> bool:
+              extra_checks: bool = False) -> bool:
     """torch.autograd.gradcheck's contract, judged by gradtool (see the module docstring).
 
-    gradtool=True adds gradtool's default checks (contract, layout, double backward, ...)."""
+    extra_checks=True adds gradtool's default checks (contract, layout, double backward, ...)."""
     args = inputs if isinstance(inputs, tuple) else \
         tuple(inputs) if isinstance(inputs, list) else (inputs,)
     try:
@@ -74,7 +74,7 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
             torch_tests.no_differentiable_outputs(func, args, out, eps)
         elif check_backward_ad or check_forward_ad:
             _judge(func, args, _settings(args, eps, atol, rtol, nondet_tol, fast_mode, masked,
-                                         check_forward_ad, check_backward_ad, gradtool))
+                                         check_forward_ad, check_backward_ad, extra_checks))
         torch_tests.run(func, args, outputs, nondet_tol=nondet_tol,
                          check_undefined_grad=check_undefined_grad,
                          check_grad_dtypes=check_grad_dtypes,
@@ -127,7 +127,7 @@ def gradgradcheck(func: Callable[..., Any], inputs: Any, grad_outputs: Any = Non
                   check_grad_dtypes: bool = False, check_batched_grad: bool = False,
                   check_fwd_over_rev: bool = False, check_rev_over_rev: bool = True,
                   fast_mode: bool = False, masked: bool = False,
-                  gradtool: bool = False) -> bool:
+                  extra_checks: bool = False) -> bool:
     """torch.autograd.gradgradcheck's contract: gradcheck of backward's gradients as a function
     of (inputs, grad_outputs), built with a graph (see the module docstring)."""
     args = inputs if isinstance(inputs, tuple) else \
@@ -144,7 +144,7 @@ def gradgradcheck(func: Callable[..., Any], inputs: Any, grad_outputs: Any = Non
                      check_undefined_grad=check_undefined_grad,
                      check_grad_dtypes=check_grad_dtypes, check_batched_grad=check_batched_grad,
                      check_forward_ad=check_fwd_over_rev, check_backward_ad=check_rev_over_rev,
-                     fast_mode=fast_mode, masked=masked, gradtool=gradtool)
+                     fast_mode=fast_mode, masked=masked, extra_checks=extra_checks)
 
 
 def _random_like(output: torch.Tensor, non_contiguous: bool) -> torch.Tensor:
@@ -175,9 +175,29 @@ def _backward_of(func: Callable[..., Any], args: tuple[Any, ...],
             grads = torch.autograd.grad(outs, diff, vs, create_graph=True, allow_unused=True)
         return tuple(g for g in grads if g is not None)
 
-    name = _name(func)
-    backward.__name__ = backward.__qualname__ = f"backward of {name}"
-    backward.__module__ = getattr(func, "__module__", None) or __name__
+    return _named_after(backward, func, len(args), n)
+
+
+def _named_after(backward: Any, func: Any, n_args: int, n_grads: int) -> Any:
+    """The report names backward's function after func: 'backward of Name', its arguments
+    func's and grad_output(s), look at: func's backward (a Function's) or func itself."""
+    import inspect
+
+    from ..targets.resolve import classify
+
+    owner = getattr(func, "__self__", None)
+    cls = owner if isinstance(owner, type) else None
+    try:
+        names = list(classify(func, _name(func)).arg_names)
+    except Exception:  # noqa: BLE001 - naming is best effort: the check runs either way
+        names = []
+    names = (names + [f"arg{k}" for k in range(len(names), n_args)])[:n_args]
+    names += ["grad_output"] if n_grads == 1 else [f"grad_output{k}" for k in range(n_grads)]
+    backward.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in names])
+    backward.__name__ = backward.__qualname__ = f"backward of {_name(func)}"
+    backward.__module__ = getattr(cls or func, "__module__", None) or __name__
+    backward.__wrapped__ = cls.backward if cls is not None else func  # look at: there
     return backward
 
 

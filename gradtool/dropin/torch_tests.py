@@ -25,8 +25,9 @@ def _torch(name: str) -> Any:
     module = sys.modules["torch.autograd.gradcheck"]
     helper = getattr(module, name, None)
     if helper is None:
-        raise InternalError(f"torch {torch.__version__} has no torch.autograd.gradcheck.{name}, "
-                            "which the gradcheck drop-in runs")
+        raise InternalError(AttributeError(f"torch {torch.__version__} has no "
+                                           f"torch.autograd.gradcheck.{name}, which the "
+                                           "gradcheck drop-in runs"), __name__)
     return helper
 
 
