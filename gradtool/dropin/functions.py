@@ -36,7 +36,7 @@ import torch
 from torch.autograd.gradcheck import GradcheckError
 
 from . import torch_tests
-from ..tracebacks import user_errors_propagate
+from ..tracebacks import calls_user_code, user_errors_propagate
 
 __all__ = ["GradcheckFailure", "gradcheck", "gradgradcheck"]
 
@@ -63,8 +63,9 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
     """torch.autograd.gradcheck's contract, judged by gradtool (see the module docstring).
 
     extra_checks=True adds gradtool's default checks (contract, layout, double backward, ...)."""
-    args = inputs if isinstance(inputs, tuple) else \
-        tuple(inputs) if isinstance(inputs, list) else (inputs,)
+    _keywords(check_forward_ad, check_backward_ad, check_batched_grad,
+              check_batched_forward_grad)
+    args = _as_tuple(inputs)
     try:
         torch_tests.check_inputs(args)
         out = func(*args)
@@ -72,16 +73,19 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
         torch_tests.check_outputs(outputs)
         if not outputs:  # torch's test: finite differences find every output constant
             torch_tests.no_differentiable_outputs(func, args, out, eps)
-        elif check_backward_ad or check_forward_ad:
-            _judge(func, args, _settings(args, eps, atol, rtol, nondet_tol, fast_mode, masked,
-                                         check_forward_ad, check_backward_ad, extra_checks))
-        torch_tests.run(func, args, outputs, nondet_tol=nondet_tol,
-                         check_undefined_grad=check_undefined_grad,
-                         check_grad_dtypes=check_grad_dtypes,
-                         check_batched_grad=check_batched_grad,
-                         check_batched_forward_grad=check_batched_forward_grad,
-                         check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
-                         masked=bool(masked))
+        settings = _settings(args, eps, atol, rtol, nondet_tol, fast_mode, masked)
+        # torch's order, so the first failure is the one torch's gradcheck would raise
+        if outputs and check_backward_ad:
+            _judge(func, args, settings, backward=True, extra=extra_checks)
+            torch_tests.reentrant(args, outputs, nondet_tol, check_grad_dtypes)
+        if outputs and check_forward_ad:
+            _judge(func, args, settings, backward=False, extra=extra_checks and
+                   not check_backward_ad)
+        torch_tests.run(func, args, outputs, check_undefined_grad=check_undefined_grad,
+                        check_batched_grad=check_batched_grad,
+                        check_batched_forward_grad=check_batched_forward_grad,
+                        check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
+                        masked=bool(masked))
     except GradcheckError as exc:
         if raise_exception:
             if isinstance(exc, GradcheckFailure):
@@ -91,30 +95,63 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
     return True
 
 
-def _settings(args: Sequence[Any], eps: float, atol: float, rtol: float, nondet_tol: float,
-              fast_mode: bool, masked: bool | None, forward: bool, backward: bool,
-              extra: bool) -> dict[str, Any]:
-    """gradtool.check's settings for gradcheck's keywords."""
-    from ..config.registry import DEFAULT_CHECKS, GRADCHECK_BACKWARD, GRADCHECK_FORWARD
+def _keywords(forward: bool, backward: bool, batched: bool, batched_forward: bool) -> None:
+    """The keyword combinations torch's gradcheck refuses, refused alike (AssertionError)."""
+    if not (forward or backward):
+        raise AssertionError("Expected at least one of check_forward_ad or check_backward_ad "
+                             "to be True")
+    if batched and not backward:
+        raise AssertionError("Setting check_batched_grad=True requires check_backward_ad to be "
+                             "True")
+    if batched_forward and not forward:
+        raise AssertionError("Setting check_batched_forward_grad=True requires check_forward_ad "
+                             "to be True")
 
-    names = [*(GRADCHECK_BACKWARD if backward else ()), *(GRADCHECK_FORWARD if forward else ())]
-    if extra:
-        names += [n for n in DEFAULT_CHECKS if n not in names]
+
+def _second_keywords(forward: bool, backward: bool, undefined: bool, batched: bool) -> None:
+    """The keyword combinations torch's gradgradcheck refuses, refused alike."""
+    if not (forward or backward):
+        raise AssertionError("Expected at least one of check_fwd_over_rev or check_rev_over_rev "
+                             "to be True")
+    if undefined and not backward:
+        raise AssertionError("Setting check_undefined_grad=True requires check_rev_over_rev to "
+                             "be True")
+    if batched and not backward:
+        raise AssertionError("Setting check_batched_grad=True requires check_rev_over_rev to be "
+                             "True")
+
+
+def _as_tuple(inputs: Any) -> tuple[Any, ...]:
+    """gradcheck's inputs: a tuple, a list, or one value."""
+    return inputs if isinstance(inputs, tuple) else \
+        tuple(inputs) if isinstance(inputs, list) else (inputs,)
+
+
+def _settings(args: Sequence[Any], eps: float, atol: float, rtol: float, nondet_tol: float,
+              fast_mode: bool, masked: bool | None) -> dict[str, Any]:
+    """gradtool.check's settings for gradcheck's keywords."""
     tolerances = {"eps": eps, "atol": atol, "rtol": rtol}
     if any(t.is_floating_point() and t.dtype != torch.float64 for t in _tensors(args)):
         tolerances = {k: v for k, v in tolerances.items() if v != TORCH_DEFAULTS[k]}
     return {**tolerances, "nondet_tol": nondet_tol, "masked": bool(masked),
-            "mode": "probe" if fast_mode else "full", "checks": tuple(names),
-            "module_parameters": False}
+            "mode": "probe" if fast_mode else "full", "module_parameters": False}
 
 
-def _judge(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[str, Any]) -> None:
-    """gradtool's checks on the call: GradcheckFailure with the plain report when one fails."""
+def _judge(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[str, Any], *,
+           backward: bool, extra: bool) -> None:
+    """gradtool's checks of reverse (backward) or forward mode on the call, gradtool's default
+    checks too when `extra`: GradcheckFailure with the plain report when one fails."""
     from ..api import check
+    from ..config.registry import DEFAULT_CHECKS, GRADCHECK_BACKWARD, GRADCHECK_FORWARD
     from ..render.terminal import render_plain
 
+    if backward:  # gradtool's default run where asked: forward_ad then only for a jvp's own
+        names = DEFAULT_CHECKS if extra else GRADCHECK_BACKWARD
+    else:  # forward mode asked for: on any target
+        names = GRADCHECK_FORWARD + tuple(n for n in DEFAULT_CHECKS
+                                          if extra and n not in GRADCHECK_FORWARD)
     with user_errors_propagate():
-        report = check(func, args, **settings)
+        report = check(func, args, **settings, checks=names)
     if not report.ok():
         raise GradcheckFailure("gradtool found gradient problems:\n"
                                + render_plain(report, quiet=True), report)
@@ -130,8 +167,9 @@ def gradgradcheck(func: Callable[..., Any], inputs: Any, grad_outputs: Any = Non
                   extra_checks: bool = False) -> bool:
     """torch.autograd.gradgradcheck's contract: gradcheck of backward's gradients as a function
     of (inputs, grad_outputs), built with a graph (see the module docstring)."""
-    args = inputs if isinstance(inputs, tuple) else \
-        tuple(inputs) if isinstance(inputs, list) else (inputs,)
+    _second_keywords(check_fwd_over_rev, check_rev_over_rev, check_undefined_grad,
+                     check_batched_grad)
+    args = _as_tuple(inputs)
     if grad_outputs is None:
         outputs = torch_tests.differentiable_outputs(func(*args))
         grad_outputs = tuple(_random_like(o, gen_non_contig_grad_outputs) for o in outputs)
@@ -164,6 +202,7 @@ def _backward_of(func: Callable[..., Any], args: tuple[Any, ...],
     wants = [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
     wants_v = [isinstance(v, torch.Tensor) and v.requires_grad for v in grad_outputs]
 
+    @calls_user_code
     def backward(*values: Any) -> tuple[torch.Tensor, ...]:
         # Its value is a gradient whatever the caller's grad mode (finite differences run it
         # under no_grad): the graph inside is always built.
