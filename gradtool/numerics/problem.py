@@ -265,7 +265,7 @@ class Problem:
         same_devices(grads, outs, "grad_output")
 
         # The legacy vmap batches the engine itself (autograd.grad's is_grads_batched path).
-        with self._bound_to(leaves), quiet_batching():
+        with self._bound_to(leaves), quiet_batching(legacy=True):
             result = list(_vmap(lambda *g: tuple(vjp(outs, leaves, g)), 0, 0)(*grads))
         self.calls["backward"] += int(grads[0].shape[0]) if grads else 0
         return result
@@ -285,9 +285,15 @@ FALLBACK = "There is a performance drop because we have not yet implemented the 
 
 
 @contextlib.contextmanager
-def quiet_batching() -> Iterator[None]:
+def quiet_batching(legacy: bool = False) -> Iterator[None]:
     """torch's batching-fallback warnings silenced: they are about gradtool's own batched
-    evaluations (a per-sample loop is what the user would run), noise in a report."""
+    evaluations (a per-sample loop is what the user would run), noise in a report. The legacy
+    vmap (autograd's batched grad_outputs) warns only when torch's debug switch is on: else
+    the filters stay untouched, since catch_warnings makes Python forget which warnings it
+    showed once (torch's gradcheck notice would then print, ~4 ms, on every drop-in call)."""
+    if legacy and not torch._C._debug_only_are_vmap_fallback_warnings_enabled():
+        yield
+        return
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=FALLBACK)
         yield
