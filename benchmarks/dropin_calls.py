@@ -1,9 +1,10 @@
 """Per-call cost of gradtool.gradcheck against torch's gradcheck on tiny problems, in process.
 
-Usage: python benchmarks/dropin_calls.py [--repeat 30] [--first]
+Usage: python benchmarks/dropin_calls.py [--repeat 30] [--clock cpu|wall] [--first]
 Prints, per problem and mode (torch's fast_mode=True against gradtool's fast mode, torch's slow
-mode against gradtool's full mode), each side's median seconds per call, interleaved call by
-call so that load affects both alike, and their ratio. --first times the first call of a fresh
+mode against gradtool's full mode), each side's median milliseconds per call, interleaved call
+by call so that load affects both alike, and their ratio. The clock is this process's CPU time
+by default (a shared machine's load then stretches neither side); --clock wall for wall time. --first times the first call of a fresh
 process each way (imports included), in two subprocesses per side.
 """
 
@@ -65,16 +66,16 @@ def problems():
     ]
 
 
-def interleaved(calls, repeat):
+def interleaved(calls, repeat, clock=time.process_time):
     """Median seconds of each call, run in turn `repeat` times (after one warm-up each)."""
     times = [[] for _ in calls]
     for call in calls:
         call()
     for _ in range(repeat):
         for k, call in enumerate(calls):
-            start = time.perf_counter()
+            start = clock()
             call()
-            times[k].append(time.perf_counter() - start)
+            times[k].append(clock() - start)
     return [statistics.median(t) for t in times]
 
 
@@ -87,6 +88,7 @@ def first_call(setup: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     parser.add_argument("--first", action="store_true")
     args = parser.parse_args()
 
@@ -95,12 +97,14 @@ def main() -> None:
     import gradtool
 
     torch.set_num_threads(1)
+    print(f"{args.clock} time, median of {args.repeat} interleaved calls")
     print(f"{'problem':32} {'mode':5} {'torch ms':>9} {'gradtool ms':>12} {'ratio':>6}")
     for name, func, inputs in problems():
         for mode, fast in (("fast", True), ("slow", False)):
             theirs, ours = interleaved(
                 [lambda: torch.autograd.gradcheck(func, inputs, fast_mode=fast),
-                 lambda: gradtool.gradcheck(func, inputs, fast_mode=fast)], args.repeat)
+                 lambda: gradtool.gradcheck(func, inputs, fast_mode=fast)], args.repeat,
+                time.process_time if args.clock == "cpu" else time.perf_counter)
             print(f"{name:32} {mode:5} {theirs * 1e3:9.2f} {ours * 1e3:12.2f} "
                   f"{ours / theirs:6.2f}")
     if args.first:

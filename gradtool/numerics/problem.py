@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -262,6 +261,8 @@ class Problem:
         """Many VJPs at once: each grads[k] has a leading batch dimension."""
         from torch._vmap_internals import _vmap
 
+        from .batching import quiet_batching
+
         same_devices(grads, outs, "grad_output")
 
         # The legacy vmap batches the engine itself (autograd.grad's is_grads_batched path).
@@ -279,24 +280,6 @@ def graph_key(values: Sequence[torch.Tensor]) -> tuple[bytes, ...]:
     """The exact values (bits, dtype and shape) of a point, as a dict key."""
     return tuple(str((v.dtype, tuple(v.shape))).encode() + v.detach().cpu().contiguous()
                  .reshape(-1).view(torch.uint8).numpy().tobytes() for v in values)
-
-
-FALLBACK = "There is a performance drop because we have not yet implemented the batching rule"
-
-
-@contextlib.contextmanager
-def quiet_batching(legacy: bool = False) -> Iterator[None]:
-    """torch's batching-fallback warnings silenced: they are about gradtool's own batched
-    evaluations (a per-sample loop is what the user would run), noise in a report. The legacy
-    vmap (autograd's batched grad_outputs) warns only when torch's debug switch is on: else
-    the filters stay untouched, since catch_warnings makes Python forget which warnings it
-    showed once (torch's gradcheck notice would then print, ~4 ms, on every drop-in call)."""
-    if legacy and not torch._C._debug_only_are_vmap_fallback_warnings_enabled():
-        yield
-        return
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=FALLBACK)
-        yield
 
 
 def own_storage(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
