@@ -17,7 +17,8 @@ Verdict policy (docs/library-and-pytest.md says it for users):
   Every other test gradcheck runs beside it is run as gradcheck runs it: the inputs' and outputs'
   validation, reentrancy within nondet_tol, check_grad_dtypes, check_undefined_grad,
   check_batched_grad, check_batched_forward_grad, backward's multiplication by grad_output
-  (torch_tests.py). So gradtool never passes what torch's function fails for a defect; where
+  (torch_tests.py), and forward mode of complex values, which gradtool does not check itself.
+  So gradtool never passes what torch's function fails for a defect; where
   torch's own finite differences fail a correct function (a step across a kink, rounding its
   fixed tolerance cannot absorb), gradtool's verdict (inconclusive is not a failure) stands.
 - gradtool's other checks (contract, layout, double backward, ...) are opt-in: `extra_checks=True`.
