@@ -285,3 +285,23 @@ def test_keyword_combinations_torch_refuses_are_refused_alike():
         assert outcome(gradtool.gradcheck, Cube.apply, (_x(2),), **keywords)[0] == \
             outcome(torch.autograd.gradcheck, Cube.apply, (_x(2),), **keywords)[0] == \
             "AssertionError"
+
+
+def test_a_report_is_true_exactly_when_ok():
+    x = _x(2, 3)
+    wrong = gradtool.check(CubeScaled, (x,), checks=("gradient",))
+    with pytest.raises(AssertionError):
+        assert wrong
+    assert not wrong.ok() and bool(gradtool.check(Cube, (x,), checks=("gradient",)))
+
+
+def test_a_function_given_as_apply_is_named_by_its_class_everywhere():
+    import json
+
+    from gradtool.render.json import render_json as render
+
+    report = gradtool.check(CubeScaled.apply, (_x(3),), checks=("gradient",))
+    target = report.targets[0]
+    assert target.target == "fixtures.bugs:CubeScaled" and target.kind == "function"
+    assert json.loads(render(report))["targets"][0]["target"] == "fixtures.bugs:CubeScaled"
+    assert "gradtool check fixtures.bugs:CubeScaled" in report.targets[0].cases[0].reproduce
