@@ -162,7 +162,7 @@ def _judge(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[str, 
         names = GRADCHECK_FORWARD + tuple(n for n in DEFAULT_CHECKS
                                           if extra and n not in GRADCHECK_FORWARD)
     with user_errors_propagate():
-        report = check(func, args, **settings, checks=names)
+        report = check(func, args, **settings, checks=names, forward_any=not backward)
     if not report.ok():
         raise GradcheckFailure("gradtool found gradient problems:\n"
                                + render_plain(report, quiet=True), report)
