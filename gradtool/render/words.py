@@ -55,7 +55,7 @@ def check_body(check: CheckResult) -> list[str]:
     if check.mode:
         lines.append(f"mode: {check.mode} ({check.mode_reason})")
     if check.source:
-        lines.append(f"look at: {check.source}")
+        lines.append(f"look at: {relative(check.source)}")
     if check.traceback and "\n" in check.traceback:  # a lone exception line repeats the summary
         lines += ["traceback (user code):", *("  " + t for t in check.traceback.splitlines())]
     return lines
@@ -156,3 +156,16 @@ def _index(index: tuple[int, ...]) -> str:
     return "(" + ",".join(map(str, index)) + ")"
 
 
+def relative(source: str) -> str:
+    """'path:line' relative to the working directory where the file lies under it (a source
+    taken from a traceback is absolute)."""
+    import os
+
+    path, sep, line = source.rpartition(":")
+    if not sep or not line.isdigit() or not os.path.isabs(path):
+        return source
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive
+        return source
+    return source if rel.startswith("..") else f"{rel}:{line}"

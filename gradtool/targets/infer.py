@@ -76,7 +76,8 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
                                   "exercises layouts")
             return _prefer_literals(target, _noted(case, dropped), config, seed)
         if len(dropped) < 3 and flat is None:
-            dropped.append(f"tried {_shapes(specs)}: backward {why}")
+            dropped.append(f"inference passed over {_shapes(specs)}, where backward {why} "
+                           "(a shape the target need not support: not a failure)")
         fallback = fallback or case
     if flat is not None:
         return _prefer_literals(target, _noted(flat, dropped), config, seed)
