@@ -221,8 +221,10 @@ def _loadable_name(obj: Any) -> str | None:
                 found = getattr(found, part)
         except Exception:  # noqa: BLE001 - not importable by that name: try the next
             continue
-        if found is obj:
-            return f"{module}:{name}"
+        if found is obj:  # as a command line in the working directory loads it
+            from .reproduce import loadable_location
+
+            return f"{loadable_location(module)}:{name}"
     return None
 
 
