@@ -77,6 +77,26 @@ def test_a_module_that_is_nowhere_names_where_it_looked_and_what_to_pass(inside)
     assert "pass the file itself: path/to/fusedlib/nothere.py" in text
 
 
+def test_a_package_name_taken_by_another_project_loads_the_file_by_path(tmp_path, monkeypatch):
+    """tests/ops.py of a project whose `tests` package name another `tests` holds already."""
+    import types
+
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "__init__.py").write_text("")
+    (tmp_path / "tests" / "ops.py").write_text(
+        (PROJECT / "fusedlib" / "slow.py").read_text().replace("time.sleep(SLEEP_S)", ""))
+    (tmp_path / "needs.py").write_text("import not_installed_kernels\n")
+    other = types.ModuleType("tests")
+    other.__path__ = [str(tmp_path / "elsewhere" / "tests")]
+    monkeypatch.setitem(sys.modules, "tests", other)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert gradtool.check("tests/ops.py:Sleepy", ["3x4"], checks=("gradient",)).ok()
+    with pytest.raises(TargetError, match="not_installed_kernels is not importable from .*: "
+                                          "install it"):
+        gradtool.check("needs.py")
+
+
 def test_a_forward_returning_a_number_is_named_as_the_cause(inside):
     report = gradtool.check("fusedlib/block.py:as_number")
     [rejected] = report.rejected

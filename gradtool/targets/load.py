@@ -100,8 +100,10 @@ def _not_found_hint(location: str, exc: ModuleNotFoundError) -> str:
 def _import_raised(what: str, exc: BaseException) -> TargetError:
     """The user's import raised: the message shows their frames (file:line), not gradtool's."""
     hint = torch_needed(exc)
-    if isinstance(exc, ModuleNotFoundError) and hint is None:
-        hint = _not_found_hint(exc.name or "your_package", exc)
+    if isinstance(exc, ModuleNotFoundError) and hint is None and exc.name:
+        top = exc.name.partition(".")[0]
+        hint = (f"{top} is not importable from {os.getcwd()}: install it, or run gradtool "
+                f"from the folder that holds {top}/")
     return TargetError(f"importing {what} raised {type(exc).__name__}: {exc}"
                        + "".join(f"\n    {frame}" for frame in user_frames(exc)), hint)
 
@@ -153,9 +155,19 @@ def _load_path(path: Path) -> ModuleType:
 
 def _import_in_package(path: Path, dotted: str, root: Path) -> ModuleType | None:
     """The file imported by its package name (its intra-package imports then work); None when
-    that name is another file's (an installed package of the same name): loaded by path then."""
+    that name is another file's (an installed or imported package of the same name, a `tests`
+    package of another project): loaded by path then, as before."""
+    top = sys.modules.get(dotted.partition(".")[0])
+    if top is not None and not any(Path(p).resolve().parent == root.resolve()
+                                   for p in getattr(top, "__path__", None) or ()):
+        return None
     try:
         module = importlib.import_module(dotted)
+    except ModuleNotFoundError as exc:
+        if exc.name and dotted.startswith(exc.name):  # the name is not this file's after all
+            return None
+        raise _import_raised(f"{path} as {dotted} (package root {root} on sys.path)", exc) \
+            from None
     except SyntaxError as exc:
         raise _syntax_error(exc) from None
     except Exception as exc:
