@@ -50,6 +50,12 @@ def inside(monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))
 
 
+@pytest.fixture
+def importable(inside):
+    """...and the project importable by the test itself (as its own conftest would make it)."""
+    sys.path.insert(0, str(PROJECT))
+
+
 # --- the library, in-process --------------------------------------------------------------
 
 
@@ -105,7 +111,7 @@ def test_a_forward_returning_a_number_is_named_as_the_cause(inside):
     assert "candidate shapes" not in rejected.message
 
 
-def test_a_shape_typed_as_a_literal_is_refused_where_the_schema_takes_a_tensor(inside):
+def test_a_shape_typed_as_a_literal_is_refused_where_the_schema_takes_a_tensor(importable):
     import torch
     from fusedlib.swiglu import swiglu
 
@@ -137,7 +143,7 @@ def test_a_trailing_x_is_an_error(inside):
         gradtool.check("fusedlib/block.py:Double", ["3x"])
 
 
-def test_torch_trace_logging_is_silenced_while_gradtool_runs_and_restored(inside):
+def test_torch_trace_logging_is_silenced_while_gradtool_runs_and_restored(importable):
     from fusedlib.swiglu import swiglu
 
     records: list[logging.LogRecord] = []
@@ -159,6 +165,24 @@ def test_look_at_is_relative_to_the_working_directory(inside):
     assert relative(f"{PROJECT}/fusedlib/block.py:12") == "fusedlib/block.py:12"
     assert relative("/elsewhere/x.py:3") == "/elsewhere/x.py:3"
     assert relative("fusedlib/block.py:12") == "fusedlib/block.py:12"
+
+
+def test_an_error_from_a_literal_shape_names_the_shape_syntax():
+    from gradtool.render.words import literal_hint
+    from gradtool.results import CaseResult, CheckResult, InputInfo, Outcome
+
+    def case(description, summary, outcome=Outcome.ERROR):
+        check = CheckResult("contract", outcome, summary)
+        return CaseResult("case 0", 0, (InputInfo("x", description, False),), (check,), False), \
+            check
+
+    assert literal_hint(*case("64", "AttributeError raised: 'int' object has no attribute "
+                                    "'to'")) == [
+        "hint: 'x' is the int 64, given as a literal; a tensor of that shape is -i '(64,)'"]
+    assert literal_hint(*case("(3, 4)", "Expected a value of type 'Tensor' for argument 'x' "
+                                        "but instead found type 'tuple'."))[0].endswith("-i 3x4")
+    assert literal_hint(*case("5", "ZeroDivisionError raised: division by zero")) == []
+    assert literal_hint(*case("64", "'int' object", Outcome.FAILED)) == []
 
 
 def test_assert_gradients_points_at_the_users_test(pytester):
