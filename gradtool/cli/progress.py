@@ -66,6 +66,7 @@ class Watch:
         self.write, self.live, self.clock = write, live, clock
         self.start = clock()
         self.last_line: float | None = None
+        self.first_job: float | None = None   # when the first job was handed out
         self.running: dict[int, Running] = {}  # by job index
         self.finished_s: list[float] = []      # durations of finished jobs
         self.display: Any = None
@@ -149,7 +150,10 @@ class Watch:
 
     def _tell(self, supervisor: Any, now: float) -> None:
         if self.live:
-            if now - self.start >= SHOW_AFTER_S:
+            # its second starts with the first job: a quick run shows no display
+            if self.first_job is None and self.running:
+                self.first_job = now
+            if self.first_job is not None and now - self.first_job >= SHOW_AFTER_S:
                 self._show(supervisor, now)
         elif now - self.start >= LONG_S and (self.last_line is None
                                              or now - self.last_line >= EVERY_S):
@@ -198,5 +202,5 @@ def cost_text(per_call: dict[str, float], checks: list[str]) -> str:
     if total < 1:
         return "estimated cost: under 1 s"
     long = [f"{c} ~{_duration(t)}" for c, t in each.items() if t >= 1]
-    return (f"estimated cost: ~{_duration(total)} ({per_call.get('forward', 0):.2g} s a forward, "
-            f"{per_call.get('backward', 0):.2g} s a backward; {', '.join(long)})")
+    timed = ", ".join(f"{t:.2g} s a {phase}" for phase, t in per_call.items())
+    return f"estimated cost: ~{_duration(total)} ({timed}; {', '.join(long)})"

@@ -69,7 +69,7 @@ def load_module(location: str) -> ModuleType:
     except SyntaxError as exc:
         raise _syntax_error(exc) from None
     except Exception as exc:  # user code raising at import time is a bad target, not a gradtool bug
-        raise _import_raised(repr(location), exc) from None
+        raise _import_raised(repr(location), exc) from exc  # --traceback shows it whole
 
 
 def on_path(folder: str) -> None:
@@ -149,7 +149,7 @@ def _load_path(path: Path) -> ModuleType:
         raise _syntax_error(exc) from None
     except Exception as exc:
         del sys.modules[name]
-        raise _import_raised(str(path), exc) from None
+        raise _import_raised(str(path), exc) from exc
     return module
 
 
@@ -164,7 +164,7 @@ def _import_in_package(path: Path, dotted: str, root: Path) -> ModuleType | None
     try:
         module = importlib.import_module(dotted)
     except ModuleNotFoundError as exc:
-        if exc.name and dotted.startswith(exc.name):  # the name is not this file's after all
+        if exc.name and (dotted + ".").startswith(exc.name + "."):  # the name is not this file's
             return None
         raise _import_raised(f"{path} as {dotted} (package root {root} on sys.path)", exc) \
             from None
@@ -172,7 +172,7 @@ def _import_in_package(path: Path, dotted: str, root: Path) -> ModuleType | None
         raise _syntax_error(exc) from None
     except Exception as exc:
         raise _import_raised(f"{path} as {dotted} (package root {root} on sys.path)", exc) \
-            from None
+            from exc
     file = getattr(module, "__file__", None)
     return module if file and Path(file).resolve() == path.resolve() else None
 
