@@ -272,7 +272,7 @@ def test_list_shows_the_estimated_cost(project):
     assert out.returncode == 0, out.stderr
     line = next(l for l in out.stdout.splitlines() if "estimated cost" in l)
     # one forward timed (list runs no backward); the gradient check's 4 forwards of 0.5 s
-    assert " s a forward;" in line and "backward" not in line, line
+    assert " s a forward;" in line and "a backward" not in line, line
     assert re.search(r"gradient ~[23]s", line), line
     fast = run("gradtool list fusedlib/block.py:Double -i 3x4", project)
     assert "estimated cost: under 1 s" in fast.stdout
