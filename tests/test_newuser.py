@@ -376,3 +376,27 @@ def test_the_watch_says_nothing_of_a_quick_run():
         worker._state["call"] = tick
         watch.tick(supervisor)
     assert lines == []
+
+
+def test_time_left_counts_workers_side_by_side_not_one_after_another():
+    from types import SimpleNamespace
+
+    from gradtool.cli.progress import Watch
+
+    def left(workers: int) -> float:
+        now = [0.0]
+        watch = Watch(lambda _: None, live=False, clock=lambda: now[0])
+        jobs = [SimpleNamespace(name=f"t{k}", cases=[object()], checks=("gradient", "layout"))
+                for k in range(workers)]
+        states = [FakeWorker(k, {}) for k in range(workers)]
+        supervisor = FakeSupervisor(jobs, states)
+        for second in range(7):  # each worker: a forward call every 2 s in its gradient check
+            now[0] = float(second)
+            for worker in states:
+                worker._state.update(check="gradient", phase="forward", call=second // 2 + 1)
+            watch.tick(supervisor)
+        return watch.left_s(supervisor, now[0])
+
+    one = left(1)
+    assert one is not None and one > 0
+    assert left(2) == pytest.approx(one)

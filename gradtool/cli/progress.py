@@ -115,22 +115,23 @@ class Watch:
         return done, sum(size)
 
     def left_s(self, supervisor: Any, now: float) -> float | None:
-        """Seconds left: the running checks' estimates, then the checks not begun."""
-        left, per_check = 0.0, []
+        """Seconds left: the running checks' estimates (workers run side by side: the longest
+        counts), then the jobs not begun, shared among the workers."""
+        lefts, per_check = [0.0], []
         for seen in self.running.values():
             per_call = seen.per_call()
             if per_call is None:
                 return None
             job = supervisor._job(seen.index)
             current = seen.checks[-1] if seen.checks else ""
-            left += max(0.0, estimate_s(current, per_call) - (now - seen.check_started))
+            left = max(0.0, estimate_s(current, per_call) - (now - seen.check_started))
             # a check not begun counts only if it runs on most targets (CHECK_CALLS): the
             # others (forward_ad without a jvp, complex) are mostly skipped at once
             rest = [c for c in job.checks if c not in seen.checks and c in CHECK_CALLS]
-            left += sum(estimate_s(c, per_call) for c in rest)
+            lefts.append(left + sum(estimate_s(c, per_call) for c in rest))
             per_check.append(sum(estimate_s(c, per_call) for c in job.checks
                                  if c in CHECK_CALLS))
-        pending = len(supervisor.pending)
+        left, pending = max(lefts), len(supervisor.pending)
         if pending:
             known = self.finished_s or per_check
             if not known:
