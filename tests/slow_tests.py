@@ -18,6 +18,7 @@ SLOW_TESTS = {
         "test_every_kind_of_reproduce_line_runs_as_printed",
         "test_list_shows_the_estimated_cost",
         "test_the_cli_gives_each_message_from_the_project_folder",
+        "test_the_fixtures_reproduce_line_runs_as_printed_from_the_test_folder",
         "test_the_terminal_display_under_a_pseudo_terminal",
     ),
     "test_callcounts.py": (

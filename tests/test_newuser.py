@@ -228,7 +228,7 @@ def _reproduce_line(text: str) -> str:
 
 
 def test_every_kind_of_reproduce_line_runs_as_printed(project, tmp_path):
-    """CLI, library (and the fixture, which prints the library's line) and trace: each printed
+    """CLI, library and trace (the fixture: the next test): each printed
     line, run from the folder the user was in, fails the same check again."""
     cli = run("gradtool check fusedlib/block.py:Tripled -i 3x4 --check gradient", project)
     assert cli.returncode == 1
@@ -250,6 +250,22 @@ def test_every_kind_of_reproduce_line_runs_as_printed(project, tmp_path):
         again = run(line, folder)
         assert again.returncode == 1, (line, again.stdout, again.stderr)
         assert "FAIL" in again.stdout and "gradient" in again.stdout, (line, again.stdout)
+
+
+def test_the_fixtures_reproduce_line_runs_as_printed_from_the_test_folder(pytester):
+    pytester.makepyfile(test_kernels=f"""
+        import sys
+        sys.path.insert(0, {str(PROJECT)!r})
+        from fusedlib.block import Tripled
+
+        def test_it(gradtool_check):
+            gradtool_check(Tripled, ["3x4"], checks=("gradient",))
+    """)
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    line = _reproduce_line(result.stdout.str())
+    again = run(line, pytester.path)
+    assert again.returncode == 1 and "FAIL" in again.stdout, (line, again.stdout, again.stderr)
 
 
 # --- cost and progress of a slow kernel ----------------------------------------------------
