@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from .config.settings import CheckConfig
@@ -89,14 +91,32 @@ def _quietly(fn: Any, *args: Any) -> Report:
 
     silence_vmap_fallback()
     try:
-        return fn(*args)
+        with torch_trace_silenced():
+            return fn(*args)
     finally:
         silence_vmap_fallback(True)
+
+
+@contextlib.contextmanager
+def torch_trace_silenced() -> Iterator[None]:
+    """torch's structured-trace logger (`torch.__trace`, always at DEBUG, emitting once any
+    handler is attached: pytest attaches its capture handlers) is off while gradtool runs fake
+    tensors and symbolic shapes, so a test's captured log holds the test's own records; its
+    state is restored after."""
+    import logging
+
+    trace = logging.getLogger("torch.__trace")
+    before, trace.disabled = trace.disabled, True
+    try:
+        yield
+    finally:
+        trace.disabled = before
 
 
 def assert_gradients(target: Any, inputs: Any = None, kwargs: dict[str, Any] | None = None,
                      **settings: Any) -> Report:
     """Like check, but raise AssertionError with the plain-text report when anything fails."""
+    __tracebackhide__ = True  # pytest shows the user's test line, not this one
     from .render.terminal import render_plain
 
     report = check(target, inputs, kwargs, **settings)

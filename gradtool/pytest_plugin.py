@@ -166,7 +166,10 @@ class SpecItem(pytest.Item):
         from gradtool.results import Rejected
         from gradtool.run.runner import run_one
 
-        target = run_one(self.job)  # as a CLI worker runs a job
+        from gradtool.api import torch_trace_silenced
+
+        with torch_trace_silenced():
+            target = run_one(self.job)  # as a CLI worker runs a job
         if isinstance(target, Rejected):  # e.g. inputs that cannot be built for this case
             raise CheckFailed(f"ERROR {self.job.target.name}\n  {target.message}")
         case = target.cases[0]
@@ -281,7 +284,10 @@ class Tracer:
         self.checked = True
         config = CheckConfig(**self.settings)
         entries = recorded(self.messages)
-        self.report = check_live(entries, self.recorder.owners, config)
+        from gradtool.api import torch_trace_silenced
+
+        with torch_trace_silenced():
+            self.report = check_live(entries, self.recorder.owners, config)
         if not self.report.ok(config.strict):
             pytest.fail("gradtool found gradient problems in the custom calls this test made:\n"
                         + render_plain(self.report, quiet=True), pytrace=False)

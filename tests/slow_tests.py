@@ -13,6 +13,14 @@ SLOW_FILES = {
     "test_triton_op.py",
 }
 SLOW_TESTS = {
+    "test_newuser.py": (
+        "test_a_slow_check_piped_says_its_estimate_progress_and_how_far_it_got",
+        "test_every_kind_of_reproduce_line_runs_as_printed",
+        "test_list_shows_the_estimated_cost",
+        "test_the_cli_gives_each_message_from_the_project_folder",
+        "test_the_fixtures_reproduce_line_runs_as_printed_from_the_test_folder",
+        "test_the_terminal_display_under_a_pseudo_terminal",
+    ),
     "test_callcounts.py": (
         "test_a_failing_full_check_confirms_failures_with_few_extra_calls",
         "test_a_wide_zero_second_order_is_coloured_and_a_detached_one_still_fails",

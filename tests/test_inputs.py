@@ -13,7 +13,6 @@ from gradtool.targets.inputs import Domain, LiteralSpec, TensorSpec, parse_input
     ("3x4", TensorSpec((3, 4))),
     ("()", TensorSpec(())),
     ("(5,)", TensorSpec((5,))),
-    ("5x", TensorSpec((5,))),
     ("(2,3,4)", TensorSpec((2, 3, 4))),
     ("5:positive", TensorSpec((5,), domain=Domain("positive"))),
     ("3x3:spd", TensorSpec((3, 3), domain=Domain("spd"))),
@@ -36,6 +35,8 @@ def test_parse(text, expected):
     ("3y", "neither a tensor shape nor a Python literal"),
     ("3x4:[2,1]", "is empty"),
     ("3x4:[a,1]", "needs two numbers"),
+    ("3x", "write a 1-d shape as (3,)"),       # a trailing x is a size left out, not (3,)
+    ("3x4x:float32", "ends in 'x'"),
 ])
 def test_bad_input_names_the_value_and_the_fix(text, phrase):
     with pytest.raises(InputError) as info:

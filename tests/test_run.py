@@ -55,9 +55,15 @@ def test_an_object_and_its_name_collect_the_same_job():
     """The library's object goes through the same collection as the string naming it."""
     x = torch.rand(3, dtype=torch.float64)
     given = Sources(given=(x,))
+    from gradtool.run.reproduce import loadable_location
+
+    # named as a command line in the working directory loads it: this test module by its file
+    # (tests/ is on sys.path only inside pytest)
+    name = f"{loadable_location(__name__)}:square"
+    assert name.endswith("test_run.py:square")
     [by_object], _ = Run((square,), CheckConfig(), given)()
-    [by_name], _ = Run((f"{__name__}:square",), CheckConfig(), given)()
-    assert by_object.target.name == by_name.target.name == f"{__name__}:square"
+    [by_name], _ = Run((name,), CheckConfig(), given)()
+    assert by_object.target.name == by_name.target.name == name
     assert by_object.reproduce is None  # loadable by that name: the command line reproduces it
     assert [c.inputs for c in by_object.cases] == [c.inputs for c in by_name.cases]
 

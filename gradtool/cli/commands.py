@@ -125,25 +125,21 @@ def _save_inputs(path: str, jobs: list[Any]) -> None:
 
 def supervised(collect: Any, config: CheckConfig, targets: list[str],
                options: ReportOptions | IsolationOptions) -> Report:
-    """Run in worker processes (see supervise.py), with the late progress bar on a TTY."""
+    """Run in worker processes (see supervise.py), telling the progress (progress.py): a live
+    display on a terminal, plain `progress` lines on a pipe once the run is long."""
+    from .progress import Watch
     from .supervise import Supervisor
 
     workers = options.workers or "1"
     count = (os.cpu_count() or 1) if workers == "auto" else int(workers)
-    shown = not options.quiet and sys.stderr.isatty()
-    progress: list[LateProgress] = []  # its second starts once the workers have collected
-
-    def step(name: str) -> None:
-        if shown and supervisor.total > 1:
-            progress or progress.append(LateProgress(supervisor.total))
-            progress[0].step(name)
-
-    supervisor = Supervisor(collect, config, count, options.max_rss, step, _warm_renderers)
+    watch = None if options.quiet else Watch(lambda text: click.echo(text, err=True),
+                                             live=sys.stderr.isatty())
+    supervisor = Supervisor(collect, config, count, options.max_rss, _warm_renderers, watch)
     try:
         return supervisor.run(targets)
     finally:
-        for bar in progress:
-            bar.stop()
+        if watch is not None:
+            watch.stop()
 
 
 def _warm_renderers() -> None:

@@ -58,9 +58,28 @@ def _checks_line(job: Job, case) -> str:
         return f"checks: cannot tell which apply: {type(exc).__name__}: {exc}"
     runs = [name for name, reason in plan if reason is None]
     text = f"checks: {', '.join(runs) or 'none'}"
+    cost = _cost(case, runs)
     by_reason: dict[str, list[str]] = {}  # one reason said once ("op_schema, op_fake: ...")
     for name, reason in plan:
         if reason is not None and not job.target.kind.applies(BY_NAME[name]):
             by_reason.setdefault(reason, []).append(name)
     skipped = [f"{', '.join(names)}: {reason}" for reason, names in by_reason.items()]
-    return text + (f"; not applicable: {'; '.join(skipped)}" if skipped else "")
+    return text + (f"; not applicable: {'; '.join(skipped)}" if skipped else "") + \
+        (f"\n    {cost}" if cost else "")
+
+
+def _cost(case, checks: list[str]) -> str | None:
+    """The estimate from one timed forward at the case's inputs (progress.py); list runs no
+    backward (user code a check would run), so the backward's time is not counted."""
+    import time
+
+    from .progress import cost_text
+
+    problem = case.problem
+    try:
+        start = time.perf_counter()
+        problem.outputs(problem.inputs)
+        forward = time.perf_counter() - start
+    except Exception:  # noqa: BLE001 - the checks will report it; list only estimates
+        return None
+    return cost_text({"forward": forward}, checks)

@@ -33,7 +33,7 @@ class JobOutline:
     spec: str | None
     cases: tuple[CaseOutline, ...]
     timeout: float
-    checks: tuple[str, ...]
+    checks: tuple[str, ...]  # those that can apply to its kind of target, in order
 
 
 @dataclass(frozen=True)
@@ -79,8 +79,12 @@ def outline(job: Any) -> JobOutline:
     cases = tuple(CaseOutline(c.label, c.seed,
                               reproduce_for(job, c.inputs, c.seed, c.origin) + " --no-isolate",
                               _inputs(c.inputs, job)) for c in job.cases)
+    from ..config.registry import BY_NAME
+
+    checks = tuple(c for c in job.config.checks if c not in BY_NAME
+                   or t.kind.applies(BY_NAME[c]) is None) or tuple(job.config.checks)
     return JobOutline(t.name, str(t.kind), t.qualname, t.source, job.spec, cases,
-                      job.config.timeout, tuple(job.config.checks))
+                      job.config.timeout, checks)
 
 
 def _inputs(specs: list[Any] | None, job: Any) -> tuple[tuple[str, str], ...] | None:

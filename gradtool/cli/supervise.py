@@ -11,7 +11,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -33,6 +33,7 @@ class Worker:
     index: int | None = None   # the job it runs now
     started: float = 0.0
     ready: bool = False        # collection done
+    begun: list[str] = field(default_factory=list)  # the checks its job has begun, in order
 
     def state(self) -> dict[str, Any]:
         """What it was doing last (target, case, check, phase, call), as it published."""
@@ -46,11 +47,11 @@ class Supervisor:
     """Hands job indices to workers, replaces the ones that die or overrun, stops on a signal."""
 
     def __init__(self, collect: Callable[[], Any], config: CheckConfig, workers: int,
-                 max_rss: int | None, progress: Callable[[str], None] | None,
-                 warm: Callable[[], None] | None = None) -> None:
+                 max_rss: int | None, warm: Callable[[], None] | None = None, watch: Any = None) -> None:
         self.collect, self.config, self.size = collect, config, max(1, workers)
+        self.watch = watch  # progress.Watch: told every tick where the workers are
         self.warm = warm  # the supervisor's own imports, made while the workers import torch
-        self.max_rss, self.progress = max_rss, progress
+        self.max_rss = max_rss
         # Fork is cheap and safe while this process holds no torch; once it does (the CLI called
         # in-process, as by click's test runner), a forked child can deadlock on its threads' locks.
         self.context = multiprocessing.get_context("spawn" if "torch" in sys.modules else "fork")
@@ -70,6 +71,8 @@ class Supervisor:
                 self.warm()
             while not self.stopped_by and not self._finished():
                 self._step()
+            if self.stopped_by:
+                self._stopped()
         finally:
             self._shut_down()
             for sig, handler in previous.items():
@@ -105,14 +108,16 @@ class Supervisor:
             self._read(worker)
             if worker.process.exitcode is not None and worker in self.workers:
                 self._died(worker)
+        self._follow()
         self._enforce_timeouts()
+        if self.watch is not None:
+            self.watch.tick(self)
 
     def _assign(self) -> None:
         for worker in self.workers:
             if worker.ready and worker.index is None and self.pending:
                 worker.index, worker.started = self.pending.popleft(), time.monotonic()
-                if self.progress:
-                    self.progress(self._job(worker.index).name)
+                worker.begun = []
                 worker.conn.send(worker.index)
 
     def _read(self, worker: Worker) -> None:
@@ -161,6 +166,21 @@ class Supervisor:
                 if self.pending:
                     self._spawn()
 
+    def _follow(self) -> None:
+        """Note each check a busy worker begins (a stopped one says which it had run)."""
+        for worker in self.workers:
+            check = worker.state().get("check") if worker.index is not None else None
+            if check and (not worker.begun or worker.begun[-1] != check):
+                worker.begun.append(check)
+
+    def _stopped(self) -> None:
+        """Ctrl-C or SIGTERM: each target still running is an `error` saying how far it got
+        (check, phase, call); the targets not begun are `not run`."""
+        for worker in self.workers:
+            if worker.index is not None and worker.index not in self.results:
+                self.results[worker.index] = self._error(
+                    worker, f"stopped by {self.stopped_by} in", heartbeat.place)
+
     def _retire(self, worker: Worker) -> None:
         self.workers.remove(worker)
         worker.conn.close()
@@ -176,10 +196,16 @@ class Supervisor:
         if state.get("target") != job.name:
             state = {"target": job.name}
         case = next((c for c in job.cases if c.label == state.get("case")), job.cases[0])
+        name = state.get("check") or job.checks[0]
+        ran = [c for c in worker.begun if c != name]
+        rest = [c for c in job.checks if c != name and c not in ran]
         check = CheckResult(
-            state.get("check") or job.checks[0], Outcome.ERROR, f"{cause} {where(state)}",
+            name, Outcome.ERROR, f"{cause} {where(state)}",
             ("the worker process running this target was stopped; the other targets ran on "
-             "in fresh workers (rerun this one with --no-isolate to debug it in-process)",),
+             "in fresh workers (rerun this one with --no-isolate to debug it in-process)",
+             *([f"checks it had finished (their results went with the worker): "
+                f"{', '.join(ran)}"] if ran else []),
+             *([f"checks not begun: {', '.join(rest)}"] if rest else [])),
             source=job.source, duration_s=time.monotonic() - worker.started)
         inputs = tuple(InputInfo(name, text, True) for name, text in case.inputs or ())
         result = CaseResult(case.label, case.seed, inputs, (check,), case.inputs is None,

@@ -7,7 +7,7 @@ from html import escape
 
 from ..results import Block, CaseResult, CheckResult, ErrorGrid, Outcome, Report, TargetResult
 from .terminal import flat_index, summary_line
-from .words import block_lines, other_label, time_text
+from .words import block_lines, other_label, relative, time_text
 
 # ColorBrewer's OrRd, light to dark: level 0 is "no error" (below the scale's floor).
 PALETTE = ("#f4f4f4", "#fee8c8", "#fdd49e", "#fdbb84", "#fc8d59", "#ef6548", "#d7301f",
@@ -104,7 +104,7 @@ def _check_section(target: TargetResult, case: CaseResult, check: CheckResult) -
     if check.mode:
         extra.append(f"mode: {check.mode} ({check.mode_reason})")
     if check.source:
-        extra.append(f"look at: {check.source}")
+        extra.append(f"look at: {relative(check.source)}")
     extra += [f"{f.severity.value} {f.rule}: {f.message}" for f in check.findings]
     if extra:
         parts.append("<ul>" + "".join(f"<li>{escape(e)}</li>" for e in extra) + "</ul>")

@@ -9,7 +9,7 @@ from typing import Any
 from ..results import (PLAIN_TEXT, Block, CaseResult, CheckResult, Outcome, Report, Reproducer,
                        TargetResult)
 from .words import (LABELS, Line, block_lines, check_body, check_text, element_text,
-                    inputs_lines, time_text, warnings_text)
+                    inputs_lines, literal_hint, time_text, warnings_text)
 
 __all__ = ["LABELS", "block_lines", "check_body", "check_text", "element_text", "heatmap_lines",
            "report_lines", "summary_line", "warnings_text"]
@@ -105,7 +105,7 @@ def _case_lines(target: TargetResult, case: CaseResult, verbose: bool, quiet: bo
         if not shown_inputs:
             yield from inputs_lines(case)
             shown_inputs = True
-        yield from (("  " + line, "") for line in check_body(check))
+        yield from (("  " + line, "") for line in check_body(check) + literal_hint(case, check))
         if verbose:  # a small picture of each failing block evaluated whole
             for block in check.blocks:
                 if block.mismatched and block.grid is not None:

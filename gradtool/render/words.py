@@ -55,9 +55,10 @@ def check_body(check: CheckResult) -> list[str]:
     if check.mode:
         lines.append(f"mode: {check.mode} ({check.mode_reason})")
     if check.source:
-        lines.append(f"look at: {check.source}")
+        lines.append(f"look at: {relative(check.source)}")
     if check.traceback and "\n" in check.traceback:  # a lone exception line repeats the summary
-        lines += ["traceback (user code):", *("  " + t for t in check.traceback.splitlines())]
+        lines += ["traceback (user code):",
+                  *("  " + _under_cwd(t) for t in check.traceback.splitlines())]
     return lines
 
 
@@ -156,3 +157,43 @@ def _index(index: tuple[int, ...]) -> str:
     return "(" + ",".join(map(str, index)) + ")"
 
 
+def _under_cwd(line: str) -> str:
+    """A traceback line with the working directory's prefix dropped from its paths."""
+    import os
+
+    return line.replace(os.getcwd().rstrip(os.sep) + os.sep, "")
+
+
+def relative(source: str) -> str:
+    """'path:line' relative to the working directory where the file lies under it (a source
+    taken from a traceback is absolute)."""
+    import os
+
+    path, sep, line = source.rpartition(":")
+    if not sep or not line.isdigit() or not os.path.isabs(path):
+        return source
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive
+        return source
+    return source if rel.startswith("..") else f"{rel}:{line}"
+
+
+def literal_hint(case: CaseResult, check: CheckResult) -> list[str]:
+    """For an error where a literal that reads like a shape (-i 64, -i 3,4) reached code that
+    wanted a tensor ("'int' object has no attribute 'to'"): the shape syntax it meant."""
+    import re
+
+    if check.outcome is not Outcome.ERROR:
+        return []
+    for info in case.inputs:
+        match = re.fullmatch(r"\(?(\d+(?:, \d+)*),?\)?", info.description)
+        kind = "tuple" if info.description.startswith("(") else "int"
+        if info.differentiable or not match or not re.search(
+                rf"'{kind}' object|type '{kind}'|found {kind}\b", check.summary):
+            continue
+        sizes = match.group(1).split(", ")
+        shape = f"-i {'x'.join(sizes)}" if len(sizes) > 1 else f"-i '({sizes[0]},)'"
+        return [f"hint: {info.name!r} is the {kind} {info.description}, given as a literal; "
+                f"a tensor of that shape is {shape}"]
+    return []

@@ -177,7 +177,18 @@ def target_jobs(arg: str, config: CheckConfig, inputs: list[InputSpec] | None,
         what = "module instance" if targets[0].kind.parameters else targets[0].kind
         raise GradtoolError(f"--init applies to an nn.Module class; {arg} is a {what}",
                             "drop --init, or name the class")
-    return [Job(t, cases or [CaseSpec("case 0", inputs, config.seed)], config) for t in targets]
+    jobs = [Job(t, cases or [CaseSpec("case 0", inputs, config.seed)], config) for t in targets]
+    _refuse_shape_literals(jobs)
+    return jobs
+
+
+def _refuse_shape_literals(jobs: list[Job]) -> None:
+    """-i 64 or -i 3,4 where the signature takes a tensor: refused before the target runs."""
+    from ..targets.inputs import refuse_shape_literals
+
+    for job in jobs:
+        for case in job.cases:
+            refuse_shape_literals(job.target, case.inputs)
 
 
 def object_jobs(obj: Any, config: CheckConfig, inputs: list[InputSpec] | None,
@@ -195,8 +206,10 @@ def object_jobs(obj: Any, config: CheckConfig, inputs: list[InputSpec] | None,
     # An op names itself reproducibly (file.py:ns::name); other unloadable objects say how.
     reproduce = None if loadable or target.kind.named_reproducibly \
         else _python_reproduce(obj, config.seed)
-    return [Job(target, cases or [CaseSpec("case 0", inputs, config.seed)], config,
+    jobs = [Job(target, cases or [CaseSpec("case 0", inputs, config.seed)], config,
                 reproduce=reproduce)]
+    _refuse_shape_literals(jobs)
+    return jobs
 
 
 def _loadable_name(obj: Any) -> str | None:
@@ -216,8 +229,10 @@ def _loadable_name(obj: Any) -> str | None:
                 found = getattr(found, part)
         except Exception:  # noqa: BLE001 - not importable by that name: try the next
             continue
-        if found is obj:
-            return f"{module}:{name}"
+        if found is obj:  # as a command line in the working directory loads it
+            from .reproduce import loadable_location
+
+            return f"{loadable_location(module)}:{name}"
     return None
 
 

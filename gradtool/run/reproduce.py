@@ -27,6 +27,26 @@ def reproduce_for(job: Job, specs: Sequence[InputSpec] | None, seed: int,
     return reproduce_command(job.target, specs or [], job.config, seed, origin)
 
 
+def loadable_location(module_name: str) -> str:
+    """What a `gradtool check` started in the working directory loads a module by: its dotted
+    name where that imports there (an installed package, or one whose root is the working
+    directory), else its file (the package's root is found from the file itself)."""
+    import os
+    import sys
+    from pathlib import Path
+
+    from ..targets.load import display_path, package_root
+
+    file = getattr(sys.modules.get(module_name), "__file__", None)
+    if not file or not file.endswith(".py") or os.sep + "site-packages" + os.sep in file \
+            or os.sep + "dist-packages" + os.sep in file:
+        return module_name
+    root, dotted = package_root(Path(file).resolve())
+    if dotted == module_name and root == Path.cwd().resolve():
+        return module_name
+    return display_path(file)
+
+
 def pin_flags(specs: Sequence[InputSpec], config: CheckConfig) -> str:
     """'-i 3x4 -i 2.5': the flags that give these inputs explicitly."""
     return " ".join(f"-i {shell_quote(_cli_input(spec, config))}" for spec in specs)

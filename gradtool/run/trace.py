@@ -216,7 +216,9 @@ def target_of(kind: str, owner: Any, label: str, script: str) -> tuple[str | Non
         where = display_path(script) if script.endswith(".py") else script  # or -m's module
         return f"{where}:{qualname}", None
     if module is not None and getattr(module, "__package__", None):
-        return f"{owner.__module__}:{qualname}", None  # relative imports need the package name
+        from .reproduce import loadable_location  # its name where that imports, else its file
+
+        return f"{loadable_location(owner.__module__)}:{qualname}", None
     file = getattr(module, "__file__", None)
     return (f"{display_path(file)}:{qualname}" if file else f"{owner.__module__}:{qualname}"), None
 

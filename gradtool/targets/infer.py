@@ -53,6 +53,10 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
             _run_forward(case)
         except GradtoolError:
             raise
+        except NoTensorOutput as exc:  # it ran: no other shape makes it return a tensor
+            raise InputError(f"{target.name}: {exc}: there is no gradient to check",
+                             "return the output as a tensor (not .item(), float() or a "
+                             "number); an integer output has no gradient") from None
         except Exception as exc:  # the candidate did not fit; try the next one
             last_error = exc
             continue
@@ -72,7 +76,8 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
                                   "exercises layouts")
             return _prefer_literals(target, _noted(case, dropped), config, seed)
         if len(dropped) < 3 and flat is None:
-            dropped.append(f"tried {_shapes(specs)}: backward {why}")
+            dropped.append(f"inference passed over {_shapes(specs)}, where backward {why} "
+                           "(a shape the target need not support: not a failure)")
         fallback = fallback or case
     if flat is not None:
         return _prefer_literals(target, _noted(flat, dropped), config, seed)
@@ -219,9 +224,26 @@ def _run_forward(case: Case) -> None:
 
     outs = [t for t in tensor_outputs(result) if t.is_floating_point() or t.is_complex()]
     if not outs:
-        raise TypeError("forward returned no floating-point tensor")
+        raise NoTensorOutput(result)
     if not all(bool(torch.isfinite(t).all()) for t in outs):
         raise ValueError("forward returned NaN/Inf on these inputs (outside its domain?)")
+
+
+class NoTensorOutput(TypeError):
+    """Forward ran and returned nothing to differentiate (a Python number, an integer tensor)."""
+
+    def __init__(self, result: Any) -> None:
+        if isinstance(result, torch.Tensor):
+            what = f"a {str(result.dtype).replace('torch.', '')} tensor"
+        else:
+            what = f"{type(result).__name__} {_short(result)}"
+        super().__init__(f"forward returned {what}, no floating-point tensor")
+        self.what = what
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _backward_fails(case: Case) -> str | None:

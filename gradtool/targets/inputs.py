@@ -103,7 +103,8 @@ class Keyword:
     spec: Any
 
 _DIM = r"(?:\d+|[A-Z][A-Z0-9_]*)"   # a size, or a size symbol (N, D) that --sweep fills in
-_SHAPE_X = re.compile(rf"^{_DIM}(x{_DIM})+$|^{_DIM}x$")
+_SHAPE_X = re.compile(rf"^{_DIM}(x{_DIM})+$")
+_TRAILING_X = re.compile(rf"^({_DIM}x)+$")  # 3x, 3x4x: a size left out, or a 1-d shape?
 _SHAPE_PAREN = re.compile(rf"^\(\s*({_DIM}\s*(,\s*{_DIM}\s*)*,?\s*)?\)$")
 _SYMBOL = re.compile(r"^[A-Z][A-Z0-9_]*$")
 _RANGE = re.compile(r"^(integer)?\[\s*([^,\]]+)\s*,\s*([^,\]]+)\s*\]$")
@@ -189,6 +190,11 @@ def _parse_leaf(raw: str, text: str) -> InputSpec:
     if raw.startswith("="):
         return LiteralSpec(_literal(raw[1:], text))
     head, *options = _split_options(raw)
+    if _TRAILING_X.match(head):
+        sizes = head[:-1].split("x")
+        raise InputError(f"--input {text!r}: shape {head!r} ends in 'x' (a size left out?)",
+                         f"write a 1-d shape as ({sizes[0]},)" if len(sizes) == 1 else
+                         f"write the shape whole, e.g. {'x'.join(sizes)}x4, or {'x'.join(sizes)}")
     shape = _parse_shape(head)
     if shape is None and options and (head.isdigit() or _SYMBOL.match(head)):
         shape = (_dim(head),)  # '5:positive' — options make a bare number a 1-d shape
@@ -339,3 +345,41 @@ def _in_domain(domain: Domain, base: Any, unit: Any, shape: tuple[int, ...]) -> 
     if kind == "simplex":
         return torch.softmax(base, dim=-1)
     return base
+
+
+def refuse_shape_literals(target: Any, specs: list[Any] | None) -> None:
+    """InputError, before the target runs, when an --input literal that reads like a shape
+    (64, (3, 4)) goes to an argument the signature (an op's schema, an annotation) says is a
+    tensor: `-i 3,4` is the tuple (3, 4), not a 3x4 tensor."""
+    if not specs or getattr(target, "signature", None) is None:
+        return
+    params = list(target.signature.parameters.values())
+    positional = [s for s in specs if not isinstance(s, Keyword)]
+    by_name = {p.name: p for p in params}
+    pairs = [(params[k] if k < len(params) else None, s) for k, s in enumerate(positional)]
+    pairs += [(by_name.get(s.name), s.spec) for s in specs if isinstance(s, Keyword)]
+    for param, spec in pairs:
+        if param is None or not isinstance(spec, LiteralSpec) or not _wants_tensor(param):
+            continue
+        sizes = _shape_like(spec.value)
+        if sizes is not None:
+            shape = f"-i {'x'.join(map(str, sizes))} or -i '({','.join(map(str, sizes))})'" \
+                if len(sizes) > 1 else f"-i '({sizes[0]},)'"
+            raise InputError(
+                f"--input {spec.value!r} gives {param.name!r} of {target.name} the "
+                f"{type(spec.value).__name__} {spec.value!r}, where its signature takes a tensor",
+                f"a tensor of that shape is {shape} (the shape syntax: gradtool check --help)")
+
+
+def _wants_tensor(param: Any) -> bool:
+    annotation = param.annotation
+    name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return str(name).rpartition(".")[2] == "Tensor"
+
+
+def _shape_like(value: Any) -> tuple[int, ...] | None:
+    """The sizes of an int or a tuple/list of ints (what a shape typed as a literal gives)."""
+    items = value if isinstance(value, (tuple, list)) else (value,)
+    if items and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in items):
+        return tuple(items)
+    return None

@@ -52,7 +52,10 @@ def is_path(location: str) -> bool:
 
 
 def load_module(location: str) -> ModuleType:
-    """Import a dotted module, or load a .py file by path (registered in sys.modules first)."""
+    """Import a dotted module, or load a .py file by path, as `python -m` and pytest would: the
+    working directory and a package file's root (the first folder upward without __init__.py)
+    on sys.path, so a package that is not installed imports its own modules."""
+    on_path(os.getcwd())
     if is_path(location):
         return _load_path(Path(location))
     try:
@@ -61,13 +64,62 @@ def load_module(location: str) -> ModuleType:
         hint = None
         if Path(location + ".py").exists():
             hint = f"to load the file, write {location}.py"
-        raise TargetError(f"cannot import module {location!r}: {exc}",
-                          hint or "check the spelling, or pass a file path like path/to/file.py")
+        raise TargetError(f"cannot import module {location!r}: {exc} (looked in the working "
+                          f"directory {os.getcwd()} and the installed packages)",
+                          hint or _not_found_hint(location, exc)) from None
     except SyntaxError as exc:
         raise _syntax_error(exc) from None
     except Exception as exc:  # user code raising at import time is a bad target, not a gradtool bug
-        raise TargetError(f"importing {location!r} raised {type(exc).__name__}: {exc}",
-                          torch_needed(exc)) from exc
+        raise _import_raised(repr(location), exc) from exc  # --traceback shows it whole
+
+
+def on_path(folder: str) -> None:
+    """Put a folder first on sys.path (once), as `python -m` puts the working directory."""
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+
+
+def package_root(path: Path) -> tuple[Path, str | None]:
+    """(root, dotted name) of a file inside a package: the first folder upward without
+    __init__.py, and the name `python -m` would give it; (its folder, None) outside one."""
+    folder, parts = path.parent, [path.stem]
+    while (folder / "__init__.py").exists() and folder.parent != folder:
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    dotted = ".".join(parts)
+    if len(parts) == 1 or not all(p.isidentifier() for p in parts):
+        return path.parent, None
+    return folder, dotted
+
+
+def _not_found_hint(location: str, exc: ModuleNotFoundError) -> str:
+    top = (exc.name or location).split(".")[0]
+    return (f"run gradtool from the folder that holds {top}/ (or install it: pip install -e "
+            f".), or pass the file itself: path/to/{location.replace('.', '/')}.py")
+
+
+def _import_raised(what: str, exc: BaseException) -> TargetError:
+    """The user's import raised: the message shows their frames (file:line), not gradtool's."""
+    hint = torch_needed(exc)
+    if isinstance(exc, ModuleNotFoundError) and hint is None and exc.name:
+        top = exc.name.partition(".")[0]
+        hint = (f"{top} is not importable from {os.getcwd()}: install it, or run gradtool "
+                f"from the folder that holds {top}/")
+    return TargetError(f"importing {what} raised {type(exc).__name__}: {exc}"
+                       + "".join(f"\n    {frame}" for frame in user_frames(exc)), hint)
+
+
+def user_frames(exc: BaseException, limit: int = 6) -> list[str]:
+    """'path:line in name: code' of the innermost frames neither gradtool's, torch's nor the
+    import machinery's: where the user's module raised."""
+    import traceback
+
+    ours = (str(Path(__file__).resolve().parents[1]), str(Path(importlib.__file__).parent))
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith(ours) and "/torch/" not in f.filename.replace(
+                  "\\", "/") and not f.filename.startswith("<")]
+    return [f"{display_path(f.filename)}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
+            for f in frames[-limit:]]
 
 
 def _load_path(path: Path) -> ModuleType:
@@ -81,15 +133,16 @@ def _load_path(path: Path) -> ModuleType:
         # Compare names first: resolving all ~1,000 of torch's module paths costs ~0.2 s.
         if file and os.path.basename(file) == resolved.name and Path(file).resolve() == resolved:
             return module
+    root, dotted = package_root(resolved)
+    on_path(str(root))  # so the file can import its neighbours, or its package's modules
+    if dotted is not None and (module := _import_in_package(path, dotted, root)) is not None:
+        return module
     name = _free_module_name(path.stem)
     spec = importlib.util.spec_from_file_location(name, resolved)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     # Registered before it runs: dataclasses and pickling inside the user's file look it up.
     sys.modules[name] = module
-    folder = str(resolved.parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)  # so the file can import its neighbours
     try:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
@@ -97,9 +150,32 @@ def _load_path(path: Path) -> ModuleType:
         raise _syntax_error(exc) from None
     except Exception as exc:
         del sys.modules[name]
-        raise TargetError(f"importing {path} raised {type(exc).__name__}: {exc}",
-                          torch_needed(exc)) from exc
+        raise _import_raised(str(path), exc) from exc
     return module
+
+
+def _import_in_package(path: Path, dotted: str, root: Path) -> ModuleType | None:
+    """The file imported by its package name (its intra-package imports then work); None when
+    that name is another file's (an installed or imported package of the same name, a `tests`
+    package of another project): loaded by path then, as before."""
+    top = sys.modules.get(dotted.partition(".")[0])
+    if top is not None and not any(Path(p).resolve().parent == root.resolve()
+                                   for p in getattr(top, "__path__", None) or ()):
+        return None
+    try:
+        module = importlib.import_module(dotted)
+    except ModuleNotFoundError as exc:
+        if exc.name and (dotted + ".").startswith(exc.name + "."):  # the name is not this file's
+            return None
+        raise _import_raised(f"{path} as {dotted} (package root {root} on sys.path)", exc) \
+            from None
+    except SyntaxError as exc:
+        raise _syntax_error(exc) from None
+    except Exception as exc:
+        raise _import_raised(f"{path} as {dotted} (package root {root} on sys.path)", exc) \
+            from exc
+    file = getattr(module, "__file__", None)
+    return module if file and Path(file).resolve() == path.resolve() else None
 
 
 def _free_module_name(stem: str) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from ..errors import InputError, TargetError
+from ..errors import InputError, TargetError, did_you_mean
 
 # [location:]ns::name[.overload]; the location (a file or module) is imported first.
 QUALIFIED = re.compile(r"^(?:(?P<location>.+):)?(?P<ns>[A-Za-z_]\w*)::(?P<name>[A-Za-z_]\w*)"
@@ -42,11 +42,22 @@ def find_op(ns: str, name: str, overload: str | None, text: str, location: str |
         where = (f"importing {location} did not define it" if location else
                  f"importing {', '.join(imports)} did not define it" if imports else
                  "nothing was imported to define it")
+        close = did_you_mean(qualname, registered_names(ns))
         raise TargetError(f"no op {qualname} is registered ({where})",
-                          "import the module that registers it: --import ops.py (repeat), "
-                          f"or name it as ops.py:{qualname}; in a spec, op: with import:"
-                          ) from None
+                          close or "import the module that registers it: --import ops.py "
+                          f"(repeat), or name it as ops.py:{qualname}; in a spec, op: with "
+                          "import:") from None
     return pick_overload(packet, text) if overload is None else _overload(packet, overload, text)
+
+
+def registered_names(ns: str) -> list[str]:
+    """'ns::name' of every op registered now: those of ns when it has any, else all (a
+    misspelt namespace), for "did you mean"."""
+    import torch
+
+    names = {n.partition(".")[0] for n in torch._C._dispatch_get_all_op_names()}
+    ours = [n for n in names if n.startswith(f"{ns}::")]
+    return ours or [n for n in names if not n.startswith(("aten::", "prim::", "prims::"))]
 
 
 def _overload(packet: Any, overload: str, text: str) -> Any:
