@@ -12,7 +12,7 @@ import torch
 from ..config.settings import CheckConfig
 from .compare import BlockTally
 from .problem import Problem, flat_cat
-from .steps import KINK_TEST, at_far, one_sided
+from .steps import KINK_TEST, at_far, element, one_sided
 
 
 @dataclass
@@ -122,10 +122,10 @@ def _estimates(problem: Problem, i: int, col: int, h: float, done: Evaluations |
     far = list(done.far[i][col]) if i < len(done.far) and col in done.far[i] else []
     if not far:
         work = [v.detach().clone() for v in problem.inputs]
-        flat = work[i].view(-1)
-        original = flat[col].item()
+        at_col = element(work[i].shape, col)
+        original = work[i][at_col].item()
         for delta in (10 * h, -10 * h):
-            flat[col] = original + delta
+            work[i][at_col] = original + delta
             far.append(flat_cat(problem.outputs(work)))
     return {**near_only, **at_far(f0, far[0], far[1], 10 * h)}
 
