@@ -307,7 +307,7 @@ def _run_check(name: str, case: Case, job: Job) -> CheckResult | None:
 
 def silence(result: CheckResult, ignore: Sequence[str]) -> CheckResult:
     """Drop the findings whose rule the configuration ignores (any check's); a check failed only
-    by such findings passes, and says what was ignored."""
+    by such findings (no block mismatched) passes, and says what was ignored."""
     silenced = sorted({f.rule for f in result.findings if f.rule in ignore})
     if not silenced:
         return result
@@ -317,7 +317,8 @@ def silence(result: CheckResult, ignore: Sequence[str]) -> CheckResult:
     kept = tuple(f for f in result.findings if f.rule not in ignore)
     note = f"ignored by configuration: {', '.join(silenced)}"
     failures = [f for f in kept if f.severity is Severity.FAILURE]
-    if result.outcome is Outcome.FAILED and not failures and not result.blocks:
+    if result.outcome is Outcome.FAILED and not failures and not any(b.mismatched
+                                                                     for b in result.blocks):
         return replace(result, outcome=Outcome.PASSED, findings=kept, details=(note,),
                        summary=f"passed once the ignored rules are left out ({note})")
     # A check without blocks says its first failure in its summary: say the first one kept.

@@ -1,0 +1,60 @@
+"""A forward that computes coarser than the dtype it is given is a finding of its own
+(gradient.forward_precision, silenceable), its gradient judged at the precision it has: a wrong
+backward fails, an exact one is not left "inconclusive"."""
+
+from __future__ import annotations
+
+import torch
+
+import gradtool
+from conftest import load_fixture, result
+from gradtool.numerics.coarse import coarse_dtype
+
+F = load_fixture("precision_loss")
+LOSS = ["6:float64", "6:float64"]
+
+
+def _rules(check):
+    return {f.rule for f in check.findings}
+
+
+def test_the_exact_twin_passes():
+    assert result(gradtool.check(F.SquaredLoss.apply, LOSS), "gradient").outcome.value == "passed"
+
+
+def test_a_float32_rounding_forward_given_float64_is_its_own_finding():
+    check = result(gradtool.check(F.SquaredLossFloat32.apply, LOSS, checks=["gradient"]),
+                   "gradient")
+    assert check.outcome.value == "failed"
+    assert _rules(check) == {"gradient.forward_precision"}
+    data = next(iter(check.findings)).data
+    assert (data["given"], data["computes_in"]) == ("float64", "float32")
+    assert not any(b.mismatched for b in check.blocks)  # its gradient is right at float32
+
+
+def test_ignoring_the_finding_passes_the_exact_gradient():
+    check = result(gradtool.check(F.SquaredLossFloat32.apply, LOSS, checks=["gradient"],
+                                  ignore=("gradient.forward_precision",)), "gradient")
+    assert check.outcome.value == "passed"
+
+
+def test_a_wrong_backward_behind_a_float32_forward_fails_with_its_diagnosis():
+    check = result(gradtool.check(F.SquaredLossFloat32Wrong.apply, LOSS, checks=["gradient"],
+                                  ignore=("gradient.forward_precision",)), "gradient")
+    assert check.outcome.value == "failed"
+    assert {"gradient.mismatch", "gradient.factor"} <= _rules(check)
+    bad = [b for b in check.blocks if b.mismatched]
+    assert [b.input for b in bad] == ["x"]  # y's gradient is right
+    factor = next(f for f in check.findings if f.rule == "gradient.factor")
+    assert abs(factor.data["factor"] - 2) < 1e-3
+
+
+def test_coarse_dtype_is_detected_not_assumed():
+    x = torch.randn(20, dtype=torch.float64)
+    assert coarse_dtype([x], torch.float64) is None
+    assert coarse_dtype([x.float().double()], torch.float64) == torch.float32
+    assert coarse_dtype([x.half().double()], torch.float64) == torch.float16
+    assert coarse_dtype([x.bfloat16().double()], torch.float64) == torch.bfloat16
+    assert coarse_dtype([torch.tensor([0., 1., 2.5, -3.], dtype=torch.float64)],
+                        torch.float64) is None  # simple values prove nothing
+    assert coarse_dtype([x.float()], torch.float32) is None
