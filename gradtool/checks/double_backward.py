@@ -15,7 +15,7 @@ from ..numerics.facts import Facts
 from ..diagnosis.block import Diagnosis
 from ..numerics.jacobian import Verdict
 from ..numerics.problem import Problem, function_nodes, graph_key, select_outputs, vjp
-from ..results import Block, CheckResult, Outcome
+from ..results import Block, CheckResult, Finding, Outcome, Severity
 from ..targets.cases import Case
 from ..targets.load import Target
 from ..tracebacks import calls_user_code
@@ -63,7 +63,49 @@ def check_double_backward(case: Case, target: Target, config: CheckConfig) -> Ch
                            f"torch cannot differentiate this backward: {unsupported}",
                            (_UNSUPPORTED_NOTE,), calls=result.calls,
                            duration_s=result.duration_s)
+    if result.outcome is Outcome.ERROR and _raises_differentiated(case.problem):
+        return _undifferentiable(result)
     return result
+
+
+def _raises_differentiated(problem: Problem) -> bool:
+    """Whether backward runs as a plain backward but raises once differentiated (built under
+    create_graph, or differentiated through): a `.numpy()` on grad_output, an op with no
+    derivative of its own, an in-place write autograd refuses to differentiate."""
+    try:
+        leaves, outs = problem.graph()
+        outs = [o for o in outs if o.requires_grad]
+        problem.vjp(leaves, outs, [torch.ones_like(o) for o in outs])
+    except Exception:  # noqa: BLE001 - backward itself raises: an error, reported as one
+        return False
+    try:
+        with torch.enable_grad():
+            leaves, outs = problem.graph()
+            outs = [o for o in outs if o.requires_grad]
+            # grad_outputs that require grad, as G's are: a backward may fail on them alone
+            seeds = [torch.ones_like(o).requires_grad_() for o in outs]
+            grads = [g.sum() for g in problem.vjp(leaves, outs, seeds, create_graph=True)
+                     if g.requires_grad]
+            with problem.bind(problem.with_inputs(leaves)):
+                vjp(grads, leaves, [torch.ones_like(g) for g in grads])
+    except Exception:  # noqa: BLE001 - raised only when differentiated
+        return True
+    return False
+
+
+def _undifferentiable(error: CheckResult) -> CheckResult:
+    """A backward that raises when differentiated: a warning naming the fix, not an error."""
+    text = (f"double backward unsupported: backward raises when differentiated "
+            f"({error.summary.replace(' raised:', ':')}); if it is not meant to be "
+            "differentiated twice, decorate it with @once_differentiable (this check is then "
+            "skipped, saying so), or leave this check out (checks=..., --check, or `checks` "
+            "in [tool.gradtool])")
+    return CheckResult("double_backward", Outcome.SKIPPED, text, source=error.source,
+                       traceback=error.traceback, calls=error.calls,
+                       duration_s=error.duration_s,
+                       findings=(Finding("double_backward.unsupported", text,
+                                         Severity.WARNING, source=error.source,
+                                         data={"exception": error.exception}),))
 
 
 # Second order of a backward already known wrong: the report needs one confirmed failure, the
@@ -296,8 +338,38 @@ def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
     from ..diagnosis.classify import classify_double_backward
 
     analytical, numerical = verdict.dense[(i, o)]
-    return classify_double_backward(as_numpy(analytical), as_numpy(numerical),
-                                    atol=config.tolerance("atol"), rtol=config.tolerance("rtol"))
+    found = classify_double_backward(as_numpy(analytical), as_numpy(numerical),
+                                     atol=config.tolerance("atol"), rtol=config.tolerance("rtol"))
+    if found is None or found.kind in ("no_pattern", "untracked"):
+        named = _untracked(problem)
+        if named is not None and found is not None and found.kind == "untracked":
+            return Diagnosis("untracked", f"{found.text}; {named.text}",
+                             {**found.data, **named.data})
+        return named or found
+    return found
+
+
+def _untracked(derived: Problem) -> Diagnosis | None:
+    """double_backward.untracked naming the tensor: a saved one with no graph to the inputs it
+    depends on (the commonest cause: an intermediate of forward, rstd say, saved as is)."""
+    from ..numerics.saved import untracked_saved
+
+    inner = getattr(derived.fn, "problem", None)  # G's own problem: the target's
+    try:
+        found = untracked_saved(inner) if inner is not None else []
+    except Exception:  # noqa: BLE001 - the diagnosis is best effort; the verdict stands
+        return None
+    if not found:
+        return None
+    first = found[0]
+    which = ", ".join(f"{f['function']}'s saved tensor {f['saved'] + 1} of {f['of']} "
+                      f"(shape {tuple(f['shape'])})" for f in found[:3])
+    return Diagnosis("untracked", f"the second derivative misses every term through {which}: "
+                     "computed in forward, where autograd is off, and saved with no graph to "
+                     "the inputs it depends on; fix: save the inputs (or outputs) and recompute "
+                     "it in backward, so differentiating backward reaches it (or decorate "
+                     "backward with @once_differentiable if it is not meant to be "
+                     "differentiated twice)", {**first, "tensors": len(found)})
 
 
 def run(case: Case, context: Context) -> CheckResult:

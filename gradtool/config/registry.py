@@ -202,6 +202,10 @@ REGISTRY: tuple[CheckInfo, ...] = (
                                  "(what gradgradcheck does)",
               rules=_jacobian_rules("double_backward", "the Jacobian of backward against "
                                     "finite differences", SECOND_ORDER_KINDS,
+                                    Rule("double_backward.unsupported", "warning", "backward "
+                                         "runs, but raises when differentiated (under "
+                                         "create_graph): double backward unsupported, not "
+                                         "declared with @once_differentiable"),
                                     unsilenceable=NEVER_SILENCED),
               variants=(("low_precision", "second_precision"),),
               hooks=(("composite", "gradtool.run.second:annotate_double"),),
