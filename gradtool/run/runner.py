@@ -164,9 +164,9 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     if case.alternative is not None:
         notes.append("0-d inputs ran forward and backward where these did not; if the target "
                      f"takes only scalars, pin them: {pin_flags(case.alternative, config)}")
+    unchecked = left_unchecked(case.specs, [info.name for info in case.infos])  # trace's too
+    notes += [unchecked] if unchecked and has_given_values(case.specs) else []
     if has_given_values(case.specs) and not spec.origin:
-        unchecked = left_unchecked(case.specs, [info.name for info in case.infos])
-        notes += [unchecked] if unchecked else []
         notes.append("inputs given as values: to replay them, torch.save((args, kwargs), "
                      "'INPUTS.pt'), or run with --save-inputs INPUTS.pt")
     if case.facts.stochastic:
