@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 import gradtool
-from conftest import load_fixture, result
+from conftest import load_fixture, outcomes, result
 from gradtool.numerics.coarse import coarse_dtype
 
 F = load_fixture("precision_loss")
@@ -58,3 +58,21 @@ def test_coarse_dtype_is_detected_not_assumed():
     assert coarse_dtype([torch.tensor([0., 1., 2.5, -3.], dtype=torch.float64)],
                         torch.float64) is None  # simple values prove nothing
     assert coarse_dtype([x.float()], torch.float32) is None
+
+
+def test_a_float32_kernel_checked_in_float32_passes_every_check():
+    report = gradtool.check(F.Float32Tanh, ["3x4:float32"])
+    assert set(outcomes(report).values()) == {"passed"}, str(report)
+
+
+def test_its_exact_second_derivative_passes_given_float64():
+    report = gradtool.check(F.Float32Tanh, ["3x4:float64"], checks=["double_backward"])
+    assert outcomes(report) == {"double_backward": "passed"}, str(report)
+
+
+def test_a_wrong_second_derivative_of_a_float32_kernel_fails_in_both_dtypes():
+    for dtype in ("float64", "float32"):
+        check = result(gradtool.check(F.Float32TanhDetached, [f"3x4:{dtype}"],
+                                      checks=["double_backward"]), "double_backward")
+        assert check.outcome.value == "failed", dtype
+        assert {"double_backward.mismatch", "double_backward.untracked"} <= _rules(check)

@@ -49,7 +49,7 @@ def check_double_backward(case: Case, target: Target, config: CheckConfig) -> Ch
         return CheckResult("double_backward", Outcome.SKIPPED, "no differentiable output")
     engine = _Engine(case.problem)
     result = jacobian_result("double_backward", problem, target, config, case.seed, None, None,
-                             _diagnose, engine)
+                             _diagnose, engine, forward=case.problem)
     if engine.no_graph and result.outcome is Outcome.FAILED:
         result = replace(result, details=(*result.details, ONCE_HINT))
     case.problem.calls.update(problem.calls)
@@ -333,9 +333,16 @@ def _grad_name(output: str) -> str:
 
 def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
               config: CheckConfig) -> Diagnosis | None:
-    if (i, o) not in verdict.dense:
-        return None
     from ..diagnosis.classify import classify_double_backward
+
+    if (i, o) not in verdict.dense:  # located elements only: what they show alone
+        sample = [e for e in block.worst if not e.inconclusive]
+        if len(sample) < 2 or any(e.analytical != 0 for e in sample):
+            return None
+        return _untracked(problem) or Diagnosis(
+            "untracked", f"second derivative is zero at the {len(sample)} elements shown while "
+            "numerical is not: backward uses a tensor without a graph to the inputs (saved in "
+            "forward, detached, or computed under no_grad)", {"count": len(sample)})
 
     analytical, numerical = verdict.dense[(i, o)]
     found = classify_double_backward(as_numpy(analytical), as_numpy(numerical),

@@ -52,9 +52,10 @@ def _masked_hint(found: CheckResult, problem: Problem, config: CheckConfig) -> C
 def jacobian_result(name: str, problem: Problem, target: Target, config: CheckConfig, seed: int,
                     reference: Reference | None, surrogate: str | None,
                     diagnoser: Diagnoser, engine: Engine | None = None,
-                    first_order: bool = False) -> CheckResult:
+                    first_order: bool = False, forward: Problem | None = None) -> CheckResult:
     """Run the engine (reverse mode's unless another is given) and turn its Verdict into a
-    CheckResult."""
+    CheckResult; `forward`: the target's own problem, whose forward's precision judges a
+    derived one (double backward's)."""
     start = time.perf_counter()
     before = dict(problem.calls)
     if not problem.diff:
@@ -91,8 +92,9 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
         finally:
             problem.recording(False)
         coarse = None
-        if first_order:  # a forward coarser than its inputs: said, and judged at its precision
-            verdict, coarse = rejudge(problem, config, verdict)
+        if (first_order or forward is not None) and reference is None:
+            # a forward coarser than its inputs: said, and judged at its precision
+            verdict, coarse = rejudge(problem, config, verdict, forward)
     except MemoryError as exc:
         return CheckResult(name, Outcome.ERROR, str(exc),
                            details=("use --mode probe, or raise --max-memory",))

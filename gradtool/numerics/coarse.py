@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..config.settings import CheckConfig
-from ..results import Block, Element, Finding, Outcome
+from ..results import Block, CheckResult, Element, Finding, Outcome, Severity
 from .jacobian import Verdict
 from .problem import Problem, flat_cat
 from .steps import element
@@ -88,12 +88,14 @@ def estimate(problem: Problem, i: int, col: int, row: int, unit: float, f0: torc
     return Estimate(c1 + (c1 - c2) / 3, abs(c1 - c2) + rounding, kink)
 
 
-def rejudge(problem: Problem, config: CheckConfig, verdict: Verdict
-            ) -> tuple[Verdict, Finding | None]:
-    """An inconclusive gradient of a forward that computes coarser than its inputs' dtype: the
-    finding that says so (a failure), and each unreliable element judged again at the
-    forward's precision: failed where it stands there, a kink only where one-sided
-    differences show one, else right at that precision."""
+def rejudge(problem: Problem, config: CheckConfig, verdict: Verdict,
+            shown_by: Problem | None = None) -> tuple[Verdict, Finding | None]:
+    """A gradient finite differences could not settle, of a forward that computes coarser than
+    its inputs' dtype: each element shown judged again at the forward's precision (failed where
+    it stands there, a kink only where one-sided differences show one, else right at that
+    precision), and the finding gradient.forward_precision. `shown_by`: the problem whose
+    forward's outputs show the dtype (double backward's: the target's own), then no finding:
+    the gradient check reports the forward."""
     shaky = [(k, b) for k, b in enumerate(verdict.blocks) if b.mismatched and b.worst]
     given = min((v.dtype for v in problem.inputs if v.is_floating_point()), key=_unit,
                 default=None)
@@ -108,9 +110,10 @@ def rejudge(problem: Problem, config: CheckConfig, verdict: Verdict
                       offsets[b.output] + _flat(e.output_index, b.output_shape))
              for k, b in shaky for e in b.worst[:ELEMENTS]}
     # measured at float32's steps first: every output evaluated there shows the dtype
-    seen = [f0]
+    seen = [f0] if shown_by is None else _outputs(shown_by)
     unit = COARSER[torch.float32]
-    found = {key: estimate(problem, *at, unit, f0, seen) for key, at in where.items()}
+    found = {key: estimate(problem, *at, unit, f0, seen if shown_by is None else [])
+             for key, at in where.items()}
     dtype = coarse_dtype(seen, given)
     if dtype is None:
         return verdict, None
@@ -124,11 +127,34 @@ def rejudge(problem: Problem, config: CheckConfig, verdict: Verdict
     kinks = sum(e.inconclusive for k, _ in shaky for e in blocks[k].worst)
     stand = sum(not e.inconclusive for k, _ in shaky for e in blocks[k].worst
                 if blocks[k].mismatched)
-    note = (f"judged at {_name(dtype)}'s precision (steps ~{unit ** (1 / 3):.1g} relative): "
-            f"{len(found)} unreliable element(s) re-estimated, {stand} wrong, {kinks} at a "
+    note = (f"judged at {_name(dtype)}'s precision, the forward's (steps ~{unit ** (1 / 3):.1g} "
+            f"relative): {len(found)} element(s) re-estimated, {stand} wrong, {kinks} at a "
             f"kink, {len(found) - stand - kinks} right")
-    return replace(verdict, outcome=Outcome.FAILED, blocks=blocks, details=[note],
-                   cause=None, dense={}, mismatch={}), _finding(problem, given, dtype)
+    outcome = Outcome.FAILED if stand else Outcome.INCONCLUSIVE if kinks else Outcome.PASSED
+    if shown_by is None:
+        outcome = Outcome.FAILED  # the finding fails it; ignored, the blocks decide
+    return (replace(verdict, outcome=outcome, blocks=blocks, details=[note], cause=None,
+                    dense={}, mismatch={}),
+            _finding(problem, given, dtype) if shown_by is None else None)
+
+
+def _outputs(problem: Problem) -> list[torch.Tensor]:
+    """A forward's outputs at its inputs and at inputs moved by about a thousandth."""
+    moved = [v + 1e-3 * (v.abs() + 1) if v.is_floating_point() else v for v in problem.inputs]
+    return [flat_cat(problem.outputs(problem.inputs)), flat_cat(problem.outputs(moved))]
+
+
+def expected(result: CheckResult) -> CheckResult:
+    """A float64 run of a target checked below float64: its forward computing in the lower
+    dtype is what the user checks, not a finding; its gradient judged at that precision."""
+    kept = tuple(f for f in result.findings if f.rule != RULE)
+    if len(kept) == len(result.findings):
+        return result
+    failed = any(b.mismatched for b in result.blocks) or any(
+        f.severity is Severity.FAILURE for f in kept)
+    return replace(result, findings=kept, outcome=result.outcome if failed else Outcome.PASSED,
+                   summary=result.summary if failed else
+                   "matches finite differences at the precision the target computes in")
 
 
 _GIVEN = (torch.float64, torch.float32)
