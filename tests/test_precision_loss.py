@@ -76,3 +76,13 @@ def test_a_wrong_second_derivative_of_a_float32_kernel_fails_in_both_dtypes():
                                       checks=["double_backward"]), "double_backward")
         assert check.outcome.value == "failed", dtype
         assert {"double_backward.mismatch", "double_backward.untracked"} <= _rules(check)
+
+
+def test_a_forward_wrong_at_one_dtype_fails_and_its_exact_twin_passes():
+    # float64 activations rounded to float16 inside (a quantised layer's dequantisation):
+    # never "inconclusive", whichever backward
+    assert outcomes(gradtool.check(F.Linear, ["2x4:float64"], checks=["gradient"])) == \
+        {"gradient": "passed"}
+    for layer in (F.QuantisedLinear, F.QuantisedLinearWrong):
+        got = outcomes(gradtool.check(layer, ["2x4:float64"], checks=["gradient"]))
+        assert got == {"gradient": "failed"}, layer.__name__

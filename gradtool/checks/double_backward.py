@@ -247,6 +247,7 @@ class _Backward:
         # per kind ("again": the last forward's graph, "recorded"): None: not tried yet;
         # False: never again
         self.trusted: dict[str, bool | None] = {"again": None, "recorded": None}
+        self.untracked: list | None = None  # the untracked diagnosis's saved tensors, once
 
     @calls_user_code
     def __call__(self, *xv: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -347,12 +348,10 @@ def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
     analytical, numerical = verdict.dense[(i, o)]
     found = classify_double_backward(as_numpy(analytical), as_numpy(numerical),
                                      atol=config.tolerance("atol"), rtol=config.tolerance("rtol"))
-    if found is None or found.kind in ("no_pattern", "untracked"):
-        named = _untracked(problem)
-        if named is not None and found is not None and found.kind == "untracked":
-            return Diagnosis("untracked", f"{found.text}; {named.text}",
-                             {**found.data, **named.data})
-        return named or found
+    # only where no pattern is seen (a zero second derivative already says untracked): two
+    # forwards, once per check, name the saved tensor with no graph
+    if found is None or found.kind == "no_pattern":
+        return _untracked(problem) or found
     return found
 
 
@@ -362,10 +361,20 @@ def _untracked(derived: Problem) -> Diagnosis | None:
     from ..numerics.saved import untracked_saved
 
     inner = getattr(derived.fn, "problem", None)  # G's own problem: the target's
-    try:
-        found = untracked_saved(inner) if inner is not None else []
-    except Exception:  # noqa: BLE001 - the diagnosis is best effort; the verdict stands
-        return None
+    if inner is None or inner.cache.first_order is Outcome.FAILED:
+        return None  # wrong at first order already: that explains its second order
+    found = getattr(derived.fn, "untracked", None)  # once per check, for every block
+    if found is None:
+        before = inner.calls["forward"]
+        try:
+            found = untracked_saved(inner)
+        except Exception:  # noqa: BLE001 - the diagnosis is best effort; the verdict stands
+            found = []
+        finally:  # its forwards are this check's (the runner merges G's count into the case's)
+            ran = inner.calls["forward"] - before
+            inner.calls["forward"] -= ran
+            derived.calls["forward"] += ran
+        derived.fn.untracked = found
     if not found:
         return None
     first = found[0]

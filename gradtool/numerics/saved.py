@@ -20,7 +20,7 @@ def untracked_saved(problem: Problem) -> list[dict[str, Any]]:
         _, outs = problem.graph()
         here = _saved(outs)
         gen = torch.Generator().manual_seed(7)  # the user's RNG stays untouched
-        moved = [v + 1e-3 * (v.abs() + 1) * (0.5 + torch.rand(v.shape, generator=gen).to(v))
+        moved = [v + 1e-3 * (v.abs() + 1) * (0.5 + torch.rand(v.shape, generator=gen, device="cpu").to(v))
                  if v.is_floating_point() else v for v in problem.inputs]
         _, outs = problem.graph(moved)
         there = _saved(outs)
