@@ -73,6 +73,9 @@ class InternalError(Exception):
         at = f" at {where}" if where else ""
         super().__init__(f"this is a bug in gradtool: {type(exc).__name__} raised in gradtool's "
                          f"own code{at}: {exc}")
+        # raised with the original's frames: its traceback ends where gradtool went wrong, not
+        # at the line that wrapped it
+        self.with_traceback(exc.__traceback__)
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:

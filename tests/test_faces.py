@@ -66,12 +66,13 @@ class _Float32Inside(torch.autograd.Function):
         return t * 3 * torch.cos(3 * ctx.x)
 
 
-def test_forward_ad_inconclusive_gives_the_gradient_checks_reason():
+def test_a_float32_forward_given_float64_is_judged_at_float32_by_both_modes():
+    # issue 48: no longer "inconclusive" in either; the gradient check says the forward is
+    # float32 (gradient.forward_precision), and both judge their derivative at float32
     found = checks(_Float32Inside, ["(6,)"], checks=("gradient", "forward_ad"))
-    assert found["forward_ad"].outcome.value == found["gradient"].outcome.value == "inconclusive"
-    assert found["forward_ad"].summary == found["gradient"].summary
-    assert found["forward_ad"].summary.endswith(
-        ": a lower-precision computation inside (float32 rounding or coarser), not a kink")
+    assert found["gradient"].outcome.value == "failed"
+    assert [f.rule for f in found["gradient"].findings] == ["gradient.forward_precision"]
+    assert found["forward_ad"].outcome.value == "passed"
 
 
 @pytest.mark.parametrize("cls,inputs", [(faces.ScaledSin, ["6x5", "6x5"]),

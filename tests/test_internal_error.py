@@ -93,3 +93,12 @@ def test_frames_decide_who_raised():
     with pytest.raises(KeyError) as ours:
         planted_bug()()
     assert raised_in_gradtool(ours.value)
+
+
+def test_an_internal_error_is_raised_with_its_origin_frame_last(buggy_gradtool):
+    import traceback
+
+    with pytest.raises(InternalError) as info:
+        gradtool.check(torch.sin, ["3x4"], checks=["gradient"])
+    last = traceback.extract_tb(info.value.__traceback__)[-1]
+    assert last.filename == str(JACOBIAN) and last.name == "choose_mode"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -60,3 +61,41 @@ def beyond_rounding(result: torch.Tensor, terms: list[tuple[float, torch.Tensor]
     return (f"by {float(diff.reshape(-1)[worst]):.3g} at element {worst}, beyond the "
             f"{float(bound.reshape(-1)[worst]):.3g} that rounding in {dtype} allows there "
             f"({int(beyond.sum())} of {diff.numel()} elements beyond it)")
+
+
+# grad_output scaled by this (exact in bfloat16 and up): backward's results scale with it
+# exactly but for rounding, so the difference measures the rounding of every element.
+SCALE = 1 + 2.0 ** -7
+# Rounding noise measured so, allowed this many times in a combination of three backwards
+# (2·B(g1) + 3·B(g2) - B(2·g1 + 3·g2): weights 6 in all, twice for the noise's spread).
+MEASURED_SLACK = 12.0
+# A tensor whose measured noise is this many units of its own largest value is noise itself.
+CANCELLED = 64.0
+
+
+def measured_noise(backward, *calls: tuple[Sequence[torch.Tensor], Sequence[Any]]
+                   ) -> list[float]:
+    """Per input, the largest rounding noise of backward's result, measured at each
+    (grad_output, result) call given: backward at SCALE·grad_output against SCALE·result.
+    Where a gradient cancels (an output constant over the input: a normalisation over one
+    element), its terms' scale is hidden inside backward (a layer norm's 1/std), and only a
+    measurement shows it; one call may round exactly where another does not, so several."""
+    noise: list[float] = []
+    for grads, results in calls:
+        again = backward([SCALE * g for g in grads])
+        for k, (a, b) in enumerate(zip(results, again)):
+            found = 0.0
+            if a is not None and b is not None and a.shape == b.shape and a.numel() \
+                    and a.is_floating_point():
+                d = (b.detach().double() - SCALE * a.detach().double()).abs()
+                d = d[torch.isfinite(d)]
+                found = float(d.max()) if d.numel() else 0.0
+                # only a tensor that is rounding noise itself: one of real values keeps its
+                # own bound (a small but real gradient's linearity bug still fails)
+                own = a.detach().double().abs()
+                own = float(own[torch.isfinite(own)].max()) if bool(torch.isfinite(own).any()) \
+                    else 0.0
+                if found <= CANCELLED * torch.finfo(a.dtype).eps * own:
+                    found = 0.0
+            noise[k:k + 1] = [max(found, noise[k] if k < len(noise) else 0.0)]
+    return noise

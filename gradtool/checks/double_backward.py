@@ -15,7 +15,7 @@ from ..numerics.facts import Facts
 from ..diagnosis.block import Diagnosis
 from ..numerics.jacobian import Verdict
 from ..numerics.problem import Problem, function_nodes, graph_key, select_outputs, vjp
-from ..results import Block, CheckResult, Outcome
+from ..results import Block, CheckResult, Finding, Outcome, Severity
 from ..targets.cases import Case
 from ..targets.load import Target
 from ..tracebacks import calls_user_code
@@ -49,7 +49,7 @@ def check_double_backward(case: Case, target: Target, config: CheckConfig) -> Ch
         return CheckResult("double_backward", Outcome.SKIPPED, "no differentiable output")
     engine = _Engine(case.problem)
     result = jacobian_result("double_backward", problem, target, config, case.seed, None, None,
-                             _diagnose, engine)
+                             _diagnose, engine, forward=case.problem)
     if engine.no_graph and result.outcome is Outcome.FAILED:
         result = replace(result, details=(*result.details, ONCE_HINT))
     case.problem.calls.update(problem.calls)
@@ -63,7 +63,49 @@ def check_double_backward(case: Case, target: Target, config: CheckConfig) -> Ch
                            f"torch cannot differentiate this backward: {unsupported}",
                            (_UNSUPPORTED_NOTE,), calls=result.calls,
                            duration_s=result.duration_s)
+    if result.outcome is Outcome.ERROR and _raises_differentiated(case.problem):
+        return _undifferentiable(result)
     return result
+
+
+def _raises_differentiated(problem: Problem) -> bool:
+    """Whether backward runs as a plain backward but raises once differentiated (built under
+    create_graph, or differentiated through): a `.numpy()` on grad_output, an op with no
+    derivative of its own, an in-place write autograd refuses to differentiate."""
+    try:
+        leaves, outs = problem.graph()
+        outs = [o for o in outs if o.requires_grad]
+        problem.vjp(leaves, outs, [torch.ones_like(o) for o in outs])
+    except Exception:  # noqa: BLE001 - backward itself raises: an error, reported as one
+        return False
+    try:
+        with torch.enable_grad():
+            leaves, outs = problem.graph()
+            outs = [o for o in outs if o.requires_grad]
+            # grad_outputs that require grad, as G's are: a backward may fail on them alone
+            seeds = [torch.ones_like(o).requires_grad_() for o in outs]
+            grads = [g.sum() for g in problem.vjp(leaves, outs, seeds, create_graph=True)
+                     if g.requires_grad]
+            with problem.bind(problem.with_inputs(leaves)):
+                vjp(grads, leaves, [torch.ones_like(g) for g in grads])
+    except Exception:  # noqa: BLE001 - raised only when differentiated
+        return True
+    return False
+
+
+def _undifferentiable(error: CheckResult) -> CheckResult:
+    """A backward that raises when differentiated: a warning naming the fix, not an error."""
+    text = (f"double backward unsupported: backward raises when differentiated "
+            f"({error.summary.replace(' raised:', ':')}); if it is not meant to be "
+            "differentiated twice, decorate it with @once_differentiable (this check is then "
+            "skipped, saying so), or leave this check out (checks=..., --check, or `checks` "
+            "in [tool.gradtool])")
+    return CheckResult("double_backward", Outcome.SKIPPED, text, source=error.source,
+                       traceback=error.traceback, calls=error.calls,
+                       duration_s=error.duration_s,
+                       findings=(Finding("double_backward.unsupported", text,
+                                         Severity.WARNING, source=error.source,
+                                         data={"exception": error.exception}),))
 
 
 # Second order of a backward already known wrong: the report needs one confirmed failure, the
@@ -205,6 +247,7 @@ class _Backward:
         # per kind ("again": the last forward's graph, "recorded"): None: not tried yet;
         # False: never again
         self.trusted: dict[str, bool | None] = {"again": None, "recorded": None}
+        self.untracked: list | None = None  # the untracked diagnosis's saved tensors, once
 
     @calls_user_code
     def __call__(self, *xv: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -291,13 +334,58 @@ def _grad_name(output: str) -> str:
 
 def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
               config: CheckConfig) -> Diagnosis | None:
-    if (i, o) not in verdict.dense:
-        return None
     from ..diagnosis.classify import classify_double_backward
 
+    if (i, o) not in verdict.dense:  # located elements only: what they show alone
+        sample = [e for e in block.worst if not e.inconclusive]
+        if len(sample) < 2 or any(e.analytical != 0 for e in sample):
+            return None
+        return _untracked(problem) or Diagnosis(
+            "untracked", f"second derivative is zero at the {len(sample)} elements shown while "
+            "numerical is not: backward uses a tensor without a graph to the inputs (saved in "
+            "forward, detached, or computed under no_grad)", {"count": len(sample)})
+
     analytical, numerical = verdict.dense[(i, o)]
-    return classify_double_backward(as_numpy(analytical), as_numpy(numerical),
-                                    atol=config.tolerance("atol"), rtol=config.tolerance("rtol"))
+    found = classify_double_backward(as_numpy(analytical), as_numpy(numerical),
+                                     atol=config.tolerance("atol"), rtol=config.tolerance("rtol"))
+    # only where no pattern is seen (a zero second derivative already says untracked): two
+    # forwards, once per check, name the saved tensor with no graph
+    if found is None or found.kind == "no_pattern":
+        return _untracked(problem) or found
+    return found
+
+
+def _untracked(derived: Problem) -> Diagnosis | None:
+    """double_backward.untracked naming the tensor: a saved one with no graph to the inputs it
+    depends on (the commonest cause: an intermediate of forward, rstd say, saved as is)."""
+    from ..numerics.saved import untracked_saved
+
+    inner = getattr(derived.fn, "problem", None)  # G's own problem: the target's
+    if inner is None or inner.cache.first_order is Outcome.FAILED:
+        return None  # wrong at first order already: that explains its second order
+    found = getattr(derived.fn, "untracked", None)  # once per check, for every block
+    if found is None:
+        before = inner.calls["forward"]
+        try:
+            found = untracked_saved(inner)
+        except Exception:  # noqa: BLE001 - the diagnosis is best effort; the verdict stands
+            found = []
+        finally:  # its forwards are this check's (the runner merges G's count into the case's)
+            ran = inner.calls["forward"] - before
+            inner.calls["forward"] -= ran
+            derived.calls["forward"] += ran
+        derived.fn.untracked = found
+    if not found:
+        return None
+    first = found[0]
+    which = ", ".join(f"{f['function']}'s saved tensor {f['saved'] + 1} of {f['of']} "
+                      f"(shape {tuple(f['shape'])})" for f in found[:3])
+    return Diagnosis("untracked", f"the second derivative misses every term through {which}: "
+                     "computed in forward, where autograd is off, and saved with no graph to "
+                     "the inputs it depends on; fix: save the inputs (or outputs) and recompute "
+                     "it in backward, so differentiating backward reaches it (or decorate "
+                     "backward with @once_differentiable if it is not meant to be "
+                     "differentiated twice)", {**first, "tensors": len(found)})
 
 
 def run(case: Case, context: Context) -> CheckResult:

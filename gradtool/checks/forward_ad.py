@@ -41,7 +41,7 @@ def run(case: Case, context: Context) -> CheckResult:
     """Full mode: every column J·e_j by jvp against central differences; probe mode: random
     directions, a failing one bisected to its element; both: ⟨v, J·u⟩ against ⟨vᵀJ, u⟩."""
     result = jacobian_result(NAME, case.problem, context.target, context.config, case.seed,
-                             None, None, _diagnose, engine=forward_mode)
+                             None, None, _diagnose, engine=forward_mode, forward=case.problem)
     if result.outcome not in (Outcome.FAILED, Outcome.INCONCLUSIVE):
         return result
     if result.outcome is Outcome.FAILED and not result.findings:

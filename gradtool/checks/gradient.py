@@ -11,6 +11,7 @@ import torch
 
 from ..config.registry import BY_NAME
 from ..config.settings import CheckConfig
+from ..numerics.coarse import rejudge
 from ..numerics.jacobian import Reference, Verdict, check_full, choose_mode, prime
 from ..numerics.probe import check_probe
 from ..numerics.problem import Problem
@@ -51,9 +52,10 @@ def _masked_hint(found: CheckResult, problem: Problem, config: CheckConfig) -> C
 def jacobian_result(name: str, problem: Problem, target: Target, config: CheckConfig, seed: int,
                     reference: Reference | None, surrogate: str | None,
                     diagnoser: Diagnoser, engine: Engine | None = None,
-                    first_order: bool = False) -> CheckResult:
+                    first_order: bool = False, forward: Problem | None = None) -> CheckResult:
     """Run the engine (reverse mode's unless another is given) and turn its Verdict into a
-    CheckResult."""
+    CheckResult; `forward`: the target's own problem, whose forward's precision judges a
+    derived one (double backward's)."""
     start = time.perf_counter()
     before = dict(problem.calls)
     if not problem.diff:
@@ -89,6 +91,10 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
             verdict = (engine or reverse_mode)(problem, config, leaves, outs, seed, reference)
         finally:
             problem.recording(False)
+        coarse = None
+        if (first_order or forward is not None) and reference is None:
+            # a forward coarser than its inputs: said, and judged at its precision
+            verdict, coarse = rejudge(problem, config, verdict, forward)
     except MemoryError as exc:
         return CheckResult(name, Outcome.ERROR, str(exc),
                            details=("use --mode probe, or raise --max-memory",))
@@ -104,7 +110,8 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
     left_out = [f"{out} left out: it does not require grad after forward "
                 "(ctx.mark_non_differentiable, or autograd does not differentiate it)"
                 for out in problem.left_out]
-    summary = _summary(verdict, blocks, surrogate)
+    summary = (coarse.message if coarse is not None and not any(b.mismatched for b in blocks)
+               else _summary(verdict, blocks, surrogate))
     if problem.left_out:
         summary += f" ({', '.join(problem.left_out)} left out: not differentiable)"
     return CheckResult(
@@ -114,7 +121,8 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
             k: config.tolerance(k) for k in ("atol", "rtol")})},
         calls=calls_since(problem, before), duration_s=time.perf_counter() - start,
         source=target.source if verdict.outcome is not Outcome.PASSED else None,
-        findings=mismatch_findings(name, verdict.outcome, diagnosed, surrogate))
+        findings=(*(() if coarse is None else (coarse,)),
+                  *mismatch_findings(name, verdict.outcome, diagnosed, surrogate)))
 
 
 def mismatch_findings(name: str, outcome: Outcome,

@@ -16,6 +16,7 @@ from ..results import CheckResult, Finding, Outcome, Severity
 from ..targets.cases import Case
 from ..targets.probe import both_nan, equal
 from ..tracebacks import calls_user_code, gradtool_frame, innermost_user_frame, raised_in_gradtool
+from .contract_rounding import MEASURED_SLACK, measured_noise
 from ._common import Context, calls_since
 
 NAME = "layout"
@@ -108,6 +109,8 @@ def run(case: Case, context: Context) -> CheckResult:
     """Every grad_output layout on one graph, then every input layout through forward, each
     against the contiguous result."""
     start, problem = time.perf_counter(), case.problem
+    if not problem.output_names:  # a Python number, None: the contract's finding, not a pass
+        return CheckResult(NAME, Outcome.SKIPPED, "forward returns no tensor output")
     before = dict(problem.calls)
     source = context.target.source
     # A stochastic forward's draws (rand_like) follow its input's memory layout: another
@@ -159,6 +162,7 @@ def compare_layouts(problem: Problem, config: CheckConfig, seed: int,
     before = [leaf.detach().clone() for leaf in leaves]
     base = _backward(problem, leaves, outs, grads)
     check = _Comparer(problem, config, leaves, outs, base, source)
+    check.grads = grads
     # A backward that wrote to its saved inputs (the contract's finding) left this graph
     # unusable: a second backward through it reads what the first wrote, which is no layout's
     # doing. Each layout then runs on a forward of fresh copies of its own.
@@ -191,6 +195,8 @@ class _Comparer:
         self.findings: list[Finding] = []
         self.flagged: set[int] = set()  # inputs with a finding: later layouts leave them be
         self.fresh = False  # every backward on a forward of its own (see compare_layouts)
+        self.grads: list[torch.Tensor] = []  # the grad_outputs `base` was computed at
+        self.noise: list[float] | None = None  # per input: backward's rounding, measured
 
     def _graph(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(leaves, outputs) to run one more backward through: the recorded forward's, or a
@@ -303,11 +309,22 @@ class _Comparer:
         scales = self.scales if gradients else [0.0] * len(got)
         # the largest gradient of either backward compared (a constant grad_output's differs)
         floor = max([self.floor, *map(_max_abs, want)]) if gradients else 0.0
-        for have, expect, name, scale in zip(got, want, names, scales):
+        for k, (have, expect, name, scale) in enumerate(zip(got, want, names, scales)):
             text = difference(have, expect, self.config.nondet_tol, name, scale, floor)
+            if text and gradients and self.grads:  # against backward's measured rounding too
+                text = difference(have, expect, self.config.nondet_tol + MEASURED_SLACK
+                                  * self._noise()[k], name, scale, floor)
             if text:
                 return name, text
         return None
+
+    def _noise(self) -> list[float]:
+        """Per input, backward's own rounding noise, measured once (a gradient that cancels
+        hides its terms' scale inside backward: a normalisation over one element's 1/std)."""
+        if self.noise is None:
+            self.noise = measured_noise(
+                lambda g: _backward(self.problem, *self._graph(), g), (self.grads, self.base))
+        return self.noise
 
     def _forward_varies(self) -> bool:
         _, again = _forward(self.problem, [v.detach().clone() for v in self.problem.inputs])
@@ -365,8 +382,9 @@ def difference(have: torch.Tensor, want: torch.Tensor, nondet_tol: float, name: 
         return None
     flat = int(torch.where(bad, diff, torch.zeros_like(diff)).reshape(-1).argmax())
     index = tuple(unravel(flat, tuple(want.shape)))
-    return (f"'{name}'{list(index)}: {have.reshape(-1)[flat].item():.6g}, contiguous "
-            f"{want.reshape(-1)[flat].item():.6g}; {int(bad.sum())} of {want.numel()} "
+    a, b = have.reshape(-1)[flat].item(), want.reshape(-1)[flat].item()
+    return (f"'{name}'{list(index)}: {a:.6g}, contiguous {b:.6g} (differing by {abs(a - b):.3g}, "
+            f"beyond the {float(tol):.3g} allowed); {int(bad.sum())} of {want.numel()} "
             "elements differ")
 
 

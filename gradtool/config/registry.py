@@ -190,6 +190,9 @@ REGISTRY: tuple[CheckInfo, ...] = (
                   "surrogate, or the float64 reference below float64)", FIRST_ORDER_KINDS,
                   Rule("gradient.forward_nonfinite", "failure", "forward returns NaN/Inf on the "
                        "inputs, so no gradient can be compared"),
+                  Rule("gradient.forward_precision", "failure", "forward computes coarser "
+                       "than the dtype it is given (float64 in, float32 inside: every output a "
+                       "float32 number); its gradient is then judged at that precision"),
                   Rule("gradient.rounding", "failure", "below float64: the gradient is further "
                        "from the float64 reference than rounding explains", unsilenceable=NEVER_SILENCED),
                   Rule("gradient.taylor", "failure", "the Taylor remainder does not shrink as "
@@ -199,6 +202,10 @@ REGISTRY: tuple[CheckInfo, ...] = (
                                  "(what gradgradcheck does)",
               rules=_jacobian_rules("double_backward", "the Jacobian of backward against "
                                     "finite differences", SECOND_ORDER_KINDS,
+                                    Rule("double_backward.unsupported", "warning", "backward "
+                                         "runs, but raises when differentiated (under "
+                                         "create_graph): double backward unsupported, not "
+                                         "declared with @once_differentiable"),
                                     unsilenceable=NEVER_SILENCED),
               variants=(("low_precision", "second_precision"),),
               hooks=(("composite", "gradtool.run.second:annotate_double"),),

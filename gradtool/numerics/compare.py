@@ -41,6 +41,7 @@ class BlockTally:
     # one even when the verdict's tolerance is measured: one-sided differences are O(h).
     kink_atol: float | None = None
     kink_rtol: float | None = None
+    scale: float = 0.0  # the largest |numerical| compared
 
     def kink_tolerance(self, numerical: float) -> float:
         atol = self.atol if self.kink_atol is None else self.kink_atol
@@ -62,6 +63,8 @@ class BlockTally:
             tol = self.atol + self.rtol * numerical.abs()
         bad = diff > tol
         self.checked += diff.numel()
+        if numerical.numel():  # the Jacobian's scale: a cancelled gradient's rounding is of it
+            self.scale = max(self.scale, float(numerical.abs().nan_to_num(0, 0, 0).max()))
         if diff.numel():
             self.max_abs = max(self.max_abs, diff.max().item())
         n_bad = int(bad.sum())

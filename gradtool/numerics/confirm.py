@@ -12,7 +12,7 @@ import torch
 from ..config.settings import CheckConfig
 from .compare import BlockTally
 from .problem import Problem, flat_cat
-from .steps import KINK_TEST, at_far, one_sided
+from .steps import KINK_TEST, at_far, element, one_sided
 
 
 @dataclass
@@ -25,6 +25,8 @@ class Evaluations:
     far: Sequence[dict] = ()  # per input: col -> f(x ± 10h e_col), evaluated by measured.py
 
 
+# Backward this many spreads of the estimates outside them all: wrong, whatever their spread.
+OUTSIDE = 10.0
 # One-sided estimates disagreeing this many times less at 10h than at h: rounding (its error
 # falls as 1/h, 10 times on average), not a kink (whose one-sided slopes differ at any step).
 ROUNDING_FALL = 3.0
@@ -62,12 +64,24 @@ def confirm(problem: Problem, config: CheckConfig, tally: BlockTally, i: int, ou
         at = {name: e[out_offset + r].item() for name, e in cache[c].items()}
         estimates = [at[name] for name in KINK_TEST if name in at]
         spread = max(estimates) - min(estimates)
-        shaky = not math.isfinite(spread) or spread > tally.kink_tolerance(n)
+        shaky = (not math.isfinite(spread) or spread > tally.kink_tolerance(n)) \
+            and not _outside(a, estimates, spread, tally.kink_tolerance(n))
         elements[k] = tally.element(r, c, a, n, inconclusive=shaky)
         if not shaky:  # a standing element settles the verdict: failed
             return elements, False, False
         votes.append(_rounding(at))
     return elements, True, votes.count(True) > votes.count(False)
+
+
+def _outside(analytical: float, estimates: Sequence[float], spread: float,
+             tolerance: float) -> bool:
+    """Whether backward's value lies far outside every estimate, by many times their spread:
+    estimates that disagree with each other (rounding, or a kink: a subgradient lies between
+    its one-sided slopes) but together disagree with backward far more is a wrong backward."""
+    if not math.isfinite(spread) or not math.isfinite(analytical):
+        return False
+    gap = max(min(estimates) - analytical, analytical - max(estimates), 0.0)
+    return gap > OUTSIDE * spread + tolerance
 
 
 def confirmed(problem: Problem, config: CheckConfig, tallies: list[list[BlockTally]], i: int,
@@ -122,10 +136,10 @@ def _estimates(problem: Problem, i: int, col: int, h: float, done: Evaluations |
     far = list(done.far[i][col]) if i < len(done.far) and col in done.far[i] else []
     if not far:
         work = [v.detach().clone() for v in problem.inputs]
-        flat = work[i].view(-1)
-        original = flat[col].item()
+        at_col = element(work[i].shape, col)
+        original = work[i][at_col].item()
         for delta in (10 * h, -10 * h):
-            flat[col] = original + delta
+            work[i][at_col] = original + delta
             far.append(flat_cat(problem.outputs(work)))
     return {**near_only, **at_far(f0, far[0], far[1], 10 * h)}
 

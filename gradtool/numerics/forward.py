@@ -13,7 +13,7 @@ from ..tracebacks import calls_user_code
 from .jacobian import SMALL, Verdict, _finish, _tallies
 from .batching import quiet_batching
 from .problem import Problem, flat_cat, select_outputs
-from .steps import FINITE_MACHINE, LOOP_MAX, directional, numerical_columns
+from .steps import FINITE_MACHINE, LOOP_MAX, directional, element, numerical_columns
 from .transforms import vmap
 
 
@@ -78,7 +78,7 @@ def jvp_column(problem: Problem, values: Sequence[torch.Tensor], which: int,
                col: int) -> torch.Tensor:
     """J e_col for element `col` of input `which`."""
     tangents = [torch.zeros_like(v) for v in values]
-    tangents[which].view(-1)[col] = 1
+    tangents[which][element(values[which].shape, col)] = 1  # zeros_like keeps strides
     return jvp(problem, values, tangents)
 
 

@@ -29,6 +29,7 @@ from .problem import Problem
 from .steps import FINITE_MACHINE, outputs_of
 
 K = 8.0                # verdict: beyond K x the estimated finite-difference error
+CANCELLED = 1024.0     # within this many units of the largest |J|: a cancelled sum's rounding
 FIRST_RTOL = 1e-7      # first bound's truncation allowance (smooth float64: ~1e-12)
 ROUND_C = 32.0         # first bound's rounding allowance: ROUND_C u max|f| / h
 FLOOR_REL = 1e-9       # the verdict's floor, relative to |D|
@@ -101,6 +102,9 @@ def remeasure(problem: Problem, values: Sequence[torch.Tensor], tallies: list[li
     found = Measurement(first.atol, first.rtol, fixed=fixed)
     standing = False
     complete = True
+    # rounding of backward where a gradient cancels: units of the largest Jacobian entry
+    cancelled = CANCELLED * FINITE_MACHINE.get(f0.dtype, 2.2e-16) * max(
+        t.scale for row in tallies for t in row)
     for i, row in enumerate(tallies):
         flags = _flags(row, bounds, f0.device)
         if flags is None:
@@ -109,6 +113,12 @@ def remeasure(problem: Problem, values: Sequence[torch.Tensor], tallies: list[li
         # mismatches the sweep counted without an exact value (coloured flags past its budget)
         unvalued = [t.mismatched - int(((flags[0] >= bounds[o]) & (flags[0] < bounds[o + 1]))
                                        .sum()) for o, t in enumerate(row)]
+        noise = (flags[2] - flags[3]).abs() <= cancelled
+        flags = tuple(t[~noise] for t in flags)
+        if bool(noise.any()) and not len(flags[0]):  # every flag noise: none stands
+            for o, tally in enumerate(row):
+                tally.mismatched, tally.worst, tally.max_rel = unvalued[o], [], 0.0
+                tally.standing = (flags[0], flags[1])
         if not len(flags[0]):
             complete &= not any(unvalued)
             continue

@@ -220,13 +220,13 @@ def one_sided(problem: Problem, values: Sequence[torch.Tensor], which: int, col:
               h: float) -> dict[str, torch.Tensor]:
     """Derivative estimates of one column by several formulas and steps (kink detection)."""
     work = [v.detach().clone() for v in values]
-    flat = work[which].view(-1)
-    original = flat[col].item()
+    at_col = element(work[which].shape, col)
+    original = work[which][at_col].item()
 
     def at(delta: float) -> torch.Tensor:
-        flat[col] = original + delta
+        work[which][at_col] = original + delta
         out = flat_cat(problem.outputs(work))
-        flat[col] = original
+        work[which][at_col] = original
         return out
 
     f0, plus, minus = at(0.0), at(h), at(-h)
@@ -237,6 +237,16 @@ def one_sided(problem: Problem, values: Sequence[torch.Tensor], which: int, col:
         "central": (plus - minus) / (2 * h),
         **at_far(f0, plus10, minus10, 10 * h),
     }
+
+
+def element(shape: Sequence[int], col: int) -> tuple[int, ...]:
+    """The index of flat element `col` (row-major) in a tensor of `shape`, whatever its strides:
+    a clone keeps a transposed input's strides, where `.view(-1)` would raise."""
+    index = []
+    for size in reversed(shape):
+        col, k = divmod(col, size)
+        index.append(k)
+    return tuple(reversed(index))
 
 
 # The estimates whose disagreement marks an element unreliable (the others only tell why).

@@ -165,9 +165,9 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     if case.alternative is not None:
         notes.append("0-d inputs ran forward and backward where these did not; if the target "
                      f"takes only scalars, pin them: {pin_flags(case.alternative, config)}")
+    unchecked = left_unchecked(case.specs, [info.name for info in case.infos])  # trace's too
+    notes += [unchecked] if unchecked and has_given_values(case.specs) else []
     if has_given_values(case.specs) and not spec.origin:
-        unchecked = left_unchecked(case.specs, [info.name for info in case.infos])
-        notes += [unchecked] if unchecked else []
         notes.append("inputs given as values: to replay them, torch.save((args, kwargs), "
                      "'INPUTS.pt'), or run with --save-inputs INPUTS.pt")
     if case.facts.stochastic:
@@ -306,7 +306,8 @@ def _run_check(name: str, case: Case, job: Job) -> CheckResult | None:
 
 
 def silence(result: CheckResult, ignore: Sequence[str]) -> CheckResult:
-    """Drop the findings of rules the configuration ignores (a check failed by them passes)."""
+    """Drop the findings whose rule the configuration ignores (any check's); a check failed only
+    by such findings (no block mismatched) passes, and says what was ignored."""
     silenced = sorted({f.rule for f in result.findings if f.rule in ignore})
     if not silenced:
         return result
@@ -316,7 +317,8 @@ def silence(result: CheckResult, ignore: Sequence[str]) -> CheckResult:
     kept = tuple(f for f in result.findings if f.rule not in ignore)
     note = f"ignored by configuration: {', '.join(silenced)}"
     failures = [f for f in kept if f.severity is Severity.FAILURE]
-    if result.outcome is Outcome.FAILED and not failures and not result.blocks:
+    if result.outcome is Outcome.FAILED and not failures and not any(b.mismatched
+                                                                     for b in result.blocks):
         return replace(result, outcome=Outcome.PASSED, findings=kept, details=(note,),
                        summary=f"passed once the ignored rules are left out ({note})")
     # A check without blocks says its first failure in its summary: say the first one kept.

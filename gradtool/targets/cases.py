@@ -246,17 +246,23 @@ class _ValueCtx:
 def bind_module(target: Target, n_args: int, config: CheckConfig, seed: int) -> Bound:
     from torch.nn.utils.stateless import _reparametrize_module
 
-    module = private_copy(target, seed)
+    module, owned = private_copy(target, seed)
     dtype, device = getattr(torch, config.dtype), config.device
-    module.to(device=device, dtype=dtype)  # casts floating parameters and buffers only
-    params = [(name, p.detach().clone()) for name, p in module.named_parameters()
+    # a copy is cast in place; the user's own instance (no copy possible) never is: its
+    # parameters and buffers are swapped for cast clones around every call instead
+    state = {} if owned else private_state(module, dtype, device)
+    if owned:
+        module.to(device=device, dtype=dtype)  # casts floating parameters and buffers only
+    params = [(name, state[name] if name in state else p.detach().clone())
+              for name, p in module.named_parameters()
               if p.requires_grad and p.is_floating_point() and config.module_parameters]
     names = [n for n, _ in params]
 
     @contextlib.contextmanager
     def scope(args: Sequence[Any]) -> Iterator[None]:
-        # Swapped into the private copy (tied weights kept tied); nested scopes restore in turn.
-        with _reparametrize_module(module, dict(zip(names, args[n_args:])), tie_weights=True):
+        # Swapped into the module (tied weights kept tied); nested scopes restore in turn.
+        with _reparametrize_module(module, {**state, **dict(zip(names, args[n_args:]))},
+                                   tie_weights=True):
             yield
 
     @calls_user_code
@@ -267,19 +273,34 @@ def bind_module(target: Target, n_args: int, config: CheckConfig, seed: int) -> 
     return call, call, params, scope
 
 
-def private_copy(target: Target, seed: int) -> torch.nn.Module:
+def private_copy(target: Target, seed: int) -> tuple[torch.nn.Module, bool]:
     """A module of gradtool's own: built from the class, or a deep copy of the user's instance
-    (so nothing of theirs changes: values, .grad, requires_grad, hooks, training flag)."""
+    (so nothing of theirs changes: values, .grad, requires_grad, hooks, training flag), and
+    True; or, where no deep copy is possible (a tensor subclass whose clone is another type,
+    as quantised weights are), the user's instance itself and False: it is then only called
+    with its parameters and buffers swapped for clones (private_state)."""
     module = instantiate(target, seed)
     if inspect.isclass(target.obj):
-        return module
+        return module, True
     try:
-        return copy.deepcopy(module)
-    except Exception as exc:
-        raise TargetError(f"{target.name}: cannot copy the module ({type(exc).__name__}: {exc}); "
-                          "gradtool checks a copy so that yours is never modified",
-                          "make it deep-copyable, or check its class with a spec's init: "
-                          "key") from exc
+        return copy.deepcopy(module), True
+    except Exception:  # noqa: BLE001 - any reason: the instance is used through clones instead
+        return module, False
+
+
+def private_state(module: torch.nn.Module, dtype: torch.dtype, device: str
+                  ) -> dict[str, torch.Tensor]:
+    """Clones of a module's parameters and buffers, floating ones cast as module.to would: what
+    a call of the user's own instance reads and writes instead of theirs. A tensor that cannot
+    be cloned (a subclass without a copy) is left out: forward reads the user's, unwritten."""
+    state = {}
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        try:
+            state[name] = t.detach().to(device=device, copy=True,
+                                        dtype=dtype if t.is_floating_point() else t.dtype)
+        except Exception:  # noqa: BLE001 - read as it is
+            continue
+    return state
 
 
 def instantiate(target: Target, seed: int) -> torch.nn.Module:
