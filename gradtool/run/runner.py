@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 from ..config.settings import CheckConfig
 from .. import heartbeat
 from ..errors import GradtoolError, InternalError
-from ..results import (CaseResult, CheckResult, Finding, Outcome, Rejected, Report, TargetResult,
-                       headline)
+from ..results import (CaseResult, CheckResult, Finding, Outcome, Rejected, Report, Severity,
+                       TargetResult, headline)
 from ..targets.inputs import InputSpec
 from ..targets.load import Target
 from .reproduce import has_given_values, left_unchecked, pin_flags, reproduce_for
@@ -311,9 +311,6 @@ def silence(result: CheckResult, ignore: Sequence[str]) -> CheckResult:
     silenced = sorted({f.rule for f in result.findings if f.rule in ignore})
     if not silenced:
         return result
-
-    from ..results import Severity
-
     kept = tuple(f for f in result.findings if f.rule not in ignore)
     note = f"ignored by configuration: {', '.join(silenced)}"
     failures = [f for f in kept if f.severity is Severity.FAILURE]
