@@ -313,12 +313,14 @@ def test_a_function_given_as_apply_is_named_by_its_class_everywhere():
     assert f"gradtool check {target.target} " in report.targets[0].cases[0].reproduce
 
 
-def test_a_target_gradtool_cannot_take_is_its_usage_error_not_a_verdict():
+def test_a_module_that_cannot_be_copied_is_checked_as_torch_checks_it():
+    """A module gradtool cannot deep-copy (a lock) is called itself with its state swapped for
+    clones (issue 48): the same verdict as torch's, its weights untouched."""
     import threading
 
-    from gradtool.errors import TargetError
-
     module = torch.nn.Linear(3, 2).double()
-    module.lock = threading.Lock()  # cannot be deep-copied: gradtool checks a copy
-    with pytest.raises(TargetError, match="deep-copyable"):
-        gradtool.gradcheck(module, (_x(2, 3),))
+    module.lock = threading.Lock()
+    before = module.weight.detach().clone()
+    x = _x(2, 3)
+    assert gradtool.gradcheck(module, (x,)) is torch.autograd.gradcheck(module, (x,)) is True
+    assert torch.equal(module.weight, before) and module.weight.grad is None
