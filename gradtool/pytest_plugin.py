@@ -39,7 +39,8 @@ FILE_KEYS = frozenset({"version", "specs"})  # gradtool.specs.FILE_KEYS, without
 _TOP_LEVEL_SPECS = re.compile(r"^specs\s*:", re.MULTILINE)
 
 _settings_key = pytest.StashKey[dict[str, Any]]()
-_swap_key = pytest.StashKey[Any]()  # the run/swap.py Swap routing this process's calls
+# The run/swap.py Swap routing this process's calls (benchmarks/drop_in.py reads its calls).
+SWAP_KEY = pytest.StashKey[Any]()
 _worker_calls_key = pytest.StashKey[list[Any]]()  # the controller's: its workers' calls
 GRADCHECK_OUTPUT = "gradtool_gradcheck"  # a worker's routed calls, in its workeroutput
 
@@ -92,7 +93,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if gradcheck_enabled(config):
         config.stash[_worker_calls_key] = []
         if not _xdist_controller(config):  # the controller runs no test: no torch there
-            config.stash[_swap_key] = _routed_swap()
+            config.stash[SWAP_KEY] = _routed_swap()
 
 
 def _xdist_controller(config: pytest.Config) -> bool:
@@ -114,13 +115,13 @@ def _routed_swap() -> Any:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    swap = config.stash.get(_swap_key, None)
+    swap = config.stash.get(SWAP_KEY, None)
     if swap is not None:
         swap.restore()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    swap = session.config.stash.get(_swap_key, None)
+    swap = session.config.stash.get(SWAP_KEY, None)
     if swap is not None and hasattr(session.config, "workeroutput"):
         session.config.workeroutput[GRADCHECK_OUTPUT] = [call.row() for call in swap.calls]
 
@@ -138,7 +139,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         return
     from gradtool.run.swap import Call
 
-    swap = config.stash.get(_swap_key, None)
+    swap = config.stash.get(SWAP_KEY, None)
     calls = (swap.calls if swap else []) + [Call(*row) for row in config.stash[_worker_calls_key]]
     terminalreporter.write_sep("-", "gradtool --gradtool-gradcheck")
     terminalreporter.write_line(gradcheck_summary(calls))

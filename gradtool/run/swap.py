@@ -38,10 +38,11 @@ class Call:
     seconds: float
     where: str = ""  # the caller's label (the pytest plugin: the test's node id)
     error: str = ""  # the exception's type and first line, for failed and raised
+    elements: int = 0  # elements of the inputs requiring grad: the size of the problem
 
     def row(self) -> list[Any]:
         """Plain values, as pytest-xdist sends a worker's output to the controller."""
-        return [self.name, self.outcome, self.seconds, self.where, self.error]
+        return [self.name, self.outcome, self.seconds, self.where, self.error, self.elements]
 
 
 class Swap:
@@ -103,7 +104,7 @@ class Swap:
             finally:
                 self._inside.on = False
                 self.calls.append(Call(name, outcome, time.perf_counter() - start,
-                                       self._where(), error))
+                                       self._where(), error, _elements(args, kwargs)))
 
         routed._gradtool_original = original  # type: ignore[attr-defined]
         return routed
@@ -120,6 +121,14 @@ def _namespaces() -> Iterator[dict[str, Any]]:
             continue
         if isinstance(namespace, dict):
             yield namespace
+
+
+def _elements(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """Elements of the inputs requiring grad (gradcheck's second argument: a tensor or a tuple)."""
+    inputs = args[1] if len(args) > 1 else kwargs.get("inputs", ())
+    inputs = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
+    return sum(x.numel() for x in inputs if getattr(x, "requires_grad", False)
+               and callable(getattr(x, "numel", None)))
 
 
 def _first_line(exc: BaseException) -> str:
