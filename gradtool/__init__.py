@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from ._version import __version__
 
-__all__ = ["__version__", "assert_gradients", "check", "gradcheck", "gradgradcheck"]
+__all__ = ["__version__", "assert_gradients", "check", "gradcheck", "gradgradcheck", "sample"]
 
 
 def __getattr__(name: str):
     # Lazy: importing gradtool must not import torch (the CLI's --help stays fast).
-    if name in ("check", "assert_gradients"):
+    if name in ("check", "assert_gradients", "sample"):
         from . import api
 
         return getattr(api, name)

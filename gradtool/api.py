@@ -52,13 +52,20 @@ def module_devices(target: Any) -> set[str]:
     return {str(t.device) for t in [*target.parameters(), *target.buffers()]}
 
 
+def sample(text: str) -> Any:
+    """An input to sample, in the --input language ('3x4', '(5,)', '3x3:spd', '5', 'None'):
+    explicit, so it can stand beside real tensors, where a plain string is passed as is."""
+    return parse_input(text)
+
+
 def check(target: Any, inputs: Any = None, kwargs: dict[str, Any] | None = None,
           **settings: Any) -> Report:
     """Check a target (an object, or a 'module:Name' / 'file.py:Name' string).
 
     inputs: the positional forward arguments, like gradcheck's: tensors (checked at exactly those
-    values, which are never modified), literals, --input strings ('3x4', '5', 'None'), InputSpec
-    objects, or tuples/lists/dicts of these; omitted, they are inferred. Which tensors are checked
+    values, which are never modified), literals, --input strings ('3x4', '5', 'None') when no
+    tensor is given (beside a tensor a string is passed as is), sample('3x4') anywhere, or
+    tuples/lists/dicts of these; omitted, they are inferred. Which tensors are checked
     follows gradcheck: those that require grad if any does, else every floating one.
     kwargs: keyword arguments of forward, in the same forms. settings: any CheckConfig field
     (seed, dtype, eps, atol, rtol, nondet_tol, checks, mode, probes, ...).

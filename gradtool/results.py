@@ -253,6 +253,11 @@ class Report:
     def __str__(self) -> str:
         return self.text()
 
+    def __bool__(self) -> bool:
+        # `assert gradtool.check(...)` translates `assert gradcheck(...)`: a Report is true
+        # exactly when ok() is (a dataclass is otherwise always true, passing a wrong gradient).
+        return self.ok()
+
     def checks(self) -> list[tuple[TargetResult, CaseResult, CheckResult]]:
         """Every (target, case, check) triple, in run order."""
         return [(t, c, k) for t in self.targets for c in t.cases for k in c.checks]

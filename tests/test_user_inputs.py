@@ -241,13 +241,28 @@ def test_init_refuses_non_literals_and_non_module_classes():
     assert function.exit_code == 2 and "nn.Module class" in function.output
 
 
-def test_given_values_spec_objects_and_strings_mix(fx):
+def test_given_values_mix_with_inputs_sampled_explicitly(fx):
     w = torch.randn(3, 4, dtype=torch.float64)
-    report = gradtool.check(fx.ScaleByW, ["3x4", w])
+    report = gradtool.check(fx.ScaleByW, [gradtool.sample("3x4"), w])
     infos = report.targets[0].cases[0].inputs
     assert report.ok() and infos[0].description == "3x4:float64"
     assert infos[1].description.startswith("given 3x4:float64 #")
     assert isinstance(ValueSpec(w).describe(), str)
+
+
+@pytest.mark.parametrize("text", ["3x4", "5", "None", "replicate"])
+def test_a_string_beside_a_given_tensor_is_passed_as_is(text):
+    seen = []
+
+    def fn(x, mode):
+        seen.append(mode)
+        return x * 2
+
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    report = gradtool.check(fn, (x, text), checks=("gradient",))
+    assert report.ok(), report
+    assert seen and all(m == text for m in seen)
+    assert gradtool.gradcheck(fn, (x, text)) is True
 
 
 def test_readme_input_examples_run(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ Verdict policy (docs/library-and-pytest.md says it for users):
   (torch_tests.py). So gradtool never passes what torch's function fails for a defect; where
   torch's own finite differences fail a correct function (a step across a kink, rounding its
   fixed tolerance cannot absorb), gradtool's verdict (inconclusive is not a failure) stands.
-- gradtool's other checks (contract, layout, double backward, ...) are opt-in: `gradtool=True`.
+- gradtool's other checks (contract, layout, double backward, ...) are opt-in: `extra_checks=True`.
 - gradgradcheck is gradcheck of the function (inputs, grad_outputs) -> backward's gradients,
   built with a graph, exactly as torch's: the caller's grad_outputs, else random ones (non-
   contiguous under gen_non_contig_grad_outputs); check_fwd_over_rev and check_rev_over_rev are
@@ -36,7 +36,7 @@ import torch
 from torch.autograd.gradcheck import GradcheckError
 
 from . import torch_tests
-from ..tracebacks import user_errors_propagate
+from ..tracebacks import calls_user_code, user_errors_propagate
 
 __all__ = ["GradcheckFailure", "gradcheck", "gradgradcheck"]
 
@@ -59,12 +59,13 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
               check_batched_grad: bool = False, check_batched_forward_grad: bool = False,
               check_forward_ad: bool = False, check_backward_ad: bool = True,
               fast_mode: bool = False, masked: bool | None = None,
-              gradtool: bool = False) -> bool:
+              extra_checks: bool = False) -> bool:
     """torch.autograd.gradcheck's contract, judged by gradtool (see the module docstring).
 
-    gradtool=True adds gradtool's default checks (contract, layout, double backward, ...)."""
-    args = inputs if isinstance(inputs, tuple) else \
-        tuple(inputs) if isinstance(inputs, list) else (inputs,)
+    extra_checks=True adds gradtool's default checks (contract, layout, double backward, ...)."""
+    _keywords(check_forward_ad, check_backward_ad, check_batched_grad,
+              check_batched_forward_grad)
+    args = _as_tuple(inputs)
     try:
         torch_tests.check_inputs(args)
         out = func(*args)
@@ -72,16 +73,19 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
         torch_tests.check_outputs(outputs)
         if not outputs:  # torch's test: finite differences find every output constant
             torch_tests.no_differentiable_outputs(func, args, out, eps)
-        elif check_backward_ad or check_forward_ad:
-            _judge(func, args, _settings(args, eps, atol, rtol, nondet_tol, fast_mode, masked,
-                                         check_forward_ad, check_backward_ad, gradtool))
-        torch_tests.run(func, args, outputs, nondet_tol=nondet_tol,
-                         check_undefined_grad=check_undefined_grad,
-                         check_grad_dtypes=check_grad_dtypes,
-                         check_batched_grad=check_batched_grad,
-                         check_batched_forward_grad=check_batched_forward_grad,
-                         check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
-                         masked=bool(masked))
+        settings = _settings(args, eps, atol, rtol, nondet_tol, fast_mode, masked)
+        # torch's order, so the first failure is the one torch's gradcheck would raise
+        if outputs and check_backward_ad:
+            _judge(func, args, settings, backward=True, extra=extra_checks)
+            torch_tests.reentrant(args, outputs, nondet_tol, check_grad_dtypes)
+        if outputs and check_forward_ad:
+            _judge(func, args, settings, backward=False, extra=extra_checks and
+                   not check_backward_ad)
+        torch_tests.run(func, args, outputs, check_undefined_grad=check_undefined_grad,
+                        check_batched_grad=check_batched_grad,
+                        check_batched_forward_grad=check_batched_forward_grad,
+                        check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
+                        masked=bool(masked))
     except GradcheckError as exc:
         if raise_exception:
             if isinstance(exc, GradcheckFailure):
@@ -91,30 +95,63 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
     return True
 
 
-def _settings(args: Sequence[Any], eps: float, atol: float, rtol: float, nondet_tol: float,
-              fast_mode: bool, masked: bool | None, forward: bool, backward: bool,
-              extra: bool) -> dict[str, Any]:
-    """gradtool.check's settings for gradcheck's keywords."""
-    from ..config.registry import DEFAULT_CHECKS, GRADCHECK_BACKWARD, GRADCHECK_FORWARD
+def _keywords(forward: bool, backward: bool, batched: bool, batched_forward: bool) -> None:
+    """The keyword combinations torch's gradcheck refuses, refused alike (AssertionError)."""
+    if not (forward or backward):
+        raise AssertionError("Expected at least one of check_forward_ad or check_backward_ad "
+                             "to be True")
+    if batched and not backward:
+        raise AssertionError("Setting check_batched_grad=True requires check_backward_ad to be "
+                             "True")
+    if batched_forward and not forward:
+        raise AssertionError("Setting check_batched_forward_grad=True requires check_forward_ad "
+                             "to be True")
 
-    names = [*(GRADCHECK_BACKWARD if backward else ()), *(GRADCHECK_FORWARD if forward else ())]
-    if extra:
-        names += [n for n in DEFAULT_CHECKS if n not in names]
+
+def _second_keywords(forward: bool, backward: bool, undefined: bool, batched: bool) -> None:
+    """The keyword combinations torch's gradgradcheck refuses, refused alike."""
+    if not (forward or backward):
+        raise AssertionError("Expected at least one of check_fwd_over_rev or check_rev_over_rev "
+                             "to be True")
+    if undefined and not backward:
+        raise AssertionError("Setting check_undefined_grad=True requires check_rev_over_rev to "
+                             "be True")
+    if batched and not backward:
+        raise AssertionError("Setting check_batched_grad=True requires check_rev_over_rev to be "
+                             "True")
+
+
+def _as_tuple(inputs: Any) -> tuple[Any, ...]:
+    """gradcheck's inputs: a tuple, a list, or one value."""
+    return inputs if isinstance(inputs, tuple) else \
+        tuple(inputs) if isinstance(inputs, list) else (inputs,)
+
+
+def _settings(args: Sequence[Any], eps: float, atol: float, rtol: float, nondet_tol: float,
+              fast_mode: bool, masked: bool | None) -> dict[str, Any]:
+    """gradtool.check's settings for gradcheck's keywords."""
     tolerances = {"eps": eps, "atol": atol, "rtol": rtol}
     if any(t.is_floating_point() and t.dtype != torch.float64 for t in _tensors(args)):
         tolerances = {k: v for k, v in tolerances.items() if v != TORCH_DEFAULTS[k]}
     return {**tolerances, "nondet_tol": nondet_tol, "masked": bool(masked),
-            "mode": "probe" if fast_mode else "full", "checks": tuple(names),
-            "module_parameters": False}
+            "mode": "probe" if fast_mode else "full", "module_parameters": False}
 
 
-def _judge(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[str, Any]) -> None:
-    """gradtool's checks on the call: GradcheckFailure with the plain report when one fails."""
+def _judge(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[str, Any], *,
+           backward: bool, extra: bool) -> None:
+    """gradtool's checks of reverse (backward) or forward mode on the call, gradtool's default
+    checks too when `extra`: GradcheckFailure with the plain report when one fails."""
     from ..api import check
+    from ..config.registry import DEFAULT_CHECKS, GRADCHECK_BACKWARD, GRADCHECK_FORWARD
     from ..render.terminal import render_plain
 
+    if backward:  # gradtool's default run where asked: forward_ad then only for a jvp's own
+        names = DEFAULT_CHECKS if extra else GRADCHECK_BACKWARD
+    else:  # forward mode asked for: on any target
+        names = GRADCHECK_FORWARD + tuple(n for n in DEFAULT_CHECKS
+                                          if extra and n not in GRADCHECK_FORWARD)
     with user_errors_propagate():
-        report = check(func, args, **settings)
+        report = check(func, args, **settings, checks=names)
     if not report.ok():
         raise GradcheckFailure("gradtool found gradient problems:\n"
                                + render_plain(report, quiet=True), report)
@@ -127,11 +164,12 @@ def gradgradcheck(func: Callable[..., Any], inputs: Any, grad_outputs: Any = Non
                   check_grad_dtypes: bool = False, check_batched_grad: bool = False,
                   check_fwd_over_rev: bool = False, check_rev_over_rev: bool = True,
                   fast_mode: bool = False, masked: bool = False,
-                  gradtool: bool = False) -> bool:
+                  extra_checks: bool = False) -> bool:
     """torch.autograd.gradgradcheck's contract: gradcheck of backward's gradients as a function
     of (inputs, grad_outputs), built with a graph (see the module docstring)."""
-    args = inputs if isinstance(inputs, tuple) else \
-        tuple(inputs) if isinstance(inputs, list) else (inputs,)
+    _second_keywords(check_fwd_over_rev, check_rev_over_rev, check_undefined_grad,
+                     check_batched_grad)
+    args = _as_tuple(inputs)
     if grad_outputs is None:
         outputs = torch_tests.differentiable_outputs(func(*args))
         grad_outputs = tuple(_random_like(o, gen_non_contig_grad_outputs) for o in outputs)
@@ -144,7 +182,7 @@ def gradgradcheck(func: Callable[..., Any], inputs: Any, grad_outputs: Any = Non
                      check_undefined_grad=check_undefined_grad,
                      check_grad_dtypes=check_grad_dtypes, check_batched_grad=check_batched_grad,
                      check_forward_ad=check_fwd_over_rev, check_backward_ad=check_rev_over_rev,
-                     fast_mode=fast_mode, masked=masked, gradtool=gradtool)
+                     fast_mode=fast_mode, masked=masked, extra_checks=extra_checks)
 
 
 def _random_like(output: torch.Tensor, non_contiguous: bool) -> torch.Tensor:
@@ -164,6 +202,7 @@ def _backward_of(func: Callable[..., Any], args: tuple[Any, ...],
     wants = [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
     wants_v = [isinstance(v, torch.Tensor) and v.requires_grad for v in grad_outputs]
 
+    @calls_user_code
     def backward(*values: Any) -> tuple[torch.Tensor, ...]:
         # Its value is a gradient whatever the caller's grad mode (finite differences run it
         # under no_grad): the graph inside is always built.
@@ -175,9 +214,29 @@ def _backward_of(func: Callable[..., Any], args: tuple[Any, ...],
             grads = torch.autograd.grad(outs, diff, vs, create_graph=True, allow_unused=True)
         return tuple(g for g in grads if g is not None)
 
-    name = _name(func)
-    backward.__name__ = backward.__qualname__ = f"backward of {name}"
-    backward.__module__ = getattr(func, "__module__", None) or __name__
+    return _named_after(backward, func, len(args), n)
+
+
+def _named_after(backward: Any, func: Any, n_args: int, n_grads: int) -> Any:
+    """The report names backward's function after func: 'backward of Name', its arguments
+    func's and grad_output(s), look at: func's backward (a Function's) or func itself."""
+    import inspect
+
+    from ..targets.resolve import classify
+
+    owner = getattr(func, "__self__", None)
+    cls = owner if isinstance(owner, type) else None
+    try:
+        names = list(classify(func, _name(func)).arg_names)
+    except Exception:  # noqa: BLE001 - naming is best effort: the check runs either way
+        names = []
+    names = (names + [f"arg{k}" for k in range(len(names), n_args)])[:n_args]
+    names += ["grad_output"] if n_grads == 1 else [f"grad_output{k}" for k in range(n_grads)]
+    backward.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in names])
+    backward.__name__ = backward.__qualname__ = f"backward of {_name(func)}"
+    backward.__module__ = getattr(cls or func, "__module__", None) or __name__
+    backward.__wrapped__ = cls.backward if cls is not None else func  # look at: there
     return backward
 
 

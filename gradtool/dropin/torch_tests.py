@@ -25,8 +25,9 @@ def _torch(name: str) -> Any:
     module = sys.modules["torch.autograd.gradcheck"]
     helper = getattr(module, name, None)
     if helper is None:
-        raise InternalError(f"torch {torch.__version__} has no torch.autograd.gradcheck.{name}, "
-                            "which the gradcheck drop-in runs")
+        raise InternalError(AttributeError(f"torch {torch.__version__} has no "
+                                           f"torch.autograd.gradcheck.{name}, which the "
+                                           "gradcheck drop-in runs"), __name__)
     return helper
 
 
@@ -55,13 +56,11 @@ def no_differentiable_outputs(func: Any, args: tuple[Any, ...], out: Any, eps: f
 
 
 def run(func: Any, args: tuple[Any, ...], outputs: tuple[torch.Tensor, ...], *,
-        nondet_tol: float, check_undefined_grad: bool, check_grad_dtypes: bool,
-        check_batched_grad: bool, check_batched_forward_grad: bool, check_forward_ad: bool,
-        check_backward_ad: bool, masked: bool) -> None:
-    """Each test gradcheck's keywords ask for, in torch's order; GradcheckError on a failure."""
-    if check_backward_ad and outputs:
-        reentrant(args, outputs, nondet_tol, check_grad_dtypes)
-    if check_forward_ad and check_undefined_grad:
+        check_undefined_grad: bool, check_batched_grad: bool, check_batched_forward_grad: bool,
+        check_forward_ad: bool, check_backward_ad: bool, masked: bool) -> None:
+    """The tests gradcheck runs once the Jacobians passed, in torch's order; GradcheckError on a
+    failure."""
+    if check_forward_ad and check_undefined_grad and outputs:
         _torch("_test_undefined_forward_mode")(func, outputs, args)
     if check_batched_forward_grad:
         _torch("_test_batched_grad_forward_ad")(func, args)

@@ -9,12 +9,14 @@ import torch
 
 from ..config.settings import CheckConfig
 from ..results import Outcome
+from ..tracebacks import calls_user_code
 from .jacobian import SMALL, Verdict, _finish, _tallies
 from .problem import Problem, flat_cat, quiet_batching, select_outputs
 from .steps import FINITE_MACHINE, LOOP_MAX, directional, numerical_columns
 from .transforms import vmap
 
 
+@calls_user_code  # forward with dual inputs: a Function without jvp raises there, the user's
 def jvp(problem: Problem, values: Sequence[torch.Tensor],
         tangents: Sequence[torch.Tensor]) -> torch.Tensor:
     """J·u as a flat (n_out,) vector: one forward with dual inputs (the Function's jvp runs)."""

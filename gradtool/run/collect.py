@@ -179,7 +179,12 @@ def target_jobs(arg: str, config: CheckConfig, inputs: list[InputSpec] | None,
 
 def object_jobs(obj: Any, config: CheckConfig, inputs: list[InputSpec] | None,
                 cases: list[CaseSpec] | None = None) -> list[Job]:
-    """The job of an object given to the library, named as a command line would load it."""
+    """The job of an object given to the library, named as a command line would load it (a
+    Function given as MyFunction.apply by its class, everywhere: report, JSON, reproduce:)."""
+    from ..targets.kinds import FUNCTION
+
+    owner = getattr(obj, "__self__", None)
+    obj = owner if FUNCTION.claims(owner) else obj
     loadable = _loadable_name(obj)
     name = loadable or (f"{getattr(obj, '__module__', '?')}:"
                         f"{getattr(obj, '__qualname__', type(obj).__name__)}")

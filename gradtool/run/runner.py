@@ -131,12 +131,14 @@ def case_for(job: Job, spec: CaseSpec) -> Case:
 
 def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     """Sample one case and run every configured check on it."""
-    config = job.config
-    begun = time.perf_counter()
+    from ..targets.cases import setup_errors
+
+    config, begun = job.config, time.perf_counter()
     heartbeat.enter(target=job.target.name, case=spec.label, check="")
-    case = case_for(job, spec)
-    _probe(case, config)
-    reproduce = reproduce_for(job, case.specs, spec.seed, spec.origin)
+    with setup_errors():  # gradtool's own error building a case is an InternalError
+        case = case_for(job, spec)
+        _probe(case, config)
+        reproduce = reproduce_for(job, case.specs, spec.seed, spec.origin)
     # The default run reports the faces a target has; a check asked for by name that does not
     # apply is reported skipped, with the reason.
     checks: list[CheckResult] = []
@@ -306,8 +308,7 @@ def _run_check(name: str, case: Case, job: Job) -> CheckResult | None:
 
 
 def silence(result: CheckResult, ignore: Sequence[str]) -> CheckResult:
-    """Drop the findings whose rule the configuration ignores (any check's); a check failed only
-    by such findings passes, and says what was ignored."""
+    """Drop the findings of rules the configuration ignores (a check failed by them passes)."""
     silenced = sorted({f.rule for f in result.findings if f.rule in ignore})
     if not silenced:
         return result

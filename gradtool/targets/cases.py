@@ -12,12 +12,12 @@ from typing import Any
 import torch
 
 from ..config.settings import CheckConfig
-from ..errors import InputError, TargetError, did_you_mean
+from ..errors import GradtoolError, InputError, InternalError, TargetError, did_you_mean
 from ..numerics.facts import Facts
 from ..numerics.problem import Problem
 from ..numerics.sparse import Encoding, is_sparse, rebuilding
 from ..results import InputInfo
-from ..tracebacks import calls_user_code
+from ..tracebacks import calls_user_code, gradtool_frame, raised_in_gradtool
 from .inputs import InputSpec, LiteralSpec, TensorSpec, sample
 from .load import Target
 from .values import Keyword, ValueSpec, is_structured, leaves, structured, unwrap
@@ -311,3 +311,16 @@ def _init_text(init: Any) -> str:
         return ", ".join(map(repr, init))
     return ""
 
+
+@contextlib.contextmanager
+def setup_errors() -> Iterator[None]:
+    """Building a case from its inputs: gradtool's own exception is an InternalError (exit 3),
+    never a raw one; the user's code raising (a module's constructor) stays the user's."""
+    try:
+        yield
+    except (GradtoolError, InternalError):
+        raise
+    except Exception as exc:
+        if raised_in_gradtool(exc):
+            raise InternalError(exc, gradtool_frame(exc)) from exc
+        raise

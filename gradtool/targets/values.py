@@ -63,7 +63,10 @@ def content_hash(tensor: Any) -> str:
     flat = tensor.detach().to("cpu")
     if flat.layout != torch.strided:  # sparse: the values it stands for
         flat = flat.to_dense()
-    flat = flat.contiguous().reshape(-1)
+    # A fresh dense copy: .contiguous() keeps a view whose size-1 dimension has any stride
+    # (stride 4 for q[:, 0] of a batch of one), which view(uint8) refuses; conj/neg bits resolved.
+    flat = flat.resolve_conj().resolve_neg().reshape(-1).clone(
+        memory_format=torch.contiguous_format)
     if flat.is_complex():
         flat = torch.view_as_real(flat).reshape(-1)
     return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()[:8]
@@ -112,7 +115,9 @@ def given_specs(args: Any, kwargs: dict[str, Any] | None = None,
     """User values -> specs, choosing the checked tensors as gradcheck does.
 
     If any given tensor requires grad, exactly those are checked; if none does, every floating
-    (or complex) tensor is. Strings are --input strings when `parse` is given."""
+    (or complex) tensor is. Strings are --input strings when `parse` is given and no tensor is:
+    beside a real tensor a string is a value (a padding mode, a solver name), passed as is;
+    an input sampled beside real tensors is explicit (an InputSpec: gradtool.sample('3x4'))."""
     import torch
 
     from ..numerics.sparse import is_sparse
@@ -123,6 +128,7 @@ def given_specs(args: Any, kwargs: dict[str, Any] | None = None,
             raise InputError(f"a given tensor has layout {tensor.layout}: gradtool checks "
                              "strided and sparse tensors", "pass tensor.to_dense()")
     any_grad = any(t.requires_grad for t in given)
+    parse = None if given else parse
 
     def convert(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
