@@ -1,11 +1,13 @@
 """Real projects' own test suites run as written and under `pytest --gradtool-gradcheck`.
 
 For each project (pinned, installed into a benchmark folder outside this repository, never
-vendored): its test files that call gradcheck, run twice in fresh pytest processes — torch's
-gradcheck, then the drop-in — each call timed by the same router (drop_in_probe.py). Calls are
-matched by test and order within it; the result names every disagreement with both verdicts,
-every exception gradtool raised that torch did not, per-call medians (all calls and tiny ones,
-<= 100 elements), the first call, the calls' total and the processes' wall time both ways.
+vendored): its test files that call gradcheck, run three times in fresh pytest processes, each
+call timed by the same router (drop_in_probe.py): as written (torch's gradcheck), under
+--gradtool-gradcheck, and paired (each call run by both, on the same inputs, at the same moment,
+the test going on with torch's result). The first two give the tests' outcomes, the first call,
+the calls' total and the processes' wall time both ways; the paired run gives every disagreement
+with both verdicts, every exception gradtool raised that torch did not, and per-call medians (all
+calls, and tiny ones of <= 100 elements), which a shared machine's load would blur across runs.
 
     python benchmarks/drop_in.py                    # both projects, env in /tmp/gradtool-dropin
     python benchmarks/drop_in.py --projects entmax  # one
@@ -75,44 +77,51 @@ def pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", "-q", *args], check=True)
 
 
-def run_suite(project: Project, env: Path, routed: bool) -> dict[str, Any]:
-    """One pytest process over the project's test files; its calls and its wall time."""
-    out = env / f"calls-{project.name}-{'gradtool' if routed else 'torch'}.json"
+def run_suite(project: Project, env: Path, mode: str) -> dict[str, Any]:
+    """One pytest process over the project's test files (mode: torch, gradtool or paired)."""
+    out = env / f"calls-{project.name}-{mode}.json"
     environ = {**os.environ, "GRADTOOL_DROPIN_OUT": str(out), "OMP_NUM_THREADS": "1",
                "PYTHONPATH": os.pathsep.join([str(env / "site"), str(HERE)])}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-               "-p", "drop_in_probe", *project.paths] + (["--gradtool-gradcheck"] if routed else [])
+    if mode == "paired":
+        environ["GRADTOOL_DROPIN_PAIRED"] = "1"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=10",
+               "-p", "drop_in_probe", *project.paths]
+    command += ["--gradtool-gradcheck"] if mode == "gradtool" else []
     start = time.perf_counter()
     done = subprocess.run(command, cwd=env / project.folder, env=environ, capture_output=True,
                           text=True)
     wall = time.perf_counter() - start
+    out.with_suffix(".log").write_text(done.stdout + done.stderr)  # failures, slowest tests
     tail = done.stdout.strip().splitlines()[-1:] or [done.stderr[-500:]]
-    result = json.loads(out.read_text()) if out.exists() else {"calls": [], "tests": {}}
+    result = json.loads(out.read_text()) if out.exists() else {"calls": [], "pairs": []}
     return {**result, "wall_s": round(wall, 2), "summary": tail[0]}
 
 
-def compare(torch_run: dict[str, Any], gradtool_run: dict[str, Any]) -> dict[str, Any]:
-    """Calls matched by (test, order within it): agreement, disagreements, internal errors."""
+def compare(torch_run: dict[str, Any], gradtool_run: dict[str, Any],
+            paired: dict[str, Any]) -> dict[str, Any]:
+    """The suite both ways (tests, first call, totals, wall time, each call's verdict matched by
+    test and order), and the paired run: verdicts on identical inputs, per-call times."""
     ours, theirs = keyed(gradtool_run["calls"]), keyed(torch_run["calls"])
     matched = sorted(set(ours) & set(theirs))
-    differ = [key for key in matched if verdict(ours[key]) != verdict(theirs[key])]
-    raised = [key for key in matched if ours[key][1] == "raised"
-              and not (theirs[key][1] == "raised" and same_type(ours[key], theirs[key]))]
+    pairs = paired["pairs"]
+    differ = [p for p in pairs if verdict(p["torch"]) != verdict(p["gradtool"])]
+    raised = [p for p in pairs if p["gradtool"][0] == "raised"
+              and verdict(p["gradtool"]) != verdict(p["torch"])]
     return {
-        "calls": {"torch": len(theirs), "gradtool": len(ours), "matched": len(matched),
-                  "unmatched": [list(k) for k in sorted(set(ours) ^ set(theirs))]},
-        "agree": len(matched) - len(differ),
-        "disagreements": [described(key, theirs[key], ours[key]) for key in differ],
-        "internal_errors": [described(key, theirs[key], ours[key]) for key in raised],
-        "per_call_ms": medians([(theirs[k], ours[k]) for k in matched]),
-        "tiny_per_call_ms": medians([(theirs[k], ours[k]) for k in matched
-                                     if ours[k][5] <= TINY]),
-        "first_call_ms": {"torch": ms(torch_run["calls"][0][2]) if torch_run["calls"] else None,
-                          "gradtool": ms(gradtool_run["calls"][0][2])
-                          if gradtool_run["calls"] else None},
+        "pytest": {"torch": torch_run["summary"], "gradtool": gradtool_run["summary"]},
+        "calls": {"torch": len(theirs), "gradtool": len(ours), "paired": len(pairs)},
+        "separate_runs_agree": sum(verdict(ours[k]) == verdict(theirs[k]) for k in matched),
+        "separate_runs_matched": len(matched),
+        "first_call_ms": {"torch": first(torch_run), "gradtool": first(gradtool_run)},
         "calls_total_s": {"torch": total(torch_run), "gradtool": total(gradtool_run)},
         "wall_s": {"torch": torch_run["wall_s"], "gradtool": gradtool_run["wall_s"]},
-        "pytest": {"torch": torch_run["summary"], "gradtool": gradtool_run["summary"]},
+        "paired_agree": len(pairs) - len(differ),
+        "disagreements": [described(p) for p in differ],
+        "internal_errors": [described(p) for p in raised],
+        "per_call_ms": medians(pairs),
+        "tiny_per_call_ms": medians([p for p in pairs if p["elements"] <= TINY]),
+        "paired_total_s": {tool: round(sum(p[tool][1] for p in pairs), 2)
+                           for tool in ("torch", "gradtool")},
     }
 
 
@@ -127,28 +136,32 @@ def keyed(rows: list[list[Any]]) -> dict[tuple[str, int], list[Any]]:
 
 
 def verdict(row: list[Any]) -> str:
-    """passed / failed / the exception type: what a test sees of the call."""
-    return row[4].split(":", 1)[0] if row[1] == "raised" else row[1]
+    """passed / failed / the exception's type: what a test sees of the call (a call row of
+    run/swap.py's Call.row(), or one side of a pair: outcome, seconds, error)."""
+    outcome, error = (row[1], row[4]) if len(row) == 6 else (row[0], row[2])
+    return error.split(":", 1)[0] if outcome == "raised" else outcome
 
 
-def same_type(a: list[Any], b: list[Any]) -> bool:
-    return verdict(a) == verdict(b)
+def described(pair: dict[str, Any]) -> dict[str, Any]:
+    return {"test": pair["where"], "function": pair["name"], "elements": pair["elements"],
+            "torch": " ".join(map(str, pair["torch"][::2])).strip(),
+            "gradtool": " ".join(map(str, pair["gradtool"][::2])).strip()}
 
 
-def described(key: tuple[str, int], torch_row: list[Any], ours: list[Any]) -> dict[str, Any]:
-    return {"test": key[0], "call": key[1], "elements": ours[5],
-            "torch": f"{torch_row[1]} {torch_row[4]}".strip(),
-            "gradtool": f"{ours[1]} {ours[4]}".strip()}
-
-
-def medians(pairs: list[tuple[list[Any], list[Any]]]) -> dict[str, Any]:
+def medians(pairs: list[dict[str, Any]]) -> dict[str, Any]:
     if not pairs:
         return {"calls": 0}
-    return {"calls": len(pairs),
-            "torch": ms(statistics.median(t[2] for t, _ in pairs)),
-            "gradtool": ms(statistics.median(g[2] for _, g in pairs)),
-            "median_ratio": round(statistics.median(g[2] / max(t[2], 1e-9) for t, g in pairs), 2),
-            "gradtool_slower_on": sum(g[2] > t[2] for t, g in pairs)}
+    torch_s = [p["torch"][1] for p in pairs]
+    ours = [p["gradtool"][1] for p in pairs]
+    return {"calls": len(pairs), "torch": ms(statistics.median(torch_s)),
+            "gradtool": ms(statistics.median(ours)),
+            "median_ratio": round(statistics.median(g / max(t, 1e-9)
+                                                    for t, g in zip(torch_s, ours)), 2),
+            "gradtool_slower_on": sum(g > t for t, g in zip(torch_s, ours))}
+
+
+def first(run: dict[str, Any]) -> float | None:
+    return ms(run["calls"][0][2]) if run["calls"] else None
 
 
 def ms(seconds: float) -> float:
@@ -160,6 +173,7 @@ def total(run: dict[str, Any]) -> float:
 
 
 def main() -> None:
+    """Set the folder up, run each project both ways, write the comparison."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", type=Path, default=Path("/tmp/gradtool-dropin"),
                         help="folder for the pinned packages and their tests")
@@ -171,10 +185,9 @@ def main() -> None:
     results = {"load_before": os.getloadavg()[0], "projects": {}}
     for name in args.projects.split(","):
         project = PROJECTS[name]
-        torch_run = run_suite(project, args.env, routed=False)
-        gradtool_run = run_suite(project, args.env, routed=True)
+        runs = [run_suite(project, args.env, mode) for mode in ("torch", "gradtool", "paired")]
         results["projects"][name] = {"pin": project.pin, "files": list(project.paths),
-                                     **compare(torch_run, gradtool_run)}
+                                     **compare(*runs)}
         print(name, json.dumps(results["projects"][name], indent=1)[:3000], flush=True)
     results["load_after"] = os.getloadavg()[0]
     args.out.write_text(json.dumps(results, indent=1) + "\n")

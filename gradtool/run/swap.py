@@ -104,7 +104,7 @@ class Swap:
             finally:
                 self._inside.on = False
                 self.calls.append(Call(name, outcome, time.perf_counter() - start,
-                                       self._where(), error, _elements(args, kwargs)))
+                                       self._where(), error, input_elements(args, kwargs)))
 
         routed._gradtool_original = original  # type: ignore[attr-defined]
         return routed
@@ -123,7 +123,7 @@ def _namespaces() -> Iterator[dict[str, Any]]:
             yield namespace
 
 
-def _elements(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+def input_elements(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
     """Elements of the inputs requiring grad (gradcheck's second argument: a tensor or a tuple)."""
     inputs = args[1] if len(args) > 1 else kwargs.get("inputs", ())
     inputs = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
