@@ -85,7 +85,7 @@ def check(target: Any, inputs: Any = None, kwargs: dict[str, Any] | None = None,
 def _quietly(fn: Any, *args: Any) -> Report:
     """torch's vmap-fallback notice is off while gradtool evaluates, then back on (its default;
     torch offers no way to read the setting)."""
-    from .targets.ops import silence_vmap_fallback
+    from .numerics.batching import silence_vmap_fallback
 
     silence_vmap_fallback()
     try:

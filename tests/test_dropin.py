@@ -73,6 +73,28 @@ class Noisy(Cube):
         return grad * 3 * x ** 2 + 1e-9 * torch.rand_like(x)
 
 
+class Twice(Function):
+    """2z on complex values; the wrong twin's backward conjugates its gradient."""
+
+    @staticmethod
+    def forward(ctx, z):
+        return z * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+class TwiceConjugated(Twice):
+    @staticmethod
+    def backward(ctx, g):
+        return (g * 2).conj()
+
+
+def _z(n):
+    return torch.randn(n, dtype=torch.complex128, requires_grad=True)
+
+
 def _x(*shape):
     return torch.randn(*shape, dtype=D, requires_grad=True)
 
@@ -104,6 +126,8 @@ FIXTURES = {
     "two outputs": (TwoOutputs.apply, lambda: (_x(3),), True),
     "two outputs undefined": (TwoOutputsUndefined.apply, lambda: (_x(3),), "undefined"),
     "noisy": (Noisy.apply, lambda: (_x(4),), "reentrant"),
+    "complex": (lambda z: Twice.apply(z) * 1j, lambda: (_z(3),), True),
+    "complex conjugated": (lambda z: TwiceConjugated.apply(z) * 1j, lambda: (_z(3),), False),
     "module": (torch.nn.Linear(3, 2).double(), lambda: (_x(2, 3),), True),
     "string argument": (_pad, lambda: (_x(1, 2, 3), "replicate"), True),
 }
@@ -261,3 +285,23 @@ def test_keyword_combinations_torch_refuses_are_refused_alike():
         assert outcome(gradtool.gradcheck, Cube.apply, (_x(2),), **keywords)[0] == \
             outcome(torch.autograd.gradcheck, Cube.apply, (_x(2),), **keywords)[0] == \
             "AssertionError"
+
+
+def test_a_report_is_true_exactly_when_ok():
+    x = _x(2, 3)
+    wrong = gradtool.check(CubeScaled, (x,), checks=("gradient",))
+    with pytest.raises(AssertionError):
+        assert wrong
+    assert not wrong.ok() and bool(gradtool.check(Cube, (x,), checks=("gradient",)))
+
+
+def test_a_function_given_as_apply_is_named_by_its_class_everywhere():
+    import json
+
+    from gradtool.render.json import render_json as render
+
+    report = gradtool.check(CubeScaled.apply, (_x(3),), checks=("gradient",))
+    target = report.targets[0]
+    assert target.target == "fixtures.bugs:CubeScaled" and target.kind == "function"
+    assert json.loads(render(report))["targets"][0]["target"] == "fixtures.bugs:CubeScaled"
+    assert "gradtool check fixtures.bugs:CubeScaled" in report.targets[0].cases[0].reproduce

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from ..numerics.compare import unravel
-from ..numerics.problem import Problem, quiet_batching, select_outputs, vjp
+from ..numerics.batching import quiet_batching
+from ..numerics.problem import Problem, select_outputs, vjp
 from ..numerics.transforms import grads_batched, vmap, vmap_of_vjp
 from ..results import CheckResult, Finding, Outcome
 from ..targets.cases import Case

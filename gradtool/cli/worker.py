@@ -76,7 +76,7 @@ def quiet_expected_warnings() -> None:
 
     warnings.filterwarnings("ignore", message="None of the inputs have requires_grad=True",
                             category=UserWarning)
-    from ..targets.ops import silence_vmap_fallback  # batched evaluations of custom ops
+    from ..numerics.batching import silence_vmap_fallback  # batched evaluations of custom ops
 
     silence_vmap_fallback()
 

@@ -289,9 +289,10 @@ CHECK_NAMES = tuple(BY_NAME)
 DEFAULT_CHECKS = tuple(info.name for info in REGISTRY if info.default)
 RULES = {rule.id: rule for info in REGISTRY for rule in info.rules}
 RULE_IDS = tuple(RULES)
-# The checks the gradcheck drop-in runs for torch's keywords: check_backward_ad (the Jacobian,
-# its complex form for complex values), check_forward_ad (forward mode on any target).
-GRADCHECK_BACKWARD = ("gradient", "complex")
+# The checks the gradcheck drop-in runs for torch's keywords: check_backward_ad (the Jacobian;
+# its complex form too where a value is complex), check_forward_ad (forward mode on any target).
+GRADCHECK_BACKWARD = ("gradient",)
+GRADCHECK_COMPLEX = ("complex",)
 GRADCHECK_FORWARD = ("forward_ad",)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ..errors import ConfigError, did_you_mean
@@ -104,8 +104,8 @@ class CheckConfig:
     @property
     def effective(self) -> dict[str, Any]:
         """Plain dict of the settings as applied (tolerances resolved), for reports."""
-        data = asdict(self)
-        data.pop("extra")
+        # Shallow (asdict deep-copies every field: a third of a millisecond per tiny check)
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         for name in ("eps", "atol", "rtol"):
             data[name] = self.tolerance(name)
         data["checks"] = list(self.checks)

@@ -17,7 +17,8 @@ Verdict policy (docs/library-and-pytest.md says it for users):
   Every other test gradcheck runs beside it is run as gradcheck runs it: the inputs' and outputs'
   validation, reentrancy within nondet_tol, check_grad_dtypes, check_undefined_grad,
   check_batched_grad, check_batched_forward_grad, backward's multiplication by grad_output
-  (torch_tests.py). So gradtool never passes what torch's function fails for a defect; where
+  (torch_tests.py), and forward mode of complex values, which gradtool does not check itself.
+  So gradtool never passes what torch's function fails for a defect; where
   torch's own finite differences fail a correct function (a step across a kink, rounding its
   fixed tolerance cannot absorb), gradtool's verdict (inconclusive is not a failure) stands.
 - gradtool's other checks (contract, layout, double backward, ...) are opt-in: `extra_checks=True`.
@@ -74,14 +75,22 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
         if not outputs:  # torch's test: finite differences find every output constant
             torch_tests.no_differentiable_outputs(func, args, out, eps)
         settings = _settings(args, eps, atol, rtol, nondet_tol, fast_mode, masked)
+        complex_values = any(t.is_complex() for t in (*_tensors(args), *outputs))
         # torch's order, so the first failure is the one torch's gradcheck would raise
         if outputs and check_backward_ad:
-            _judge(func, args, settings, backward=True, extra=extra_checks)
+            _judge(func, args, settings, backward=True, extra=extra_checks,
+                   complex_values=complex_values)
             torch_tests.reentrant(args, outputs, nondet_tol, check_grad_dtypes)
-        if outputs and check_forward_ad:
+        if outputs and check_forward_ad and complex_values:
+            # gradtool checks no forward mode of complex values: torch's own check runs
+            torch_tests.forward_mode(func, args, eps=eps, atol=atol, rtol=rtol,
+                                     check_undefined_grad=check_undefined_grad,
+                                     fast_mode=fast_mode, masked=masked)
+        elif outputs and check_forward_ad:
             _judge(func, args, settings, backward=False, extra=extra_checks and
                    not check_backward_ad)
         torch_tests.run(func, args, outputs, check_undefined_grad=check_undefined_grad,
+                        undefined_forward=not complex_values,  # else torch's ran it above
                         check_batched_grad=check_batched_grad,
                         check_batched_forward_grad=check_batched_forward_grad,
                         check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
@@ -138,15 +147,17 @@ def _settings(args: Sequence[Any], eps: float, atol: float, rtol: float, nondet_
 
 
 def _judge(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[str, Any], *,
-           backward: bool, extra: bool) -> None:
+           backward: bool, extra: bool, complex_values: bool = False) -> None:
     """gradtool's checks of reverse (backward) or forward mode on the call, gradtool's default
     checks too when `extra`: GradcheckFailure with the plain report when one fails."""
     from ..api import check
-    from ..config.registry import DEFAULT_CHECKS, GRADCHECK_BACKWARD, GRADCHECK_FORWARD
+    from ..config.registry import (DEFAULT_CHECKS, GRADCHECK_BACKWARD, GRADCHECK_COMPLEX,
+                                   GRADCHECK_FORWARD)
     from ..render.terminal import render_plain
 
     if backward:  # gradtool's default run where asked: forward_ad then only for a jvp's own
-        names = DEFAULT_CHECKS if extra else GRADCHECK_BACKWARD
+        names = DEFAULT_CHECKS if extra else \
+            GRADCHECK_BACKWARD + (GRADCHECK_COMPLEX if complex_values else ())
     else:  # forward mode asked for: on any target
         names = GRADCHECK_FORWARD + tuple(n for n in DEFAULT_CHECKS
                                           if extra and n not in GRADCHECK_FORWARD)

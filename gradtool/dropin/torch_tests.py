@@ -55,12 +55,21 @@ def no_differentiable_outputs(func: Any, args: tuple[Any, ...], out: Any, eps: f
         raise GradcheckError("no output requires grad, but finite differences find one varies")
 
 
+def forward_mode(func: Any, args: tuple[Any, ...], **keywords: Any) -> None:
+    """Forward mode of complex values, which gradtool does not check itself: torch's gradcheck
+    of forward mode alone (its undefined-tangent test included)."""
+    from torch.autograd import gradcheck
+
+    gradcheck(func, args, check_forward_ad=True, check_backward_ad=False, **keywords)
+
+
 def run(func: Any, args: tuple[Any, ...], outputs: tuple[torch.Tensor, ...], *,
         check_undefined_grad: bool, check_batched_grad: bool, check_batched_forward_grad: bool,
-        check_forward_ad: bool, check_backward_ad: bool, masked: bool) -> None:
+        check_forward_ad: bool, check_backward_ad: bool, masked: bool,
+        undefined_forward: bool = True) -> None:
     """The tests gradcheck runs once the Jacobians passed, in torch's order; GradcheckError on a
     failure."""
-    if check_forward_ad and check_undefined_grad and outputs:
+    if check_forward_ad and check_undefined_grad and undefined_forward and outputs:
         _torch("_test_undefined_forward_mode")(func, outputs, args)
     if check_batched_forward_grad:
         _torch("_test_batched_grad_forward_ad")(func, args)

@@ -11,7 +11,8 @@ from ..config.settings import CheckConfig
 from ..results import Outcome
 from ..tracebacks import calls_user_code
 from .jacobian import SMALL, Verdict, _finish, _tallies
-from .problem import Problem, flat_cat, quiet_batching, select_outputs
+from .batching import quiet_batching
+from .problem import Problem, flat_cat, select_outputs
 from .steps import FINITE_MACHINE, LOOP_MAX, directional, numerical_columns
 from .transforms import vmap
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -262,10 +261,12 @@ class Problem:
         """Many VJPs at once: each grads[k] has a leading batch dimension."""
         from torch._vmap_internals import _vmap
 
+        from .batching import quiet_batching
+
         same_devices(grads, outs, "grad_output")
 
         # The legacy vmap batches the engine itself (autograd.grad's is_grads_batched path).
-        with self._bound_to(leaves), quiet_batching():
+        with self._bound_to(leaves), quiet_batching(legacy=True):
             result = list(_vmap(lambda *g: tuple(vjp(outs, leaves, g)), 0, 0)(*grads))
         self.calls["backward"] += int(grads[0].shape[0]) if grads else 0
         return result
@@ -279,18 +280,6 @@ def graph_key(values: Sequence[torch.Tensor]) -> tuple[bytes, ...]:
     """The exact values (bits, dtype and shape) of a point, as a dict key."""
     return tuple(str((v.dtype, tuple(v.shape))).encode() + v.detach().cpu().contiguous()
                  .reshape(-1).view(torch.uint8).numpy().tobytes() for v in values)
-
-
-FALLBACK = "There is a performance drop because we have not yet implemented the batching rule"
-
-
-@contextlib.contextmanager
-def quiet_batching() -> Iterator[None]:
-    """torch's batching-fallback warnings silenced: they are about gradtool's own batched
-    evaluations (a per-sample loop is what the user would run), noise in a report."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=FALLBACK)
-        yield
 
 
 def own_storage(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -8,7 +8,8 @@ import torch
 
 from ..tracebacks import calls_user_code
 from .placement import same_devices
-from .problem import Problem, flat_cat, quiet_batching, select_outputs, split_flat
+from .batching import quiet_batching
+from .problem import Problem, flat_cat, select_outputs, split_flat
 from .transforms import vmap
 
 # Per batched call. Kept under glibc's 32 MB mmap ceiling: bigger buffers are mmapped afresh on

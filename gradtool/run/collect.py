@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import inspect
 import time
 from dataclasses import dataclass, field
@@ -147,9 +149,10 @@ def collect_one(arg: Any, config: CheckConfig, inputs: list[InputSpec] | None = 
 
 
 def _is_spec(arg: Any) -> bool:
-    from ..spec.schema import Spec  # imported only for an object: a string needs no spec/
-
-    return isinstance(arg, Spec)
+    # A loaded Spec means spec/ is imported: never imported for that question alone (~80 ms of
+    # YAML and schema on the first gradtool.check of a process).
+    schema = sys.modules.get("gradtool.spec.schema")
+    return schema is not None and isinstance(arg, schema.Spec)
 
 
 def swept_cases(inputs: list[Any], sweeps: list[Any], seed: int, base: str = "",

@@ -51,8 +51,7 @@ class Job:
 
 def run(jobs: Sequence[Job], config: CheckConfig, rejected: Sequence[Rejected] = (),
         progress: Progress | None = None, start: float | None = None) -> Report:
-    """Run every job; a failure in one never stops the others. The Report's duration counts
-    from `start` (the caller's perf_counter before collecting), else from here."""
+    """Run every job (one failing never stops the others); duration from `start`, else now."""
     start = time.perf_counter() if start is None else start
     check_devices(jobs, config)
     results = []
@@ -243,8 +242,7 @@ def _error_id(result: CheckResult) -> tuple[str | None, str | None]:
 
 def _repeats_told(checks: list[CheckResult], errors: list[tuple[str | None, str | None]]
                   ) -> list[CheckResult]:
-    """The first check to report an error that later checks repeated (told there in one line,
-    without the traceback) says under how many."""
+    """The first check to report an error later checks repeated says under how many."""
     out = list(checks)
     for k, first in enumerate(checks):
         if first.outcome is not Outcome.ERROR or first.traceback is None:
@@ -329,8 +327,7 @@ def silence(result: CheckResult, ignore: Sequence[str]) -> CheckResult:
 
 
 def _variant(name: str, case: Case, job: Job, config: CheckConfig) -> Any:
-    """The check's module, or the variant the registry declares for this case (the
-    low-precision judge for `gradient`, say)."""
+    """The check's module, or the registry's variant for this case (low precision's judge)."""
     from importlib import import_module
 
     from ..checks._common import load
@@ -344,8 +341,7 @@ def _variant(name: str, case: Case, job: Job, config: CheckConfig) -> Any:
 
 def _hooked(name: str, result: CheckResult, case: Case, job: Job,
             config: CheckConfig) -> CheckResult:
-    """The result passed through the hooks the registry declares for this case (the contracts
-    of the custom Functions inside a model, say)."""
+    """The result through the registry's hooks for this case (inner Functions' contracts)."""
     from importlib import import_module
 
     from ..config.registry import BY_NAME
@@ -409,12 +405,16 @@ def _context(job: Job, config: CheckConfig) -> Context:
     from ..checks._common import Context
 
     surrogate = job.surrogate
-    annotate = None
-    if job.target.kind.composite and surrogate is None:
-        from .received import annotate  # on a failure only: each custom Function alone
+    annotate = _annotate if job.target.kind.composite and surrogate is None else None
     return Context(job.target, config,
                    (lambda case: _reference(job, case)) if surrogate is not None else None,
                    surrogate.describe() if surrogate is not None else None, annotate)
+
+
+def _annotate(*args: Any, **kwargs: Any) -> CheckResult:
+    """run/received.py's annotate, imported on a failure only: each custom Function alone."""
+    from .received import annotate
+    return annotate(*args, **kwargs)
 
 
 def _apply_xfail(result: CheckResult, reason: str | None) -> CheckResult:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -171,7 +172,15 @@ def _def_line(fn: Any, path: str | None) -> int | None:
 
 
 def display_path(path: str) -> str:
+    """path relative to the current folder when inside it (memoised per folder: a tiny check
+    names its sources several times a call)."""
+    return _display_path(path, os.getcwd())
+
+
+@functools.lru_cache(maxsize=1024)
+def _display_path(path: str, cwd: str) -> str:
     try:
-        return os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+        relative = os.path.relpath(path, cwd)
     except ValueError:
         return path
+    return path if relative.startswith("..") else relative

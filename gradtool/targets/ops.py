@@ -244,12 +244,3 @@ def import_all(locations: Sequence[str]) -> list[ModuleType]:
     from .load import load_module
 
     return [load_module(location) for location in locations]
-
-
-def silence_vmap_fallback(enabled: bool = False) -> None:
-    """torch prints "There is a performance drop because we have not yet implemented the
-    batching rule for ns::op" (from C++, once per op) when gradtool's own batched evaluations
-    meet an op without a vmap rule: noise in a report, and not the user's vmap."""
-    import torch
-
-    torch._C._functorch._set_vmap_fallback_warning_enabled(enabled)
