@@ -28,7 +28,7 @@ print(time.perf_counter() - start)
 
 
 def problems():
-    """(name, func, inputs): tiny Functions and composites (<= 100 elements)."""
+    """(name, func, inputs): tiny Functions and composites (<= 100 elements), and one larger."""
     import torch
     from torch.autograd import Function
 
@@ -63,6 +63,9 @@ def problems():
         ("composite 10", lambda a: (a * a.sin()).cumsum(0), (r(10),)),
         ("composite 2 inputs 6x6", lambda a, b: torch.tanh(a @ b) + a, (r(6, 6), r(6, 6))),
         ("module Linear(8, 4) on 3x8", torch.nn.Linear(8, 4).double(), (r(3, 8),)),
+        # larger than tiny: where gradtool's batched sweeps keep their advantage
+        ("larger: composite 2 inputs 16x16", lambda a, b: torch.tanh(a @ b) + a,
+         (r(16, 16), r(16, 16))),
     ]
 
 

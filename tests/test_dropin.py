@@ -305,3 +305,14 @@ def test_a_function_given_as_apply_is_named_by_its_class_everywhere():
     assert target.target == "fixtures.bugs:CubeScaled" and target.kind == "function"
     assert json.loads(render(report))["targets"][0]["target"] == "fixtures.bugs:CubeScaled"
     assert "gradtool check fixtures.bugs:CubeScaled" in report.targets[0].cases[0].reproduce
+
+
+def test_a_target_gradtool_cannot_take_is_its_usage_error_not_a_verdict():
+    import threading
+
+    from gradtool.errors import TargetError
+
+    module = torch.nn.Linear(3, 2).double()
+    module.lock = threading.Lock()  # cannot be deep-copied: gradtool checks a copy
+    with pytest.raises(TargetError, match="deep-copyable"):
+        gradtool.gradcheck(module, (_x(2, 3),))

@@ -20,21 +20,18 @@ REVERSE = "forward and reverse mode disagree"  # numerics/forward.py's consisten
 
 
 def applies(case: Case, context: Context) -> str | None:
-    """On by default for a Function that defines jvp; asked for by name (`--check forward_ad`,
-    gradcheck's check_forward_ad), on any target: forward-mode AD through whatever it calls."""
+    """On for a Function that defines jvp; on any target under `forward_any` (gradcheck's
+    check_forward_ad, the drop-in's: forward-mode AD through whatever it calls)."""
     from torch.autograd import Function
-
-    from ..config.registry import DEFAULT_CHECKS
 
     cls = context.target.function_cls
     if case.problem.sparse:
         return ("sparse inputs: forward mode through sparse layouts is not checked (torch "
                 "supports few sparse tangents)")
-    if context.config.checks != DEFAULT_CHECKS:
-        return None  # asked for: a Function without jvp then fails as torch's gradcheck does
+    if context.config.forward_any:
+        return None  # a Function without jvp then raises, as under torch's gradcheck
     if cls is None:
-        return ("not a custom Function: forward mode is checked by default only for a "
-                "Function's own jvp (--check forward_ad checks any target)")
+        return "not a custom Function: forward mode is only checked for a Function's own jvp"
     if getattr(cls, "jvp", Function.jvp) is Function.jvp:
         return "the Function defines no jvp (forward-mode AD is not supported by it)"
     return None

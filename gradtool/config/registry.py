@@ -205,7 +205,7 @@ REGISTRY: tuple[CheckInfo, ...] = (
               reuses_graph=True),
     CheckInfo("forward_ad", "forward mode: jvp's columns J·u against finite differences, and "
                             "forward against reverse mode (on when the Function defines jvp; "
-                            "any target when asked for by name)",
+                            "any target under gradcheck's check_forward_ad)",
               rules=_jacobian_rules(
                   "forward_ad", "jvp's Jacobian against finite differences",
                   _forward_mode(FIRST_ORDER_KINDS),

@@ -39,6 +39,8 @@ class CheckConfig:
     masked: bool = False  # sparse inputs: compare specified elements only (gradcheck's masked)
     module_parameters: bool = True  # a module's parameters are checked too (False: only the
                                     # tensors given, gradcheck's scope: the drop-in's)
+    forward_any: bool = False  # forward_ad on any target, not only a Function's own jvp
+                               # (gradcheck's check_forward_ad: the drop-in's)
     checks: tuple[str, ...] = DEFAULT_CHECKS
     mode: str = "auto"
     probes: int = 4

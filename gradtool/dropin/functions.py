@@ -37,6 +37,7 @@ import torch
 from torch.autograd.gradcheck import GradcheckError
 
 from . import torch_tests
+from ..errors import TargetError
 from ..tracebacks import calls_user_code, user_errors_propagate
 
 __all__ = ["GradcheckFailure", "gradcheck", "gradgradcheck"]
@@ -162,7 +163,10 @@ def _judge(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[str, 
         names = GRADCHECK_FORWARD + tuple(n for n in DEFAULT_CHECKS
                                           if extra and n not in GRADCHECK_FORWARD)
     with user_errors_propagate():
-        report = check(func, args, **settings, checks=names)
+        report = check(func, args, **settings, checks=names, forward_any=not backward)
+    if report.rejected:  # gradtool could not take the target (a module it cannot copy): its
+        # usage error, with the fix, never a wrong-gradient verdict
+        raise TargetError("; ".join(f"{r.source}: {r.message}" for r in report.rejected))
     if not report.ok():
         raise GradcheckFailure("gradtool found gradient problems:\n"
                                + render_plain(report, quiet=True), report)
