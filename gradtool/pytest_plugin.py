@@ -1,4 +1,4 @@
-"""pytest plugin: YAML op specs as test items (opt-in), and the gradtool_check fixture.
+"""pytest plugin: YAML op specs as test items (opt-in), the fixtures, and --gradtool-gradcheck.
 
 Loaded in every pytest run once installed (entry point ``pytest11: gradtool``), so importing it
 must stay cheap: no torch, no gradtool internals at module level; everything is imported lazily
@@ -12,6 +12,10 @@ Collection: every *.yaml / *.yml file that is a gradtool spec file (a mapping wi
 ``specs/linear.yaml::LinearFunction::gradient[with bias]``. One item per check keeps outcomes
 precise (an expected-failure gradient is one xfailed item, its contract still passes) and spreads
 well over pytest-xdist workers. Settings come from [tool.gradtool] as for ``gradtool check``.
+
+``--gradtool-gradcheck`` (or the ini option ``gradtool_gradcheck = true``) routes every
+torch.autograd.gradcheck / gradgradcheck call of the session to the drop-in (run/swap.py); the
+terminal summary counts them, a worker's calls summed by the pytest-xdist controller.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ FILE_KEYS = frozenset({"version", "specs"})  # gradtool.specs.FILE_KEYS, without
 _TOP_LEVEL_SPECS = re.compile(r"^specs\s*:", re.MULTILINE)
 
 _settings_key = pytest.StashKey[dict[str, Any]]()
+# The run/swap.py Swap routing this process's calls (benchmarks/drop_in.py reads its calls).
+SWAP_KEY = pytest.StashKey[Any]()
+_worker_calls_key = pytest.StashKey[list[Any]]()  # the controller's: its workers' calls
+GRADCHECK_OUTPUT = "gradtool_gradcheck"  # a worker's routed calls, in its workeroutput
 
 
 class GradtoolInconclusive(UserWarning):
@@ -55,6 +63,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="collect gradtool YAML spec files (*.yaml, *.yml) as test items")
     parser.addini("gradtool", type="bool", default=False,
                   help="collect gradtool YAML spec files as test items (like --gradtool)")
+    group.addoption("--gradtool-gradcheck", action="store_true", default=False,
+                    help="route every torch.autograd.gradcheck / gradgradcheck call to "
+                         "gradtool's drop-in (gradtool.gradcheck: torch's contract, gradtool's "
+                         "reports)")
+    parser.addini("gradtool_gradcheck", type="bool", default=False,
+                  help="route torch's gradcheck calls to gradtool (like --gradtool-gradcheck)")
 
 
 def enabled(config: pytest.Config) -> bool:
@@ -62,12 +76,86 @@ def enabled(config: pytest.Config) -> bool:
     return bool(config.getoption("gradtool", False) or config.getini("gradtool"))
 
 
+def gradcheck_enabled(config: pytest.Config) -> bool:
+    """Whether this run routes torch's gradcheck calls to the drop-in."""
+    return bool(config.getoption("gradtool_gradcheck", False)
+                or config.getini("gradtool_gradcheck"))
+
+
+# First, so names a conftest or a plugin binds in its own pytest_configure are routed too.
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gradtool_trace(**settings): check every custom "
                             "autograd.Function / custom op call the test makes")
     # Validate [tool.gradtool] up front, so a typo is one usage error rather than N failures.
     if enabled(config):
         project_settings(config)
+    if gradcheck_enabled(config):
+        config.stash[_worker_calls_key] = []
+        if not _xdist_controller(config):  # the controller runs no test: no torch there
+            config.stash[SWAP_KEY] = _routed_swap()
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    return bool(getattr(config.option, "numprocesses", None)) \
+        and getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput")
+
+
+def _routed_swap() -> Any:
+    """torch's two functions routed to the drop-in, each call labelled with its test."""
+    from gradtool.dropin import gradcheck, gradgradcheck
+    from gradtool.run.swap import Swap
+
+    def where() -> str:  # "tests/test_x.py::test_y (call)": the phase is not part of the test
+        return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+
+    swap = Swap({"gradcheck": gradcheck, "gradgradcheck": gradgradcheck}, where)
+    swap.install()
+    return swap
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    swap = config.stash.get(SWAP_KEY, None)
+    if swap is not None:
+        swap.restore()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    swap = session.config.stash.get(SWAP_KEY, None)
+    if swap is not None and hasattr(session.config, "workeroutput"):
+        session.config.workeroutput[GRADCHECK_OUTPUT] = [call.row() for call in swap.calls]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist's controller: a finished worker's routed calls, for the summary."""
+    rows = getattr(node, "workeroutput", {}).get(GRADCHECK_OUTPUT)
+    if rows and _worker_calls_key in node.config.stash:
+        node.config.stash[_worker_calls_key].extend(rows)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if _worker_calls_key not in config.stash:
+        return
+    from gradtool.run.swap import Call
+
+    swap = config.stash.get(SWAP_KEY, None)
+    calls = (swap.calls if swap else []) + [Call(*row) for row in config.stash[_worker_calls_key]]
+    terminalreporter.write_sep("-", "gradtool --gradtool-gradcheck")
+    terminalreporter.write_line(gradcheck_summary(calls))
+
+
+def gradcheck_summary(calls: list[Any]) -> str:
+    """'12 gradcheck calls ran through gradtool in 1.52 s: 10 passed, 2 failed, 0 raised ...'."""
+    if not calls:
+        return ("no torch.autograd.gradcheck or gradgradcheck call was made "
+                "(nothing ran through gradtool)")
+    count = {o: sum(c.outcome == o for c in calls) for o in ("passed", "failed", "raised")}
+    second = sum(c.name == "gradgradcheck" for c in calls)
+    kinds = f" ({len(calls) - second} gradcheck, {second} gradgradcheck)" if second else ""
+    return (f"{len(calls)} gradcheck calls{kinds} ran through gradtool in "
+            f"{sum(c.seconds for c in calls):.2f} s: {count['passed']} passed, "
+            f"{count['failed']} failed, {count['raised']} raised another exception")
 
 
 def project_settings(config: pytest.Config) -> dict[str, Any]:

@@ -119,6 +119,9 @@ SLOW_TESTS = {
     "test_probe_phase.py": (
         "test_a_check_run_alone_sees_the_facts_a_full_run_sees",
     ),
+    "test_pytest_gradcheck.py": (
+        "test_under_xdist_the_controller_sums_its_workers_calls",
+    ),
     "test_pytest_plugin.py": (
         "test_gradtool_trace_fixture_and_marker_fail_the_test_that_calls_a_wrong_function",
         "test_xdist_two_workers",

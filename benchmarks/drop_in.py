@@ -1,0 +1,197 @@
+"""Real projects' own test suites run as written and under `pytest --gradtool-gradcheck`.
+
+For each project (pinned, installed into a benchmark folder outside this repository, never
+vendored): its test files that call gradcheck, run three times in fresh pytest processes, each
+call timed by the same router (drop_in_probe.py): as written (torch's gradcheck), under
+--gradtool-gradcheck, and paired (each call run by both, on the same inputs, at the same moment,
+the test going on with torch's result). The first two give the tests' outcomes, the first call,
+the calls' total and the processes' wall time both ways; the paired run gives every disagreement
+with both verdicts, every exception gradtool raised that torch did not, and per-call medians (all
+calls, and tiny ones of <= 100 elements), which a shared machine's load would blur across runs.
+
+    python benchmarks/drop_in.py                    # both projects, env in /tmp/gradtool-dropin
+    python benchmarks/drop_in.py --projects entmax  # one
+Writes benchmarks/results/drop_in.json. Needs pip access to PyPI for the pinned packages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "drop_in.json"
+TINY = 100  # elements: issue 47's "tiny problem"
+
+
+@dataclass(frozen=True)
+class Project:
+    """A project whose own tests call gradcheck: the pin, where its tests sit, which to run."""
+
+    name: str
+    pin: str
+    folder: str            # the tests' root below the env folder (pytest runs there)
+    paths: tuple[str, ...]  # the test files that call gradcheck
+
+
+PROJECTS = {
+    # Sparse activations; the tests ship inside the wheel (entmax has no sdist on PyPI).
+    "entmax": Project("entmax", "entmax==1.3", "site",
+                      ("entmax/test_losses.py", "entmax/test_root_finding.py",
+                       "entmax/test_topk.py")),
+    # Rotations; the tests come from the sdist (test/, importing `from test import utils`).
+    "roma": Project("roma", "roma==1.8.0", "roma-tests",
+                    ("test/test_mappings.py", "test/test_utils.py",
+                     "test/test_procrustes_derivatives.py")),
+}
+
+
+def setup(env: Path) -> None:
+    """The pinned packages in env/site (--target, no deps: torch and numpy are this venv's)."""
+    site = env / "site"
+    pins = [p.pin for p in PROJECTS.values()]
+    if not all((site / p.name).is_dir() for p in PROJECTS.values()):
+        pip("install", "--no-deps", "--target", str(site), *pins)
+    tests = env / "roma-tests" / "test"
+    if not tests.is_dir():
+        pip("download", "--no-binary", ":all:", "--no-deps", "-d", str(env / "dl"),
+            PROJECTS["roma"].pin)
+        sdist = next((env / "dl").glob("roma-*.tar.gz"))
+        with tarfile.open(sdist) as archive:
+            members = [m for m in archive.getmembers() if "/test/" in m.name and m.isfile()]
+            for member in members:  # drop the sdist's top folder: its __init__.py is a package
+                member.name = member.name.split("/", 1)[1]
+            archive.extractall(env / "roma-tests", members=members, filter="data")
+
+
+def pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "-q", *args], check=True)
+
+
+def run_suite(project: Project, env: Path, mode: str) -> dict[str, Any]:
+    """One pytest process over the project's test files (mode: torch, gradtool or paired)."""
+    out = env / f"calls-{project.name}-{mode}.json"
+    environ = {**os.environ, "GRADTOOL_DROPIN_OUT": str(out), "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join([str(env / "site"), str(HERE)])}
+    if mode == "paired":
+        environ["GRADTOOL_DROPIN_PAIRED"] = "1"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=10",
+               "-p", "drop_in_probe", *project.paths]
+    command += ["--gradtool-gradcheck"] if mode == "gradtool" else []
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=env / project.folder, env=environ, capture_output=True,
+                          text=True)
+    wall = time.perf_counter() - start
+    out.with_suffix(".log").write_text(done.stdout + done.stderr)  # failures, slowest tests
+    tail = done.stdout.strip().splitlines()[-1:] or [done.stderr[-500:]]
+    result = json.loads(out.read_text()) if out.exists() else {"calls": [], "pairs": []}
+    return {**result, "wall_s": round(wall, 2), "summary": tail[0]}
+
+
+def compare(torch_run: dict[str, Any], gradtool_run: dict[str, Any],
+            paired: dict[str, Any]) -> dict[str, Any]:
+    """The suite both ways (tests, first call, totals, wall time, each call's verdict matched by
+    test and order), and the paired run: verdicts on identical inputs, per-call times."""
+    ours, theirs = keyed(gradtool_run["calls"]), keyed(torch_run["calls"])
+    matched = sorted(set(ours) & set(theirs))
+    pairs = paired["pairs"]
+    differ = [p for p in pairs if verdict(p["torch"]) != verdict(p["gradtool"])]
+    raised = [p for p in pairs if p["gradtool"][0] == "raised"
+              and verdict(p["gradtool"]) != verdict(p["torch"])]
+    return {
+        "pytest": {"torch": torch_run["summary"], "gradtool": gradtool_run["summary"]},
+        "calls": {"torch": len(theirs), "gradtool": len(ours), "paired": len(pairs)},
+        "separate_runs_agree": sum(verdict(ours[k]) == verdict(theirs[k]) for k in matched),
+        "separate_runs_matched": len(matched),
+        "first_call_ms": {"torch": first(torch_run), "gradtool": first(gradtool_run)},
+        "calls_total_s": {"torch": total(torch_run), "gradtool": total(gradtool_run)},
+        "wall_s": {"torch": torch_run["wall_s"], "gradtool": gradtool_run["wall_s"]},
+        "paired_agree": len(pairs) - len(differ),
+        "disagreements": [described(p) for p in differ],
+        "internal_errors": [described(p) for p in raised],
+        "per_call_ms": medians(pairs),
+        "tiny_per_call_ms": medians([p for p in pairs if p["elements"] <= TINY]),
+        "paired_total_s": {tool: round(sum(p[tool][1] for p in pairs), 2)
+                           for tool in ("torch", "gradtool")},
+    }
+
+
+def keyed(rows: list[list[Any]]) -> dict[tuple[str, int], list[Any]]:
+    seen: dict[str, int] = {}
+    out = {}
+    for row in rows:
+        where = row[3]
+        seen[where] = seen.get(where, -1) + 1
+        out[(where, seen[where])] = row
+    return out
+
+
+def verdict(row: list[Any]) -> str:
+    """passed / failed / the exception's type: what a test sees of the call (a call row of
+    run/swap.py's Call.row(), or one side of a pair: outcome, seconds, error)."""
+    outcome, error = (row[1], row[4]) if len(row) == 6 else (row[0], row[2])
+    return error.split(":", 1)[0] if outcome == "raised" else outcome
+
+
+def described(pair: dict[str, Any]) -> dict[str, Any]:
+    return {"test": pair["where"], "function": pair["name"], "elements": pair["elements"],
+            "torch": " ".join(map(str, pair["torch"][::2])).strip(),
+            "gradtool": " ".join(map(str, pair["gradtool"][::2])).strip()}
+
+
+def medians(pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    if not pairs:
+        return {"calls": 0}
+    torch_s = [p["torch"][1] for p in pairs]
+    ours = [p["gradtool"][1] for p in pairs]
+    return {"calls": len(pairs), "torch": ms(statistics.median(torch_s)),
+            "gradtool": ms(statistics.median(ours)),
+            "median_ratio": round(statistics.median(g / max(t, 1e-9)
+                                                    for t, g in zip(torch_s, ours)), 2),
+            "gradtool_slower_on": sum(g > t for t, g in zip(torch_s, ours))}
+
+
+def first(run: dict[str, Any]) -> float | None:
+    return ms(run["calls"][0][2]) if run["calls"] else None
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1e3, 2)
+
+
+def total(run: dict[str, Any]) -> float:
+    return round(sum(row[2] for row in run["calls"]), 2)
+
+
+def main() -> None:
+    """Set the folder up, run each project both ways, write the comparison."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", type=Path, default=Path("/tmp/gradtool-dropin"),
+                        help="folder for the pinned packages and their tests")
+    parser.add_argument("--projects", default=",".join(PROJECTS),
+                        help=f"comma-separated, among {', '.join(PROJECTS)}")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    setup(args.env)
+    results = {"load_before": os.getloadavg()[0], "projects": {}}
+    for name in args.projects.split(","):
+        project = PROJECTS[name]
+        runs = [run_suite(project, args.env, mode) for mode in ("torch", "gradtool", "paired")]
+        results["projects"][name] = {"pin": project.pin, "files": list(project.paths),
+                                     **compare(*runs)}
+        print(name, json.dumps(results["projects"][name], indent=1)[:3000], flush=True)
+    results["load_after"] = os.getloadavg()[0]
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
