@@ -103,11 +103,15 @@ class _Engine:
 
         problem, stop, first = self.problem, None, ()
         self.no_graph = bool(outs) and not any(o.requires_grad for o in outs)
-        if self.no_graph:  # before the first-order stop: its columns are the cheapest
+        if config.exhaustive:  # every block, whatever the first order said
+            pass
+        elif self.no_graph:  # before the first-order stop: its columns are the cheapest
             stop, first = NO_GRAPH, tuple(range(len(problem.input_names), len(leaves)))
         elif problem.cache.first_order is Outcome.FAILED:
             stop, first = STOP, problem.cache.first_order_failing
-        return reverse_mode(derived, config, leaves, outs, seed, reference, stop, first)
+        known = None if config.exhaustive or not self.no_graph else (
+            "backward's gradients carry no graph, so no probe first")
+        return reverse_mode(derived, config, leaves, outs, seed, reference, stop, first, known)
 
 
 def _not_implemented(result: CheckResult) -> str | None:

@@ -25,6 +25,7 @@ class Cache:
     per memo, each written by the code that learns it; a later check of the same case reads it."""
 
     vmap_ok: bool | None = None         # fn batches under vmap (numerics/steps.py, on first use)
+    unbatched: str | None = None        # why batching was dropped as slower than plain calls
     # The inputs (None: all at once) whose batches were checked against plain calls: a batching
     # rule may be wrong for one argument only (torch's _cdist_backward, batched grad_output).
     vmap_checked: set[int | None] = field(default_factory=set)
