@@ -70,15 +70,15 @@ def check_double_backward(case: Case, target: Target, config: CheckConfig) -> Ch
 # user's next step is the first-order fix, and after it a full run checks every input again.
 STOP = ("backward is already wrong at first order (the gradient check failed), so double "
         "backward stopped at its first block with a confirmed failure, trying first the "
-        "inputs whose first-order gradient failed; `--check double_backward` alone checks "
-        "every block")
+        "inputs whose first-order gradient failed; `--check double_backward` alone, or "
+        "--exhaustive, checks every block")
 # A backward computed without a graph (an adjoint solve, no_grad, detach) has a second
 # derivative of zero everywhere: every block with nonzero finite differences fails alike.
 NO_GRAPH = ("backward's gradients carry no graph (computed under no_grad, detached, or by a "
             "solver outside autograd, as adjoint methods are), so every second derivative it "
             "gives is zero and every block whose finite differences are nonzero fails the "
             "same way: double backward stopped at its first block with a confirmed failure, "
-            "trying the grad_output columns first")
+            "trying the grad_output columns first (--exhaustive checks every block)")
 ONCE_HINT = ("backward returns its gradients without a graph: if it is not meant to be "
              "differentiated twice (an adjoint method, say), decorate it with "
              "@once_differentiable and this check is skipped, saying so; for a library's "
