@@ -131,3 +131,41 @@ def test_batching_that_pays_is_kept():
     check = _gradient(gradtool.check(lambda x: torch.sin(x) * x.sum(), ["(48,)"],
                                      checks=("gradient",), mode="full"))
     assert "batching dropped" not in (check.mode_reason or "")
+
+
+class DetachedScaled(Function):
+    """x · sum(x), a dense Jacobian; first order right, computed without a graph. Its forward
+    reads a number into Python, so vmap refuses it: every evaluation is a plain call, as an
+    adjoint solver's."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x.sum().item()
+
+    backwards = 0  # the user's backward runs (a reused forward's included)
+
+    @classmethod
+    def backward(cls, ctx, g):
+        DetachedScaled.backwards += 1
+        (x,) = ctx.saved_tensors
+        return (g * x.sum() + (g * x).sum()).detach()
+
+
+def test_double_backward_reads_its_grad_output_columns_from_the_gradient_checks_rows():
+    """G(x, v) = vᵀJ is linear in v (the contract's linearity test says so in the run): its
+    columns along v are the rows of J the gradient check computed, so none is evaluated."""
+    def double(checks):
+        before = DetachedScaled.backwards
+        report = gradtool.check(DetachedScaled, ["(12,)"], checks=checks, mode="full")
+        runs = DetachedScaled.backwards - before
+        return next(c for _, _, c in report.checks() if c.name == "double_backward"), runs
+
+    (reused, with_reuse), (alone, evaluated) = (
+        double(("contract", "gradient", "double_backward")),
+        double(("gradient", "double_backward")))  # no linearity test: G evaluated along v
+    assert reused.outcome is alone.outcome is Outcome.FAILED
+    assert _rules(reused) == _rules(alone)
+    assert [b.mismatched for b in reused.blocks] == [b.mismatched for b in alone.blocks]
+    # the contract's own backwards (6) included, 12 grad_output columns' fewer
+    assert with_reuse + 6 <= evaluated, (with_reuse, evaluated)

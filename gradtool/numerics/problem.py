@@ -44,6 +44,9 @@ class Cache:
     first_order: Any = None
     # The contract's linearity test in this run: backward linear in grad_output (None: not run).
     linear: bool | None = None
+    # The analytical Jacobian full mode computed (rows of backward): double backward's G along
+    # grad_output is linear, and these are its exact columns there (numerics/jacobian.py).
+    jacobian: Any = None
     # ... and the inputs (positions) whose first-order block failed: swept first by then.
     first_order_failing: tuple[int, ...] = ()
     # The gradient check's forwards evaluated call by call, with their graphs, when double
@@ -100,6 +103,10 @@ class Problem:
     # the contract's linearity test found): f(x - d) = 2 f(x) - f(x + d), so a difference
     # along them evaluates one side.
     linear_in: tuple[int, ...] = ()
+    # Exact derivative columns already known along an input (as in `inputs`): known[i](cols)
+    # -> (n_out, len(cols)). Double backward's G along grad_output is linear, its columns
+    # the gradient check's analytical rows: its sweep reads them instead of evaluating.
+    known: dict[int, Callable[[Any], Any]] = field(default_factory=dict)
     # Sparse arguments by position (in args), held as strided values and rebuilt in their
     # layout inside fn (numerics/sparse.py): a check that needs the layout itself skips them.
     sparse: dict[int, Encoding] = field(default_factory=dict)
