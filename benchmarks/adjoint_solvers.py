@@ -3,13 +3,14 @@ default gradtool check against gradcheck slow + gradgradcheck slow, warmed up, s
 
 #     python benchmarks/adjoint_solvers.py [--repeats 3]
 #
-# Models nobody here wrote: torchdiffeq's `odeint_adjoint` on a linear vector field and
-# torchsde's `sdeint_adjoint` (Stratonovich, reversible Heun: its adjoint is the exact gradient of
+# Models nobody here wrote: torchdiffeq's `odeint_adjoint` on a linear vector field (and on
+# a tanh field at a fine step, expensive enough that auto mode probes first) and torchsde's `sdeint_adjoint` (Stratonovich, reversible Heun: its adjoint is the exact gradient of
 # the discrete solve, a fixed Brownian path), each an
 # nn.Module whose only custom Function is the package's adjoint method. Their double backward
 # fails as expected (an adjoint solve is not differentiable twice): the row that keeps
 # "nothing to choose between" honest. Seeded bugs swap the package's adjoint Function for a
-# subclass whose backward is wrong (a factor 2; the parameters' gradients dropped). Each row:
+# subclass whose backward is wrong (every gradient doubled; the parameters' gradients dropped;
+# the input's alone doubled; the weight's transposed: issue 50's first-order bugs). Each row:
 # one warm-up of both tools, then gradtool.check (every default check) and gradcheck +
 # gradgradcheck slow on the same tensors (the input and the parameters), interleaved round by
 # round, one torch thread, medians, and gradtool's own split of its time (checks, setup, the
@@ -57,9 +58,7 @@ def seeded(base: type, bug: str) -> type:
         def backward(ctx: Any, *grads: Any) -> Any:
             out = list(base.backward(ctx, *grads))
             tensors = [k for k, g in enumerate(out) if isinstance(g, torch.Tensor)]
-            for k in tensors if bug == "factor 2" else tensors[1:]:
-                out[k] = out[k] * 2 if bug == "factor 2" else torch.zeros_like(out[k])
-            return tuple(out)
+            return tuple(_seed(bug, out, tensors))
 
     Seeded.__name__ = Seeded.__qualname__ = f"{base.__name__}{bug.title().replace(' ', '')}"
     return Seeded
@@ -69,6 +68,7 @@ class ODE(nn.Module):
     """y(1) of dy/dt = A y + b by torchdiffeq's odeint_adjoint (RK4, step 0.05)."""
 
     bug: str | None = None
+    step, squash = 0.05, False
 
     def __init__(self) -> None:
         super().__init__()
@@ -84,9 +84,20 @@ class ODE(nn.Module):
         t = torch.tensor([0.0, 1.0], dtype=y0.dtype)
         bad = seeded(adjoint.OdeintAdjointMethod, self.bug) if self.bug else None
         with swapped(adjoint, "OdeintAdjointMethod", bad):
-            return odeint_adjoint(lambda _, y: self.field(y), y0, t, method="rk4",
-                                  options={"step_size": 0.05},
+            return odeint_adjoint(self._field, y0, t, method="rk4",
+                                  options={"step_size": self.step},
                                   adjoint_params=tuple(self.field.parameters()))[-1]
+
+
+    def _field(self, _: Any, y: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.field(y)) if self.squash else self.field(y)
+
+
+class FineODE(ODE):
+    """y(1) of dy/dt = tanh(A y + b), RK4 at step 0.01: each forward 5x the steps, so auto
+    mode finds full mode too slow for the Jacobian and probes first (issue 50's path)."""
+
+    step, squash = 0.01, True
 
 
 class _Field(nn.Module):
@@ -128,6 +139,20 @@ class SDE(nn.Module):
                                            dt=0.01)[-1]
 
 
+def _seed(bug: str, out: list[Any], tensors: list[int]) -> list[Any]:
+    """The adjoint's gradients with the seeded bug: every one doubled, the parameters' dropped,
+    the input's alone doubled, or a square parameter gradient transposed."""
+    first, rest = tensors[0], tensors[1:]
+    if bug == "factor 2":
+        return [g * 2 if k in tensors else g for k, g in enumerate(out)]
+    if bug == "params dropped":
+        return [torch.zeros_like(g) if k in rest else g for k, g in enumerate(out)]
+    if bug == "input doubled":
+        return [g * 2 if k == first else g for k, g in enumerate(out)]
+    square = next(k for k in rest if out[k].dim() == 2 and out[k].shape[0] == out[k].shape[1])
+    return [g.t() if k == square else g for k, g in enumerate(out)]  # "weight transposed"
+
+
 def variant(base: type, bug: str | None) -> type:
     return type(f"{base.__name__}{'' if bug is None else bug.title().replace(' ', '')}",
                 (base,), {"bug": bug})
@@ -135,8 +160,12 @@ def variant(base: type, bug: str | None) -> type:
 
 # family -> (package, model class, inputs, bugs)
 FAMILIES: dict[str, tuple[str, type, list[str], tuple[str, ...]]] = {
-    "torchdiffeq odeint_adjoint": ("torchdiffeq", ODE, ["2x4"], ("factor 2", "params dropped")),
-    "torchsde sdeint_adjoint": ("torchsde", SDE, ["2x3"], ("factor 2", "params dropped")),
+    "torchdiffeq odeint_adjoint": ("torchdiffeq", ODE, ["2x4"], (
+        "factor 2", "params dropped", "input doubled", "weight transposed")),
+    "torchdiffeq odeint_adjoint, fine steps": ("torchdiffeq", FineODE, ["2x4"], (
+        "factor 2", "input doubled", "weight transposed")),
+    "torchsde sdeint_adjoint": ("torchsde", SDE, ["2x3"], (
+        "factor 2", "params dropped", "input doubled", "weight transposed")),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from dataclasses import replace
@@ -112,15 +113,15 @@ def _undifferentiable(error: CheckResult) -> CheckResult:
 # user's next step is the first-order fix, and after it a full run checks every input again.
 STOP = ("backward is already wrong at first order (the gradient check failed), so double "
         "backward stopped at its first block with a confirmed failure, trying first the "
-        "inputs whose first-order gradient failed; `--check double_backward` alone checks "
-        "every block")
+        "inputs whose first-order gradient failed; `--check double_backward` alone, or "
+        "--exhaustive, checks every block")
 # A backward computed without a graph (an adjoint solve, no_grad, detach) has a second
 # derivative of zero everywhere: every block with nonzero finite differences fails alike.
 NO_GRAPH = ("backward's gradients carry no graph (computed under no_grad, detached, or by a "
             "solver outside autograd, as adjoint methods are), so every second derivative it "
             "gives is zero and every block whose finite differences are nonzero fails the "
             "same way: double backward stopped at its first block with a confirmed failure, "
-            "trying the grad_output columns first")
+            "trying the grad_output columns first (--exhaustive checks every block)")
 ONCE_HINT = ("backward returns its gradients without a graph: if it is not meant to be "
              "differentiated twice (an adjoint method, say), decorate it with "
              "@once_differentiable and this check is skipped, saying so; for a library's "
@@ -145,11 +146,15 @@ class _Engine:
 
         problem, stop, first = self.problem, None, ()
         self.no_graph = bool(outs) and not any(o.requires_grad for o in outs)
-        if self.no_graph:  # before the first-order stop: its columns are the cheapest
+        if config.exhaustive:  # every block, whatever the first order said
+            pass
+        elif self.no_graph:  # before the first-order stop: its columns are the cheapest
             stop, first = NO_GRAPH, tuple(range(len(problem.input_names), len(leaves)))
         elif problem.cache.first_order is Outcome.FAILED:
             stop, first = STOP, problem.cache.first_order_failing
-        return reverse_mode(derived, config, leaves, outs, seed, reference, stop, first)
+        known = None if config.exhaustive or not self.no_graph else (
+            "backward's gradients carry no graph, so no probe first")
+        return reverse_mode(derived, config, leaves, outs, seed, reference, stop, first, known)
 
 
 def _not_implemented(result: CheckResult) -> str | None:
@@ -215,9 +220,32 @@ def _derive(problem: Problem, seed: int
                       [f"grad of {name}" for name in problem.input_names], batched,
                       facts=Facts(seed=problem.freeze_seed), keep_all_outputs=True,
                       scope=scope,  # keep_all_outputs: a detached gradient is wrong
-                      linear_in=linear_inputs(problem, n, len(grads)))
+                      linear_in=linear_inputs(problem, n, len(grads)),
+                      known=_known_columns(problem, leaves, outs))
     g.calls = derived.calls
     return derived, None
+
+
+def _known_columns(problem: Problem, leaves: list[torch.Tensor], outs: list[torch.Tensor]
+                   ) -> dict[int, Any]:
+    """G's exact columns along each grad_output, where G is linear there (the contract's
+    linearity test passed in this run) and the gradient check computed backward's whole
+    analytical Jacobian: row k of J is d G / d v_k, so the sweep evaluates no backward for them
+    (an adjoint solve each, on the models where double backward costs most)."""
+    jac = problem.cache.jacobian
+    n_out, n_in = sum(o.numel() for o in outs), sum(x.numel() for x in leaves)
+    if not problem.cache.linear or jac is None or tuple(jac.dense.shape) != (n_out, n_in):
+        return {}
+    known, start = {}, 0
+    for j, o in enumerate(outs):
+        known[len(leaves) + j] = functools.partial(_rows, jac.dense, start)
+        start += o.numel()
+    return known
+
+
+def _rows(dense: torch.Tensor, start: int, cols: torch.Tensor) -> torch.Tensor:
+    """Rows start + cols of backward's Jacobian, as G's columns (n_in, len(cols))."""
+    return dense[start + cols].T
 
 
 def linear_inputs(problem: Problem, n: int, k: int) -> tuple[int, ...]:

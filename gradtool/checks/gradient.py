@@ -116,13 +116,21 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
         summary += f" ({', '.join(problem.left_out)} left out: not differentiable)"
     return CheckResult(
         name, verdict.outcome, summary, (*verdict.details, *left_out),
-        tuple(blocks), verdict.mode, verdict.mode_reason,
+        tuple(blocks), verdict.mode, _mode_reason(verdict, problem),
         tolerance={"eps": config.tolerance("eps"), **(verdict.tolerance or {
             k: config.tolerance(k) for k in ("atol", "rtol")})},
         calls=calls_since(problem, before), duration_s=time.perf_counter() - start,
         source=target.source if verdict.outcome is not Outcome.PASSED else None,
         findings=(*(() if coarse is None else (coarse,)),
                   *mismatch_findings(name, verdict.outcome, diagnosed, surrogate)))
+
+
+def _mode_reason(verdict: Verdict, problem: Problem) -> str | None:
+    """The mode's reason, and why batching was dropped if it was (-v shows it on a pass)."""
+    dropped = problem.cache.unbatched
+    if not dropped or verdict.mode_reason is None:
+        return verdict.mode_reason
+    return f"{verdict.mode_reason}; {dropped}"
 
 
 def mismatch_findings(name: str, outcome: Outcome,
@@ -164,14 +172,26 @@ def _where(block: Block) -> str:
 
 def reverse_mode(problem: Problem, config: CheckConfig, leaves: list[torch.Tensor],
                  outs: list[torch.Tensor], seed: int, reference: Reference | None,
-                 stop: str | None = None, first: Sequence[int] = ()) -> Verdict:
+                 stop: str | None = None, first: Sequence[int] = (),
+                 known_wrong: str | None = None) -> Verdict:
     """backward's Jacobian against finite differences (or a surrogate), full or probe mode;
     `stop`: why full mode may stop at the first block with a confirmed failure, sweeping
-    inputs `first` first."""
+    inputs `first` first; `known_wrong`: why the analytical side is known wrong wherever the
+    finite differences are not zero (a probe would only fail), so an expensive target goes
+    to that sweep without probing first."""
     mode, reason = choose_mode(problem, config, leaves, outs)
+    if mode == "probe" and known_wrong and stop and _fits(problem, config):
+        # A probe could only fail, then turn to full mode: straight to the stopping sweep.
+        mode, reason = "full", f"{reason}; {known_wrong}"
     if mode == "full":
         return check_full(problem, config, leaves, outs, reference, reason, stop, first)
     return check_probe(problem, config, leaves, outs, reference, reason, seed, stop, first)
+
+
+def _fits(problem: Problem, config: CheckConfig) -> bool:
+    """Whether full mode's plan (made by the mode choice) fits --max-memory."""
+    plan = problem.cache.plan
+    return plan is not None and plan.memory <= config.max_memory
 
 
 def precision_config(config: CheckConfig, problem: Problem) -> CheckConfig:

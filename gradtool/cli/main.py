@@ -209,6 +209,9 @@ CHECK_EPILOG = "\b\nInputs:\n" + INPUT_HELP
 @click.option("--masked/--no-masked", default=None,
               help="Sparse inputs: compare their specified elements only (gradcheck's masked) "
                    "[every element].")
+@click.option("--exhaustive/--no-exhaustive", default=None,
+              help="Gather every piece of evidence after a failure: no check stops at its "
+                   "first confirmed failing block on an expensive target [stop].")
 @click.option("--resample", type=int, default=None,
               help="Draw up to N new inputs when a case is inconclusive (kinks, ties).")
 @click.option("--trust-callables", is_flag=True, default=False,

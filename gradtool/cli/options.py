@@ -10,7 +10,7 @@ T = TypeVar("T", bound="Options")
 # The options [tool.gradtool] also sets: the command line wins over pyproject, which wins over the
 # defaults (config/pyproject.py merges them). `format` is --format's, for the report formats only.
 SETTINGS = ("seed", "dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode", "strict",
-            "masked", "probes", "max_memory", "timeout", "annotations")
+            "masked", "exhaustive", "probes", "max_memory", "timeout", "annotations")
 
 
 def file_param(name: str) -> str:
@@ -108,6 +108,7 @@ class CheckOptions(TargetOptions, ReportOptions, IsolationOptions):
     max_memory: float | None = None
     strict: bool | None = None
     masked: bool | None = None
+    exhaustive: bool | None = None
     resample: int | None = None
     trust_callables: bool = False
     save_inputs: str | None = None

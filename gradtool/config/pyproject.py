@@ -40,6 +40,7 @@ DEFAULTS: dict[str, Any] = {
     "checks": list(DEFAULT_CHECKS),
     "strict": False,
     "masked": False,    # sparse inputs: specified elements only (gradcheck's masked)
+    "exhaustive": False,  # every piece of evidence after a failure (no cost-plan stop)
     "probes": 4,
     "max_memory": 2e9,
     "timeout": 600.0,
@@ -52,7 +53,8 @@ KEYS = tuple(DEFAULTS)
 
 # Settings CheckConfig takes; the rest (paths, output options) are for the CLI.
 CHECK_CONFIG_KEYS = ("seed", "dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode",
-                     "checks", "strict", "masked", "probes", "max_memory", "timeout", "ignore")
+                     "checks", "strict", "masked", "exhaustive", "probes", "max_memory", "timeout",
+                     "ignore")
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,7 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
                lambda v: _str_list(v, CHECK_NAMES) and len(v) > 0),
     "strict": ("true or false", lambda v: isinstance(v, bool)),
     "masked": ("true or false", lambda v: isinstance(v, bool)),
+    "exhaustive": ("true or false", lambda v: isinstance(v, bool)),
     "probes": ("a positive integer", lambda v: _is_int(v) and v >= 1),
     "max_memory": ("a positive number of bytes", lambda v: _is_number(v) and v > 0),
     "timeout": ("a non-negative number of seconds (0: no limit)",

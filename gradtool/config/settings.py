@@ -48,6 +48,8 @@ class CheckConfig:
     max_memory: float = 2e9
     strict: bool = False
     resample: int = 0
+    # After a failure is confirmed, gather every piece of evidence anyway (no cost plan cuts).
+    exhaustive: bool = False
     trust_callables: bool = False  # specs may run plain callables they declare trusted
     max_worst: int = 5
     reference: str | None = None     # module:fn, the float64 reference of a low-precision run

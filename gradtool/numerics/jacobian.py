@@ -191,6 +191,8 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
         for i in range(len(leaves)):
             _sweep(problem, config, jac, i, tallies[i], bounds, kept[i] if keep else None,
                    affordable)
+    if jac.dense is not None and not bool(jac.dense.isnan().any()):
+        problem.cache.jacobian = jac  # every row: double backward's columns along grad_output
     measurement = None
     if config.measured and any(t.mismatched for row in tallies for t in row):
         from .measured import remeasure

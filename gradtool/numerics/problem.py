@@ -24,6 +24,7 @@ class Cache:
     per memo, each written by the code that learns it; a later check of the same case reads it."""
 
     vmap_ok: bool | None = None         # fn batches under vmap (numerics/steps.py, on first use)
+    unbatched: str | None = None        # why batching was dropped as slower than plain calls
     # The inputs (None: all at once) whose batches were checked against plain calls: a batching
     # rule may be wrong for one argument only (torch's _cdist_backward, batched grad_output).
     vmap_checked: set[int | None] = field(default_factory=set)
@@ -42,6 +43,9 @@ class Cache:
     first_order: Any = None
     # The contract's linearity test in this run: backward linear in grad_output (None: not run).
     linear: bool | None = None
+    # The analytical Jacobian full mode computed (rows of backward): double backward's G along
+    # grad_output is linear, and these are its exact columns there (numerics/jacobian.py).
+    jacobian: Any = None
     # ... and the inputs (positions) whose first-order block failed: swept first by then.
     first_order_failing: tuple[int, ...] = ()
     # The gradient check's forwards evaluated call by call, with their graphs, when double
@@ -98,6 +102,10 @@ class Problem:
     # the contract's linearity test found): f(x - d) = 2 f(x) - f(x + d), so a difference
     # along them evaluates one side.
     linear_in: tuple[int, ...] = ()
+    # Exact derivative columns already known along an input (as in `inputs`): known[i](cols)
+    # -> (n_out, len(cols)). Double backward's G along grad_output is linear, its columns
+    # the gradient check's analytical rows: its sweep reads them instead of evaluating.
+    known: dict[int, Callable[[Any], Any]] = field(default_factory=dict)
     # Sparse arguments by position (in args), held as strided values and rebuilt in their
     # layout inside fn (numerics/sparse.py): a check that needs the layout itself skips them.
     sparse: dict[int, Encoding] = field(default_factory=dict)

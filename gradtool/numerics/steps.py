@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -129,32 +130,57 @@ def batched_outputs(problem: Problem, values: Sequence[torch.Tensor], which: int
                                                         problem.output_mask))
 
     size = int(batches[0].shape[0])
+    start = time.perf_counter()
     try:
         with torch.no_grad(), problem.rng(), quiet_batching():
             outs = flat_cat(vmap(run, in_dims=in_dims)(*args), batch=True)
     except Exception as exc:  # no vmap support: data-dependent control flow, .item(), ...
         raise _NotBatchable() from exc
+    batched_s = time.perf_counter() - start
     problem.calls["forward"] += size
     if which not in problem.cache.vmap_checked:
         # The last of the batch: a batching rule that reuses the first element's values for
         # all (torch's _cdist_backward under vmap, for a batched grad_output) agrees there only.
-        _verify_batched(problem, values, which, [b[-1] for b in batches], outs[-1])
+        plain_s = _verify_batched(problem, values, which, [b[-1] for b in batches], outs[-1])
         problem.cache.vmap_checked.add(which)
-        problem.cache.vmap_ok = True
+        problem.cache.vmap_ok = _worth_batching(problem, size, batched_s, plain_s)
     return outs
 
 
+# A first batched call may cost more than the loop it replaces: a target that compiles for
+# each new input shape (numba, torch.compile, Triton autotuning) compiles again for the
+# batched shapes. Beyond this factor over the loop, and this many seconds, batching is dropped.
+BATCH_WORSE, BATCH_FLOOR_S = 2.0, 0.05
+
+
+def _worth_batching(problem: Problem, size: int, batched_s: float, plain_s: float) -> bool:
+    """Whether batching pays: the first batched call against `size` plain calls timed on the
+    same values; when not, every later evaluation is a plain call, and the mode says why."""
+    loop_s = size * plain_s
+    if batched_s <= BATCH_WORSE * loop_s + BATCH_FLOOR_S:
+        return True
+    problem.cache.unbatched = (f"batching dropped: the first batched call of {size} "
+                               f"evaluations took {batched_s:.2g} s against {plain_s:.2g} s for "
+                               "one plain call (a target compiling for each new input shape), "
+                               "so every evaluation is a plain call")
+    return False
+
+
 def _verify_batched(problem: Problem, values: Sequence[torch.Tensor], which: int | None,
-                    element: Sequence[torch.Tensor], batched: torch.Tensor) -> None:
-    """Trust vmap only where it agrees with a plain call (a forward may behave differently)."""
+                    element: Sequence[torch.Tensor], batched: torch.Tensor) -> float:
+    """Trust vmap only where it agrees with a plain call (a forward may behave differently);
+    the plain call's seconds."""
     work = list(element) if which is None else list(values)
     if which is not None:
         work[which] = element[0]
+    start = time.perf_counter()
     plain = flat_cat(problem.outputs(work))
+    seconds = time.perf_counter() - start
     scale = plain.abs().max().item() if plain.numel() else 0.0
     if not torch.allclose(plain, batched, rtol=1e-10, atol=1e-12 * (scale + 1.0)):
         problem.cache.vmap_ok = False
         raise _NotBatchable()
+    return seconds
 
 
 # ---------------------------------------------------------------- directional (probes)

@@ -101,6 +101,8 @@ def _case_lines(target: TargetResult, case: CaseResult, verbose: bool, quiet: bo
         tail = f"  {short}" if short else ""
         yield f"{word} {label}   {check.name}{tail}{timing}", style
         if passing:
+            if verbose and check.mode_reason:  # how it was checked, and what was dropped
+                yield f"  mode: {check.mode} ({check.mode_reason})", "dim"
             continue
         if not shown_inputs:
             yield from inputs_lines(case)
