@@ -199,3 +199,36 @@ def test_probe_vectors_are_kept_per_draw_and_handed_out_as_copies():
     # another seed is another draw
     other_u, _ = probe._vectors(problem, outs, config, 6)
     assert not torch.equal(other_u[0][0], expected_u[0]) and len(probe._DRAWN) == 2
+
+
+def test_probe_tests_on_cpu_arrays_judge_as_on_tensors():
+    """The probe tests read CPU tensors through numpy (cheaper for tiny problems): the same
+    verdicts as torch's arithmetic on them, NaN and inf failing, and no numpy warning."""
+    import warnings
+
+    import numpy as np
+
+    from gradtool.numerics import localise
+
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float64, torch.float32, torch.float16):
+        v, g = (torch.randn(2, 10, generator=gen).to(dtype) for _ in range(2))
+        d = torch.randn(2, 1, 10, generator=gen).to(dtype)
+        d[1] = d[0] * (1 - 1e-3)  # a measured error, so the tolerance is not all floor
+        f0, u = torch.randn(10, generator=gen).to(dtype), torch.randn(1, 10, generator=gen).to(dtype)
+        for bad in (None, float("nan"), float("inf")):
+            if bad is not None:
+                d[:, 0, 3] = bad
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                arrays = localise.Tests(v, d, f0, g, u, 1e-3, 1e-7, 1e-5)
+            kept, localise.NUMPY_DTYPES = localise.NUMPY_DTYPES, ()
+            try:
+                tensors = localise.Tests(v, d, f0, g, u, 1e-3, 1e-7, 1e-5)
+            finally:
+                localise.NUMPY_DTYPES = kept
+            assert (arrays.fails == tensors.fails).all()
+            assert bad is None or arrays.fails.all()
+            np.testing.assert_allclose(arrays.tolerance, tensors.tolerance, rtol=1e-2)
+    assert all(isinstance(x, np.ndarray) and x.dtype == np.float64
+               for x in (arrays.analytical, arrays.numerical, arrays.tolerance))
