@@ -167,3 +167,68 @@ def test_check_probe_agrees_with_screen_on_a_correct_function():
     verdict = check_probe(case.problem, config, leaves, outs, None, "test", 0)
     assert verdict.outcome.value == "passed" and verdict.mode == "probe"
     assert all(b.checked == 2 and not b.exhaustive for b in verdict.blocks)
+
+
+def test_probe_vectors_are_kept_per_draw_and_handed_out_as_copies():
+    """A suite's repeated tiny calls reuse the seeded draw (the same u and v, no generator run),
+    and user code writing a v it received as grad_output cannot change the next call's."""
+    import types
+
+    from gradtool.numerics import probe
+
+    problem = types.SimpleNamespace(inputs=[torch.zeros(3, 4, dtype=torch.float64),
+                                            torch.zeros(5, dtype=torch.float64)])
+    outs, config = [torch.zeros(7, dtype=torch.float64)], CheckConfig()
+    probe._DRAWN.clear()
+    u, v = probe._vectors(problem, outs, config, 5)
+    expected_u, expected_v = [t.clone() for t in u[0]], v.clone()
+    assert len(probe._DRAWN) == 1
+    v.zero_()
+    u[0][0].zero_()
+    drawn = []
+    real = torch.Generator
+    try:
+        torch.Generator = lambda *a: drawn.append(a) or real(*a)  # counts generator runs
+        again_u, again_v = probe._vectors(problem, outs, config, 5)
+    finally:
+        torch.Generator = real
+    assert not drawn and len(probe._DRAWN) == 1
+    assert torch.equal(again_v, expected_v)
+    assert all(torch.equal(a, b) for a, b in zip(again_u[0], expected_u))
+    assert all((t.abs() >= 1).all() and (t.abs() < 2).all() for t in [again_v, *again_u[0]])
+    # another seed is another draw
+    other_u, _ = probe._vectors(problem, outs, config, 6)
+    assert not torch.equal(other_u[0][0], expected_u[0]) and len(probe._DRAWN) == 2
+
+
+def test_probe_tests_on_cpu_arrays_judge_as_on_tensors():
+    """The probe tests read CPU tensors through numpy (cheaper for tiny problems): the same
+    verdicts as torch's arithmetic on them, NaN and inf failing, and no numpy warning."""
+    import warnings
+
+    import numpy as np
+
+    from gradtool.numerics import localise
+
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float64, torch.float32, torch.float16):
+        v, g = (torch.randn(2, 10, generator=gen).to(dtype) for _ in range(2))
+        d = torch.randn(2, 1, 10, generator=gen).to(dtype)
+        d[1] = d[0] * (1 - 1e-3)  # a measured error, so the tolerance is not all floor
+        f0, u = torch.randn(10, generator=gen).to(dtype), torch.randn(1, 10, generator=gen).to(dtype)
+        for bad in (None, float("nan"), float("inf")):
+            if bad is not None:
+                d[:, 0, 3] = bad
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                arrays = localise.Tests(v, d, f0, g, u, 1e-3, 1e-7, 1e-5)
+            kept, localise.NUMPY_DTYPES = localise.NUMPY_DTYPES, ()
+            try:
+                tensors = localise.Tests(v, d, f0, g, u, 1e-3, 1e-7, 1e-5)
+            finally:
+                localise.NUMPY_DTYPES = kept
+            assert (arrays.fails == tensors.fails).all()
+            assert bad is None or arrays.fails.all()
+            np.testing.assert_allclose(arrays.tolerance, tensors.tolerance, rtol=1e-2)
+    assert all(isinstance(x, np.ndarray) and x.dtype == np.float64
+               for x in (arrays.analytical, arrays.numerical, arrays.tolerance))
