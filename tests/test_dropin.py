@@ -324,3 +324,11 @@ def test_a_module_that_cannot_be_copied_is_checked_as_torch_checks_it():
     x = _x(2, 3)
     assert gradtool.gradcheck(module, (x,)) is torch.autograd.gradcheck(module, (x,)) is True
     assert torch.equal(module.weight, before) and module.weight.grad is None
+
+
+def test_gradgradchecks_report_reproduces_the_users_call_not_gradtools_wrapper():
+    with pytest.raises(GradcheckError) as raised:
+        gradtool.gradgradcheck(CubeDetached.apply, (_x(4),))
+    text = str(raised.value)
+    assert "reproduce: gradtool.gradgradcheck(CubeDetached.apply, <the same inputs>)" in text
+    assert "dropin/functions.py" not in text  # look at: the user's backward, not the wrapper

@@ -252,6 +252,9 @@ def _named_after(backward: Any, func: Any, n_args: int, n_grads: int) -> Any:
     backward.__name__ = backward.__qualname__ = f"backward of {_name(func)}"
     backward.__module__ = getattr(cls or func, "__module__", None) or __name__
     backward.__wrapped__ = cls.backward if cls is not None else func  # look at: there
+    shown = f"{cls.__qualname__}.apply" if cls is not None else _name(func)
+    backward.gradtool_reproduce = (f"gradtool.gradgradcheck({shown}, <the same inputs>) in "
+                                   "Python (the check of its backward's gradients)")
     return backward
 
 

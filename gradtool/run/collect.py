@@ -237,7 +237,11 @@ def _loadable_name(obj: Any) -> str | None:
 
 
 def _python_reproduce(obj: Any, seed: int) -> str:
-    """How to reproduce an object no command line can load: the call, in Python."""
+    """How to reproduce an object no command line can load: the call, in Python (the one an
+    object made by gradtool itself declares: the drop-in's gradgradcheck)."""
+    declared = getattr(obj, "gradtool_reproduce", None)
+    if isinstance(declared, str):
+        return declared
     qualname = getattr(obj, "__qualname__", "") or ""
     what = "lambda" if "<lambda>" in qualname else (
         "local function" if "<locals>" in qualname else
