@@ -45,7 +45,11 @@ NAMES = {"suite_conftest": "conftest", "suite_tests": "test_suite"}
 
 
 @pytest.fixture
-def suite(pytester: pytest.Pytester) -> pytest.Pytester:
+def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    # Another test of this worker may have imported a module of the same plain name (a
+    # project's `ops`, `helpers`): the inner run imports the suite's own.
+    for name in ("ops", "helpers", "conftest", "test_suite"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
     for path in SUITE.glob("*.py"):
         pytester.makepyfile(**{NAMES.get(path.stem, path.stem): path.read_text()})
     pytester.syspathinsert()
