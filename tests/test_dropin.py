@@ -332,3 +332,19 @@ def test_gradgradchecks_report_reproduces_the_users_call_not_gradtools_wrapper()
     text = str(raised.value)
     assert "reproduce: gradtool.gradgradcheck(CubeDetached.apply, <the same inputs>)" in text
     assert "dropin/functions.py" not in text  # look at: the user's backward, not the wrapper
+
+
+@pytest.mark.parametrize("ours, theirs, keywords", [
+    (gradtool.gradcheck, torch.autograd.gradcheck, {"check_backward_ad": False}),
+    (gradtool.gradcheck, torch.autograd.gradcheck, {"check_batched_forward_grad": True}),
+    (gradtool.gradgradcheck, torch.autograd.gradgradcheck, {"check_rev_over_rev": False}),
+    (gradtool.gradgradcheck, torch.autograd.gradgradcheck,
+     {"check_rev_over_rev": False, "check_fwd_over_rev": True, "check_undefined_grad": False,
+      "check_batched_grad": True})])
+def test_a_refused_keyword_combination_is_refused_in_torchs_words(ours, theirs, keywords):
+    words = []
+    for check in (ours, theirs):
+        with pytest.raises(AssertionError) as raised:
+            check(Cube.apply, (_x(2),), **keywords)
+        words.append(str(raised.value))
+    assert words[0] == words[1]

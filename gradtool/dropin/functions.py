@@ -107,28 +107,27 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
 
 def _keywords(forward: bool, backward: bool, batched: bool, batched_forward: bool) -> None:
     """The keyword combinations torch's gradcheck refuses, refused alike (AssertionError)."""
-    if not (forward or backward):
-        raise AssertionError("Expected at least one of check_forward_ad or check_backward_ad "
-                             "to be True")
-    if batched and not backward:
-        raise AssertionError("Setting check_batched_grad=True requires check_backward_ad to be "
-                             "True")
-    if batched_forward and not forward:
-        raise AssertionError("Setting check_batched_forward_grad=True requires check_forward_ad "
-                             "to be True")
+    _refuse(("check_forward_ad", forward), ("check_backward_ad", backward),
+            [("check_batched_grad", batched, "check_backward_ad"),
+             ("check_batched_forward_grad", batched_forward, "check_forward_ad")])
 
 
 def _second_keywords(forward: bool, backward: bool, undefined: bool, batched: bool) -> None:
     """The keyword combinations torch's gradgradcheck refuses, refused alike."""
-    if not (forward or backward):
-        raise AssertionError("Expected at least one of check_fwd_over_rev or check_rev_over_rev "
-                             "to be True")
-    if undefined and not backward:
-        raise AssertionError("Setting check_undefined_grad=True requires check_rev_over_rev to "
-                             "be True")
-    if batched and not backward:
-        raise AssertionError("Setting check_batched_grad=True requires check_rev_over_rev to be "
-                             "True")
+    _refuse(("check_fwd_over_rev", forward), ("check_rev_over_rev", backward),
+            [("check_undefined_grad", undefined, "check_rev_over_rev"),
+             ("check_batched_grad", batched, "check_rev_over_rev")])
+
+
+def _refuse(forward: tuple[str, bool], backward: tuple[str, bool],
+            needs: list[tuple[str, bool, str]]) -> None:
+    """torch's words: neither mode asked for, or a keyword set without the mode it needs."""
+    if not (forward[1] or backward[1]):
+        raise AssertionError(f"Expected at least one of {forward[0]} or {backward[0]} to be True")
+    on = {forward[0]: forward[1], backward[0]: backward[1]}
+    for name, value, mode in needs:
+        if value and not on[mode]:
+            raise AssertionError(f"Setting {name}=True requires {mode} to be True")
 
 
 def _as_tuple(inputs: Any) -> tuple[Any, ...]:
