@@ -36,7 +36,9 @@ from typing import Any
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
-from . import torch_tests
+from .torch_tests import (check_inputs, check_outputs, differentiable_outputs, forward_mode,
+                          no_differentiable_outputs, reentrant)
+from .torch_tests import run as torch_runs
 from ..errors import TargetError
 from ..tracebacks import calls_user_code, user_errors_propagate
 
@@ -69,28 +71,28 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
               check_batched_forward_grad)
     args = _as_tuple(inputs)
     try:
-        torch_tests.check_inputs(args)
+        check_inputs(args)
         out = func(*args)
-        outputs = torch_tests.differentiable_outputs(out)
-        torch_tests.check_outputs(outputs)
+        outputs = differentiable_outputs(out)
+        check_outputs(outputs)
         if not outputs:  # torch's test: finite differences find every output constant
-            torch_tests.no_differentiable_outputs(func, args, out, eps)
+            no_differentiable_outputs(func, args, out, eps)
         settings = _settings(args, eps, atol, rtol, nondet_tol, fast_mode, masked)
         complex_values = any(t.is_complex() for t in (*_tensors(args), *outputs))
         # torch's order, so the first failure is the one torch's gradcheck would raise
         if outputs and check_backward_ad:
             _judge(func, args, settings, backward=True, extra=extra_checks,
                    complex_values=complex_values)
-            torch_tests.reentrant(args, outputs, nondet_tol, check_grad_dtypes)
+            reentrant(args, outputs, nondet_tol, check_grad_dtypes)
         if outputs and check_forward_ad and complex_values:
             # gradtool checks no forward mode of complex values: torch's own check runs
-            torch_tests.forward_mode(func, args, eps=eps, atol=atol, rtol=rtol,
+            forward_mode(func, args, eps=eps, atol=atol, rtol=rtol,
                                      check_undefined_grad=check_undefined_grad,
                                      fast_mode=fast_mode, masked=masked)
         elif outputs and check_forward_ad:
             _judge(func, args, settings, backward=False, extra=extra_checks and
                    not check_backward_ad)
-        torch_tests.run(func, args, outputs, check_undefined_grad=check_undefined_grad,
+        torch_runs(func, args, outputs, check_undefined_grad=check_undefined_grad,
                         undefined_forward=not complex_values,  # else torch's ran it above
                         check_batched_grad=check_batched_grad,
                         check_batched_forward_grad=check_batched_forward_grad,
@@ -185,7 +187,7 @@ def gradgradcheck(func: Callable[..., Any], inputs: Any, grad_outputs: Any = Non
                      check_batched_grad)
     args = _as_tuple(inputs)
     if grad_outputs is None:
-        outputs = torch_tests.differentiable_outputs(func(*args))
+        outputs = differentiable_outputs(func(*args))
         grad_outputs = tuple(_random_like(o, gen_non_contig_grad_outputs) for o in outputs)
     elif not isinstance(grad_outputs, (tuple, list)):
         grad_outputs = (grad_outputs,)
@@ -223,7 +225,7 @@ def _backward_of(func: Callable[..., Any], args: tuple[Any, ...],
         with torch.enable_grad():
             xs = [v.requires_grad_() if w else v for v, w in zip(values[:-n], wants)]
             vs = [v.requires_grad_() if w else v for v, w in zip(values[-n:], wants_v)]
-            outs = torch_tests.differentiable_outputs(func(*xs))
+            outs = differentiable_outputs(func(*xs))
             diff = [x for x, w in zip(xs, wants) if w]
             grads = torch.autograd.grad(outs, diff, vs, create_graph=True, allow_unused=True)
         return tuple(g for g in grads if g is not None)
