@@ -146,14 +146,13 @@ class _Engine:
 
         problem, stop, first = self.problem, None, ()
         self.no_graph = bool(outs) and not any(o.requires_grad for o in outs)
-        if config.exhaustive:  # every block, whatever the first order said
-            pass
-        elif self.no_graph:  # before the first-order stop: its columns are the cheapest
+        # --exhaustive: every block, whatever the first order said
+        if self.no_graph and not config.exhaustive:  # its columns are the cheapest
             stop, first = NO_GRAPH, tuple(range(len(problem.input_names), len(leaves)))
-        elif problem.cache.first_order is Outcome.FAILED:
+        elif problem.cache.first_order is Outcome.FAILED and not config.exhaustive:
             stop, first = STOP, problem.cache.first_order_failing
-        known = None if config.exhaustive or not self.no_graph else (
-            "backward's gradients carry no graph, so no probe first")
+        known = "backward's gradients carry no graph, so no probe first" if stop is NO_GRAPH \
+            else None
         return reverse_mode(derived, config, leaves, outs, seed, reference, stop, first, known)
 
 
