@@ -260,6 +260,19 @@ def test_a_modules_parameters_are_not_checked():
     assert gradtool.gradcheck(module, (_x(4, 3),)) is True
 
 
+def test_a_module_checked_without_its_parameters_is_called_without_swapping(monkeypatch):
+    import torch.nn.utils.stateless as stateless
+
+    real, swaps = stateless._reparametrize_module, []
+    monkeypatch.setattr(stateless, "_reparametrize_module",
+                        lambda *a, **k: (swaps.append(1), real(*a, **k))[1])
+    module = torch.nn.Linear(3, 2).double()
+    assert gradtool.gradcheck(module, (_x(4, 3),)) is True
+    assert swaps == []  # gradtool's own copy, nothing of it checked: called as it is
+    assert gradtool.check(module, (_x(4, 3),), checks=("gradient",)).ok()
+    assert swaps  # its parameters checked: swapped in on every call
+
+
 def test_extra_checks_opt_in_runs_gradtools_default_checks():
     from gradtool.config.registry import DEFAULT_CHECKS
 
