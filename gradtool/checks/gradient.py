@@ -14,7 +14,7 @@ from ..config.settings import CheckConfig
 from ..numerics.coarse import at_precision, forward_dtype, judged_note, with_finding
 from ..numerics.jacobian import Reference, Verdict, check_full, choose_mode, prime
 from ..numerics.probe import check_probe
-from ..numerics.problem import Problem, flat_cat
+from ..numerics.problem import Problem
 from ..numerics.sparse import in_place, masked_places
 from ..results import Block, CheckResult, Finding, Outcome
 from ..targets.cases import Case
@@ -87,7 +87,7 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
         # mode before judging: judged at its precision, the same verdict whichever mode runs
         dtype = None
         if (first_order or forward is not None) and reference is None:
-            dtype = (forward_dtype(problem, flat_cat(outs)) if forward is None
+            dtype = (forward_dtype(problem, outs) if forward is None
                      else forward_dtype(forward))
         if dtype is not None:
             config = at_precision(config, dtype)

@@ -49,9 +49,10 @@ def _unit(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps / 2
 
 
-def forward_dtype(problem: Problem, f0: torch.Tensor | None = None) -> torch.dtype | None:
+def forward_dtype(problem: Problem, outs: Sequence[torch.Tensor] | None = None
+                  ) -> torch.dtype | None:
     """The dtype a forward computes in where that is coarser than its inputs' (float64 given,
-    float32 inside), else None; learnt once per problem, in every mode. `f0`: the outputs at
+    float32 inside), else None; learnt once per problem, in every mode. `outs`: the outputs at
     the inputs, already evaluated (the priming forward's). A forward whose outputs there are
     not all numbers of a coarser dtype costs nothing more; otherwise one forward at a moved
     point, whose inputs are not numbers of that dtype, decides: its outputs that changed must
@@ -60,17 +61,20 @@ def forward_dtype(problem: Problem, f0: torch.Tensor | None = None) -> torch.dty
     memo = problem.cache.forward_dtype
     if memo is not None:
         return memo[0]
-    found = _detected(problem, f0)
+    found = _detected(problem, outs)
     problem.cache.forward_dtype = (found,)
     return found
 
 
-def _detected(problem: Problem, f0: torch.Tensor | None) -> torch.dtype | None:
+def _detected(problem: Problem, outs: Sequence[torch.Tensor] | None) -> torch.dtype | None:
     given = _given(problem)
     if given not in _GIVEN:
         return None
-    f0 = flat_cat(problem.outputs(problem.inputs)) if f0 is None else f0.detach()
-    dtype = None if f0.is_complex() else coarse_dtype([f0], given)
+    outs = problem.outputs(problem.inputs) if outs is None else outs
+    if not outs or any(o.is_complex() or o.layout != torch.strided for o in outs):
+        return None  # complex or sparse outputs: other checks judge them
+    f0 = flat_cat([o.detach() for o in outs])
+    dtype = coarse_dtype([f0], given)
     if dtype is None:
         return None
     moved = [v + 1e-3 * (v.abs() + 1) if v.is_floating_point() else v for v in problem.inputs]
