@@ -17,8 +17,8 @@ from ..targets.load import Target
 from ..targets.probe import _graph_forward, both_nan, comparable, equal, probe, stochastic_note
 from ..tracebacks import calls_user_code
 from ._common import Context, calls_since, error_result
-from .contract_rounding import (MEASURED_SLACK, beyond_rounding, measured_noise, rounded,
-                                shared_scale, summed)
+from .contract_rounding import (MEASURED_SLACK, beyond_rounding, measured_elements,
+                                measured_noise, rounded, shared_scale, summed)
 
 
 def check_contract(case: Case, target: Target, config: CheckConfig) -> CheckResult:
@@ -368,11 +368,13 @@ def _depends_on_inputs(problem: Problem, outs: list[torch.Tensor], index: int) -
 def _linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> list[Finding]:
     r2 = backward(g2)
     mixed = backward([2 * a + 3 * b for a, b in zip(g1, g2)])
+    calls = ((g1, r1), ([2 * x + 3 * y for x, y in zip(g1, g2)], mixed))  # measured at these
     # Each of the three calls may wander by nondet_tol: 2·a + 3·b + m can by 6·nondet_tol.
     atol, rtol = config.tolerance("atol") + 6 * config.nondet_tol, config.tolerance("rtol")
     problem.cache.linear = True  # double backward mirrors grad_output columns on it
     shared = shared_scale(mixed, r1, r2, weights=(1, 2, 3))
     noise: list[float] | None = None
+    elements: list[torch.Tensor | None] | None = None
     for k, (name, a, b, m) in enumerate(zip(problem.input_names, r1, r2, mixed)):
         if a is None or b is None or m is None or a.shape != m.shape:
             continue
@@ -381,10 +383,15 @@ def _linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> l
             off = beyond_rounding(m, [(2, a), (3, b)], low, summed(g1), 6 * config.nondet_tol,
                                   shared=shared)
             if off is not None:  # beyond the model: against backward's measured rounding too
-                noise = noise or measured_noise(backward, (g1, r1), (
-                    [2 * x + 3 * y for x, y in zip(g1, g2)], mixed))
+                noise = noise or measured_noise(backward, *calls)
                 off = beyond_rounding(m, [(2, a), (3, b)], low, summed(g1), 6 * config.nondet_tol
                                       + MEASURED_SLACK * noise[k], shared=shared)
+            if off is not None:  # and each element against its own measured rounding
+                elements = elements or measured_elements(backward, *calls)
+                each = elements[k]
+                off = off if each is None else beyond_rounding(
+                    m, [(2, a), (3, b)], low, summed(g1), 6 * config.nondet_tol
+                    + MEASURED_SLACK * (noise[k] + each), shared=shared)
         else:
             off = None if _allclose(m, 2 * a + 3 * b, atol=atol, rtol=rtol) else \
                 f"by {(m - (2 * a + 3 * b)).abs().max().item():.3g}"

@@ -99,3 +99,27 @@ def measured_noise(backward, *calls: tuple[Sequence[torch.Tensor], Sequence[Any]
                     found = 0.0
             noise[k:k + 1] = [max(found, noise[k] if k < len(noise) else 0.0)]
     return noise
+
+
+def measured_elements(backward, *calls: tuple[Sequence[torch.Tensor], Sequence[Any]]
+                      ) -> list[torch.Tensor | None]:
+    """Per input, each element's rounding noise measured as measured_noise measures it (the
+    most over the calls): where a gradient element's rounding comes from terms hidden inside
+    backward and larger than it (a reverse cumulative sum whose partial sums along the way are
+    many times the element: a scan's gate gradient), only its own measurement shows it, and a
+    small element keeps its own (a seeded nonlinearity moves it by far more than SCALE's 2^-7
+    share of itself)."""
+    noise: list[torch.Tensor | None] = []
+    for grads, results in calls:
+        again = backward([SCALE * g for g in grads])
+        for k, (a, b) in enumerate(zip(results, again)):
+            found = None
+            if a is not None and b is not None and a.shape == b.shape and a.numel() \
+                    and a.is_floating_point():
+                found = (b.detach().double() - SCALE * a.detach().double()).abs()
+                found = torch.where(torch.isfinite(found), found, torch.zeros_like(found))
+            if k >= len(noise):
+                noise.append(found)
+            elif found is not None:
+                noise[k] = found if noise[k] is None else torch.maximum(noise[k], found)
+    return noise

@@ -15,6 +15,7 @@ from ..config.settings import CheckConfig
 from ..numerics.facts import Facts
 from ..diagnosis.block import Diagnosis
 from ..numerics.jacobian import Verdict
+from ..numerics.coarse import forward_dtype
 from ..numerics.problem import Problem, function_nodes, graph_key, select_outputs, vjp
 from ..results import Block, CheckResult, Finding, Outcome, Severity
 from ..targets.cases import Case
@@ -200,6 +201,7 @@ def _derive(problem: Problem, seed: int
     outs = [o for o in outs if (o.is_floating_point() or o.is_complex()) and o.requires_grad]
     if not outs:
         return None, None
+    forward_dtype(problem, outs)  # learnt from these outputs, not a new forward
     gen = torch.Generator().manual_seed(seed + 202)
     grads = [torch.randn(o.shape, generator=gen, dtype=o.dtype, device="cpu").to(o.device)
              for o in outs]

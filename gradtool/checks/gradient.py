@@ -11,7 +11,7 @@ import torch
 
 from ..config.registry import BY_NAME
 from ..config.settings import CheckConfig
-from ..numerics.coarse import rejudge
+from ..numerics.coarse import at_precision, forward_dtype, judged_note, with_finding
 from ..numerics.jacobian import Reference, Verdict, check_full, choose_mode, prime
 from ..numerics.probe import check_probe
 from ..numerics.problem import Problem
@@ -61,8 +61,6 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
     if not problem.diff:
         return CheckResult(name, Outcome.SKIPPED, "no differentiable inputs to check")
     config = precision_config(config, problem)
-    if not first_order and config.measured:  # the measured tolerance is first order's
-        config = config.fixed()
     try:
         leaves, outs = prime(problem)
         # double backward derives from this graph, except of sparse inputs (which it skips)
@@ -85,6 +83,16 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
                                              "them in it, e.g. -i 3x4:positive",),
                 source=target.forward_source, duration_s=time.perf_counter() - start,
                 findings=(Finding(f"{name}.forward_nonfinite", text, data={"elements": bad}),))
+        # a forward coarser than its inputs (float64 given, float32 inside), learnt in every
+        # mode before judging: judged at its precision, the same verdict whichever mode runs
+        dtype = None
+        if (first_order or forward is not None) and reference is None:
+            dtype = (forward_dtype(problem, outs) if forward is None
+                     else forward_dtype(forward))
+        if dtype is not None:
+            config = at_precision(config, dtype)
+        if not first_order and config.measured:  # the measured tolerance is first order's
+            config = config.fixed()
         # double backward runs G's backward through this sweep's forwards where it can
         problem.recording(first_order and problem.cache.gradient_graph is not None)
         try:
@@ -92,9 +100,10 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
         finally:
             problem.recording(False)
         coarse = None
-        if (first_order or forward is not None) and reference is None:
-            # a forward coarser than its inputs: said, and judged at its precision
-            verdict, coarse = rejudge(problem, config, verdict, forward)
+        if dtype is not None and forward is None:
+            verdict, coarse = with_finding(problem, verdict, dtype)
+        elif dtype is not None:
+            verdict = replace(verdict, details=[*verdict.details, judged_note(dtype)])
     except MemoryError as exc:
         return CheckResult(name, Outcome.ERROR, str(exc),
                            details=("use --mode probe, or raise --max-memory",))

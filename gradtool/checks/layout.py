@@ -383,9 +383,21 @@ def difference(have: torch.Tensor, want: torch.Tensor, nondet_tol: float, name: 
     flat = int(torch.where(bad, diff, torch.zeros_like(diff)).reshape(-1).argmax())
     index = tuple(unravel(flat, tuple(want.shape)))
     a, b = have.reshape(-1)[flat].item(), want.reshape(-1)[flat].item()
-    return (f"'{name}'{list(index)}: {a:.6g}, contiguous {b:.6g} (differing by {abs(a - b):.3g}, "
+    shown = _apart(a, b)
+    return (f"'{name}'{list(index)}: {shown[0]}, contiguous {shown[1]} (differing by "
+            f"{abs(a - b):.3g}, "
             f"beyond the {float(tol):.3g} allowed); {int(bad.sum())} of {want.numel()} "
             "elements differ")
+
+
+def _apart(a: complex | float, b: complex | float) -> tuple[str, str]:
+    """Two differing values printed with the fewest digits (6 at least) that tell them apart:
+    a finding never prints equal numbers as differing."""
+    for digits in (6, 9, 12, 17):
+        x, y = f"{a:.{digits}g}", f"{b:.{digits}g}"
+        if x != y:
+            break
+    return x, y
 
 
 @calls_user_code

@@ -63,19 +63,34 @@ def _kernel_runs(func: Any, args: Any, kwargs: Any, low: torch.dtype) -> tuple[A
         def rounded(x: Any, keep: Any = keep) -> Any:
             if not isinstance(x, torch.Tensor):
                 return x
-            return x.to(torch.float32 if x is keep else low)
+            return x.to(_as_kind(torch.float32 if x is keep else low, x))
         try:
             with _same_draws(func, args) as again:
                 lows = on_values(func, args, kwargs, rounded)
                 again()
-                exacts = on_values(func, args, kwargs, lambda x: rounded(x).double()
-                             if isinstance(x, torch.Tensor) else x)
+                exacts = on_values(func, args, kwargs, lambda x: rounded(x).to(
+                    _as_kind(torch.float64, x)) if isinstance(x, torch.Tensor) else x)
         except Exception:  # noqa: BLE001 - no kernel for these dtypes: the next choice
             continue
         _KEPT[(func, low)] = kept
         return lows, exacts
     _KEPT[(func, low)] = None
     return None
+
+
+# A real dtype's complex twin: a complex operand (an FFT's backward's grad) is rounded to it.
+_COMPLEX = {torch.float64: torch.complex128, torch.float32: torch.complex64,
+            torch.float16: torch.complex32}
+
+
+def _as_kind(dtype: torch.dtype, x: torch.Tensor) -> torch.dtype:
+    """`dtype` for a real tensor, its complex twin for a complex one (no twin: bfloat16's,
+    then an error the caller takes for no kernel in that dtype)."""
+    if not x.is_complex():
+        return dtype
+    if dtype not in _COMPLEX:
+        raise TypeError(f"no complex dtype for {dtype}")
+    return _COMPLEX[dtype]
 
 
 @contextmanager
@@ -101,18 +116,24 @@ def _same_draws(func: Any, args: Any) -> Iterator[Callable[[], None]]:
 
 
 def _error(low: Any, exact: Any) -> Any:
+    """|low - exact| per element: for a complex result (an FFT's), the modulus of the
+    difference, a real tensor of the result's part dtype."""
     if not (isinstance(low, torch.Tensor) and isinstance(exact, torch.Tensor)
-            and low.is_floating_point() and exact.is_floating_point()):
+            and (low.is_floating_point() or low.is_complex())
+            and low.is_complex() == exact.is_complex()
+            and (exact.is_floating_point() or exact.is_complex())):
         return None
-    diff = (low.double() - exact).abs()
+    diff = (low.to(exact.dtype) - exact).abs()
     # An overflow to inf in the low dtype is the target's, for the comparison to report.
-    return Measured(torch.where(diff.isfinite(), diff, torch.zeros_like(diff)).to(exact.dtype))
+    return Measured(torch.where(diff.isfinite(), diff, torch.zeros_like(diff)).to(
+        exact.real.dtype if exact.is_complex() else exact.dtype))
 
 
 def on_values(func: Any, args: Any, kwargs: Any, transform: Callable[[Any], Any]) -> Any:
     """The op again, every floating argument (tensor or number) transformed."""
     def apply(x: Any) -> Any:
-        if isinstance(x, float) or (isinstance(x, torch.Tensor) and x.is_floating_point()):
+        if isinstance(x, float) or (isinstance(x, torch.Tensor) and (
+                x.is_floating_point() or x.is_complex())):
             return transform(x)
         return x
     return func(*tree_map(apply, args), **tree_map(apply, kwargs))

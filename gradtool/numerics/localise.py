@@ -61,6 +61,13 @@ class Tests:
 NUMPY_DTYPES = (torch.float64, torch.float32, torch.float16)
 
 
+def machine(dtype: torch.dtype, config: CheckConfig) -> float:
+    """The unit roundoff a probe test allows for: the values' dtype's, or the configuration's
+    where coarser (a forward computing in float32 though given float64 is judged as float32)."""
+    judged = getattr(torch, config.dtype, dtype)
+    return max(FINITE_MACHINE.get(dtype, 2.2e-16), FINITE_MACHINE.get(judged, 2.2e-16))
+
+
 def _norm(x: torch.Tensor | np.ndarray, order: int, dim: int | None
           ) -> torch.Tensor | np.ndarray:
     """The vector norm along dim (all of x when None), of a tensor or of an array."""
@@ -94,7 +101,7 @@ class Locator:
         # a test's floor: the measured tolerance's first bound, else the fixed atol
         self.atol = (first_bound(self.values, flat_cat(outs).detach(), self.h)[0]
                      if config.measured else config.tolerance("atol"))
-        self.eps_m = FINITE_MACHINE.get(self.values[0].dtype, 2.2e-16)
+        self.eps_m = machine(self.values[0].dtype, config)
         self.f_all = flat_cat(outs).detach()
         self.f0 = self.f_all[out_slice]
         gen = torch.Generator().manual_seed(4242)  # drawn on the CPU: the same everywhere

@@ -20,10 +20,10 @@ from ..config.settings import CheckConfig
 from ..results import Outcome
 from .compare import BlockTally
 from .jacobian import Reference, Verdict, _tallies, check_full, judged_tallies
-from .localise import Locator, Test, Tests
+from .localise import Locator, Test, Tests, machine
 from .measured_words import data_dependent
 from .problem import Problem, flat_cat
-from .steps import FINITE_MACHINE, directional, vjp_rows
+from .steps import directional, vjp_rows
 
 
 @dataclass
@@ -184,7 +184,7 @@ def _screen(probes: Probes, tallies: list[list[BlockTally]], config: CheckConfig
     """Every (direction, cotangent) pair over all blocks at once; the failing pairs."""
     u = torch.stack([flat_cat(d) for d in probes.u])                  # (P, n_in)
     tests = Tests(probes.v, probes.diffs, probes.f0, probes.grads, u, config.tolerance("eps"),
-                  FINITE_MACHINE.get(dtype, 2.2e-16), tallies[0][0].atol)
+                  machine(dtype, config), tallies[0][0].atol)
     worst = float(tests.difference.max()) if tests.difference.size else 0.0
     for row in tallies:
         for tally in row:
@@ -261,7 +261,7 @@ def _failing_blocks(problem: Problem, config: CheckConfig, leaves: Sequence[torc
         diffs = directional(problem, values, dirs, config.tolerance("eps"), probes.f0)
     else:
         diffs = probes.diffs[:, p:p + 1]
-    eps_m = FINITE_MACHINE.get(values[0].dtype, 2.2e-16)
+    eps_m = machine(values[0].dtype, config)
     found = {}
     for i, isl in enumerate(probes.in_slices):
         for o, osl in enumerate(probes.out_slices):
@@ -289,7 +289,7 @@ def _fails_fixed(problem: Problem, config: CheckConfig, probes: Probes, p: int, 
     diffs = directional(problem, values, dirs, config.tolerance("eps"), probes.f0)
     return Test(probes.v[q, osl], diffs[:, 0, osl], probes.f0[osl], g,
                 probes.u[p][i].reshape(-1), config.tolerance("eps"),
-                FINITE_MACHINE.get(values[0].dtype, 2.2e-16), config.tolerance("atol")).fails
+                machine(values[0].dtype, config), config.tolerance("atol")).fails
 
 
 def _kink_note(tally: BlockTally, elements: Sequence) -> str:

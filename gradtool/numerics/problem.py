@@ -58,6 +58,9 @@ class Cache:
     # run/culprit.py:record's Function applications, shared by the contract's inner check, the
     # culprit search and double backward's (one recording forward, not three).
     applications: Any = None
+    # The dtype the forward computes in where coarser than its inputs', learnt once by
+    # numerics/coarse.py:forward_dtype ((None,): not coarser; None: not learnt yet).
+    forward_dtype: tuple[Any] | None = None
 
     def take_first_graph(self) -> tuple[list[torch.Tensor], Any] | None:
         first, self.first_graph = self.first_graph, None

@@ -178,6 +178,9 @@ class SimulatedRounding(TorchDispatchMode):
         return x
 
     def _jitter(self, t: torch.Tensor, spreads: list[Any]) -> torch.Tensor:
+        if t.is_complex() and t.numel() and not t._is_zerotensor() and \
+                t.layout == torch.strided:
+            return self._jitter_complex(t, spreads)
         if not t.is_floating_point() or t.numel() == 0 or t._is_zerotensor() or \
                 t.layout != torch.strided:
             return t  # a storage-less zero (torch's efficient zeros) is exact; a sparse one, kept
@@ -189,6 +192,19 @@ class SimulatedRounding(TorchDispatchMode):
             elif isinstance(spread, Measured) and spread.error.shape == t.shape:
                 noisy.addcmul_(spread.error, self.pool.draw(t))
         return _finite_only(noisy, t)
+
+
+    def _jitter_complex(self, t: torch.Tensor, spreads: list[Any]) -> torch.Tensor:
+        """A complex result (an FFT's) rounded part by part, each part by the result's own
+        kernel error and accumulation (measured on the complex magnitude of the difference)."""
+        parts = torch.view_as_real(t.resolve_conj())
+        per_part = [Measured(s.error.unsqueeze(-1).expand(parts.shape))
+                    if isinstance(s, Measured) and s.error.shape == t.shape else
+                    s.unsqueeze(-1).expand(parts.shape)
+                    if isinstance(s, torch.Tensor) and s.shape == t.shape and not s.is_complex()
+                    else None
+                    for s in spreads]
+        return torch.view_as_complex(self._jitter(parts, per_part).contiguous())
 
 
 def _strided(*trees: Any) -> bool:
@@ -274,7 +290,7 @@ def _accumulated(func: Any, args: Any, kwargs: Any, products: bool) -> Any:
         total = on_values(func, args, kwargs, abs)
         if not products or not isinstance(total, torch.Tensor):
             return total
-        squares = on_values(func, args, kwargs, lambda x: x * x)
+        squares = on_values(func, args, kwargs, lambda x: abs(x) * abs(x))  # complex: |x|^2
         return torch.where(squares > 0, total * total / squares.sqrt(), total)
     except Exception:  # an overload that refuses |x| (e.g. a signed index): result-only model
         return None

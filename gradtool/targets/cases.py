@@ -20,7 +20,8 @@ from ..results import InputInfo
 from ..tracebacks import calls_user_code, gradtool_frame, raised_in_gradtool
 from .inputs import InputSpec, LiteralSpec, TensorSpec, sample
 from .load import Target
-from .values import Keyword, ValueSpec, is_structured, leaves, structured, unwrap
+from .values import (Keyword, ValueSpec, is_python_subclass, is_structured, leaves,
+                     structured, subclass_values, unwrap)
 
 
 @dataclass
@@ -87,6 +88,7 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
     args, infos, diff = [], [], []
     symmetric: list[int] = []  # flat positions perturbed and compared as symmetric matrices
     encodings: dict[int, Encoding] = {}  # flat positions of sparse inputs, held dense
+    subclassed: list[str] = []  # notes: wrapper-subclass values, held as plain tensors
     named = [(spec_name(s) or _arg_name(target, i), s) for i, s in enumerate(positional)]
     for base, top in named + [(k.name, k.spec) for k in keywords]:
         top = unwrap(top)
@@ -95,6 +97,10 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
             if spec is None or not isinstance(spec, (TensorSpec, LiteralSpec, ValueSpec)):
                 spec = LiteralSpec(spec)  # a plain value inside a container
             args.append(_leaf_value(spec, generator, config))
+            if isinstance(spec, ValueSpec) and is_python_subclass(spec.value):
+                subclassed.append(f"{name}: a tensor subclass ({type(spec.value).__name__}) "
+                                  "given; checked on its values, passed to the target as a "
+                                  "plain tensor")
             if spec.differentiable(config.dtype):
                 if is_sparse(args[-1]):
                     encodings[len(args) - 1] = Encoding.of(args[-1], config.masked)
@@ -111,7 +117,7 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
         fn = structured(fn, positional, keywords, n_leaves)
         batched_fn = structured(batched_fn, positional, keywords, n_leaves) \
             if batched_fn is not None and (target.kind.batched_keywords or not keywords) else None
-    notes = []
+    notes = subclassed
     if encodings:  # vmap batches no sparse tensor
         fn, batched_fn = rebuilding(fn, encodings), None
         notes.extend(f"{names[p]}: {e.describe()} compared" for p, e in encodings.items())
@@ -175,6 +181,8 @@ def _leaf_value(spec: Any, generator: Any, config: CheckConfig) -> Any:
     if isinstance(spec, TensorSpec):
         return sample(spec, generator, config.dtype, config.device)
     if isinstance(spec, ValueSpec) and isinstance(spec.value, torch.Tensor):
+        if is_python_subclass(spec.value):  # a wrapper subclass: gradtool perturbs its values
+            return subclass_values(spec.value)
         return spec.value.detach().clone()  # the user's tensor is never touched (nor given .grad)
     return spec.value
 

@@ -56,11 +56,33 @@ def unwrap(spec: Any) -> Any:
     return spec.spec if isinstance(spec, (Keyword, Nested)) else spec
 
 
+def is_python_subclass(tensor: Any) -> bool:
+    """A tensor subclass with its own __torch_dispatch__ (a wrapper: quantised, logging...):
+    no storage of its own, so no .numpy(), .tolist() or deep copy the usual way."""
+    import torch
+
+    return isinstance(tensor, torch.Tensor) and torch._C._dispatch_keys(tensor).has(
+        torch._C.DispatchKey.Python)
+
+
+def subclass_values(tensor: Any) -> Any:
+    """A subclass's values as a plain tensor of its dtype, shape and device (the subclass's own
+    ops read them: its detach where that is plain, else element by element), never written."""
+    import torch
+
+    flat = tensor.detach()
+    if not is_python_subclass(flat):
+        return flat.clone()
+    flat = flat.reshape(-1)
+    values = [flat[k].item() for k in range(flat.numel())]
+    return torch.tensor(values, dtype=tensor.dtype, device=tensor.device).reshape(tensor.shape)
+
+
 def content_hash(tensor: Any) -> str:
     """A short hash of a tensor's values (8 hex digits), to tell two given inputs apart."""
     import torch
 
-    flat = tensor.detach().to("cpu")
+    flat = (subclass_values(tensor) if is_python_subclass(tensor) else tensor.detach()).to("cpu")
     if flat.layout != torch.strided:  # sparse: the values it stands for
         flat = flat.to_dense()
     # A fresh dense copy: .contiguous() keeps a view whose size-1 dimension has any stride
