@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..config.registry import GRADCHECK_BACKWARD
@@ -25,8 +26,8 @@ from ..numerics.facts import output_facts
 from ..numerics.jacobian import SMALL, check_full
 from ..numerics.localise import Tests
 from ..numerics.probe import _vectors
-from ..numerics.problem import (Problem, _fresh, flat_cat, own_storage, split_flat,
-                                tensor_outputs, vjp)
+from ..numerics.problem import (Problem, _fresh, flat_cat, own_storage, tensor_outputs,
+                                vjp)
 from ..numerics.steps import FINITE_MACHINE, directional, vjp_rows
 from ..results import Outcome
 from ..targets.cases import batchable_forward
@@ -38,11 +39,11 @@ SCALARS = (int, float, bool, str, type(None))  # arguments the pipeline passes a
 
 @dataclass(frozen=True)
 class Passed:
-    """A lean pass, and one backward it made: the cotangent over all outputs and the gradient
-    of each input (the reentrancy test runs backward again at the same cotangent)."""
+    """A lean pass, and one backward it made: a cotangent over the only output and the
+    gradients it gave, flat over the inputs (the reentrancy test runs backward again there)."""
 
-    cotangent: list[torch.Tensor] | None = None  # None: full mode made no such backward
-    gradients: list[torch.Tensor] | None = None
+    cotangent: torch.Tensor | None = None  # None: no such backward to share
+    gradients: torch.Tensor | None = None
 
 
 def passes(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
@@ -51,58 +52,79 @@ def passes(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
     judged without the pipeline; None: let the pipeline judge and report."""
     if GRADCHECK_BACKWARD != ("gradient",) or settings["masked"]:
         return None  # the pipeline runs more than this path judges
-    twin = _batched_twin(func)
     outs = _outputs(out)
-    if twin is None or outs is None or not _plain(args):
+    if outs is None or not _plain_callable(func) or not _plain(args):
         return None
     diff = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
-    n_in, n_out = sum(args[k].numel() for k in diff), sum(o.numel() for o in outs)
-    if settings["mode"] == "full" and n_in * n_out > SMALL:
-        return None  # full mode's plan (grouping, batching, memory) is the pipeline's
+    leaves = [args[k] for k in diff]
+    if not (_finite(leaves) and _finite(outs)):
+        return None  # the pipeline says which value, and where
     try:
         if not _pure(func, args, outs):
             return None
-        config = CheckConfig(dtype="float64", device="cpu", checks=GRADCHECK_BACKWARD,
-                             **settings)
-        leaves = [args[k] for k in diff]
+        config = _config(settings)
         if config.mode == "probe":
             return _screened(_Call(func, args, diff), config, leaves, outs)
-        return _full(func, args, diff, twin, config, leaves, outs)
+        n_in, n_out = sum(x.numel() for x in leaves), sum(o.numel() for o in outs)
+        if n_in * n_out > SMALL:
+            return None  # full mode's plan (grouping, batching, memory) is the pipeline's
+        return _full(func, args, diff, _batched_twin(func), config, leaves, outs)
     except Exception:  # noqa: BLE001 - the pipeline runs it again and reports what it raises
         return None
 
 
-def _batched_twin(func: Callable[..., Any]) -> Callable[..., Any] | None:
+_CONFIGS: dict[tuple[Any, ...], CheckConfig] = {}  # a suite's calls share a few keyword sets
+
+
+def _config(settings: dict[str, Any]) -> CheckConfig:
+    """gradtool.check's configuration for the drop-in's settings (float64 on the CPU)."""
+    key = tuple(sorted(settings.items()))
+    config = _CONFIGS.get(key)
+    if config is None:
+        config = CheckConfig(dtype="float64", device="cpu", checks=GRADCHECK_BACKWARD,
+                             **settings)
+        if len(_CONFIGS) < 64:
+            _CONFIGS[key] = config
+    return config
+
+
+def _batched_twin(func: Callable[..., Any]) -> Callable[..., Any]:
     """The vmap twin the pipeline binds (targets/kinds.py): a Function's batchable forward,
-    a plain function itself; None for anything else (a module, an op, a callable object)."""
+    a plain function itself."""
     owner = getattr(func, "__self__", None)
-    if isinstance(owner, type) and issubclass(owner, torch.autograd.Function):
-        return batchable_forward(owner) if func == owner.apply else None
-    return func if isinstance(func, types.FunctionType) else None
+    return batchable_forward(owner) if isinstance(owner, type) else func
+
+
+def _plain_callable(func: Callable[..., Any]) -> bool:
+    """A Function's apply or a plain function: what the pipeline calls as it is given (a
+    module it copies, an op it binds)."""
+    if isinstance(func, types.FunctionType):
+        return True
+    owner = getattr(func, "__self__", None)
+    return isinstance(owner, type) and issubclass(owner, torch.autograd.Function) and \
+        func == owner.apply
 
 
 def _outputs(out: Any) -> list[torch.Tensor] | None:
-    """The outputs, when every one is a finite float64 strided CPU tensor requiring grad (the
+    """The outputs, when every one is a float64 strided CPU tensor requiring grad (the
     pipeline then compares them all); None otherwise."""
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     if not outs or not all(isinstance(o, torch.Tensor) and o.requires_grad and _plain_tensor(o)
                            for o in outs):
         return None
-    if not all(bool(torch.isfinite(o).all()) for o in outs):
-        return None
     return outs
 
 
 def _plain(args: Sequence[Any]) -> bool:
-    """Arguments the pipeline takes as they are: float64 strided CPU tensors (finite where they
-    require grad) and plain scalars or strings."""
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            if not _plain_tensor(a) or (a.requires_grad and not bool(torch.isfinite(a).all())):
-                return False
-        elif not isinstance(a, SCALARS):
-            return False
-    return True
+    """Arguments the pipeline takes as they are: float64 strided CPU tensors and plain scalars
+    or strings."""
+    return all(_plain_tensor(a) if isinstance(a, torch.Tensor) else isinstance(a, SCALARS)
+               for a in args)
+
+
+def _finite(tensors: Sequence[torch.Tensor]) -> bool:
+    # numpy reads the same memory (plain CPU float64 tensors) for a tenth of torch's dispatch
+    return all(bool(np.isfinite(t.detach().numpy()).all()) for t in tensors)
 
 
 def _plain_tensor(t: torch.Tensor) -> bool:
@@ -169,8 +191,7 @@ def _screened(call: _Call, config: CheckConfig, leaves: list[torch.Tensor],
                   FINITE_MACHINE[torch.float64], config.tolerance("atol"))
     if tests.fails.any():
         return None
-    return Passed(split_flat(v[0], [o.shape for o in outs]),
-                  split_flat(grads[0], [x.shape for x in leaves]))
+    return Passed(v[0], grads[0]) if len(outs) == 1 else Passed()
 
 
 def _full(func: Callable[..., Any], args: tuple[Any, ...], diff: list[int],
@@ -178,11 +199,17 @@ def _full(func: Callable[..., Any], args: tuple[Any, ...], diff: list[int],
           outs: list[torch.Tensor]) -> Passed | None:
     """numerics/jacobian.py's check_full on a Problem of the call (its vmap twin the
     pipeline's): its pass, or None."""
+    # vmap's fixed cost (and its check against plain calls, per Problem) exceeds a few plain
+    # evaluations: so few run as plain calls, which the engine also falls back to
+    columns = 2 * sum(x.numel() for x in leaves)
     problem = Problem(func, list(args), [f"arg{k}" for k in range(len(args))], diff,
-                      batched_fn=twin)
+                      batched_fn=None if columns <= FEW else twin)
+    if sum(o.numel() for o in outs) <= FEW // 2:
+        problem.cache.batched_vjp_ok = False
     problem.learn(problem.facts.with_(learnt=True, **output_facts(outs, None, False, leaves)))
     verdict = check_full(problem, config, leaves, outs, None, REASON)
     return Passed() if verdict.outcome is Outcome.PASSED else None
 
 
+FEW = 32  # evaluations (VJP rows: half as many) run as plain calls
 REASON = "the drop-in's lean path: a small Jacobian"

@@ -87,12 +87,12 @@ def reentrant(args: tuple[Any, ...], outputs: tuple[torch.Tensor, ...], nondet_t
               check_grad_dtypes: bool, first: Any = None) -> None:
     """Backward twice at one random grad_output per output gives the same gradients (within
     nondet_tol), each of its input's dtype and device when check_grad_dtypes asks. `first`: a
-    backward already made on this graph (the lean path's, lean.py:Passed) at a random
-    cotangent of the only output: the test runs backward once more at it."""
+    backward already made on this graph (lean.py:Passed, the probe's at its random cotangent
+    of the only output): backward runs once more there."""
     diff = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-    if first is not None and first.cotangent is not None and len(outputs) == 1:
-        _same_twice(outputs[0], diff, first.cotangent[0], first.gradients, 0, nondet_tol,
-                    check_grad_dtypes)
+    if first is not None and first.cotangent is not None:
+        _again(outputs[0], diff, first.cotangent, first.gradients, nondet_tol,
+               check_grad_dtypes)
         return
     for k, output in enumerate(outputs):
         v = torch.randn_like(output) if output.is_floating_point() or output.is_complex() \
@@ -101,12 +101,27 @@ def reentrant(args: tuple[Any, ...], outputs: tuple[torch.Tensor, ...], nondet_t
         _same_twice(output, diff, v, once, k, nondet_tol, check_grad_dtypes)
 
 
+def _again(output: torch.Tensor, diff: list[torch.Tensor], v: torch.Tensor,
+           gradients: torch.Tensor, nondet_tol: float, check_grad_dtypes: bool) -> None:
+    """The second backward at the flat cotangent v, through the engine as the first went
+    (numerics/problem.py:vjp): the same flat gradients in one comparison, else each input's
+    test."""
+    from ..numerics.problem import flat_cat, split_flat, vjp
+
+    second = vjp([output], diff, [v.reshape(output.shape).clone()])
+    if not check_grad_dtypes and torch.equal(flat_cat(second), gradients):
+        return
+    first = split_flat(gradients, [x.shape for x in diff])
+    _same_twice(output, diff, v, first, 0, nondet_tol, check_grad_dtypes, second)
+
+
 def _same_twice(output: torch.Tensor, diff: list[torch.Tensor], v: torch.Tensor,
                 first: Sequence[torch.Tensor | None], k: int, nondet_tol: float,
-                check_grad_dtypes: bool) -> None:
-    """Backward at v again gives `first` (within nondet_tol), in each input's dtype and device
-    when check_grad_dtypes asks: GradcheckError otherwise."""
-    second = torch.autograd.grad(output, diff, v, retain_graph=True, allow_unused=True)
+                check_grad_dtypes: bool, second: Sequence[Any] | None = None) -> None:
+    """Backward at v again (or `second`, already made) gives `first` (within nondet_tol), in
+    each input's dtype and device when check_grad_dtypes asks: GradcheckError otherwise."""
+    if second is None:
+        second = torch.autograd.grad(output, diff, v, retain_graph=True, allow_unused=True)
     for j, (a, b, x) in enumerate(zip(first, second, diff)):
         if a is None or b is None:
             continue
