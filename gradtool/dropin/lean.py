@@ -147,11 +147,23 @@ def _pure(func: Callable[..., Any], args: tuple[Any, ...], outs: list[torch.Tens
         for a, o in zip(again, outs))
 
 
+def _forward(fn: Callable[..., Any], args: Sequence[Any], diff: Sequence[int],
+             values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Problem.outputs for a plain deterministic CPU call (no recording, RNG frame, device
+    check or output mask): forward without a graph at `values`, given as fresh copies, the other
+    tensors too (forward may keep, resize or write what it receives)."""
+    given = dict(zip(diff, values))
+    with torch.no_grad():
+        result = fn(*[_fresh(given[k]) if k in given else
+                      _fresh(a) if isinstance(a, torch.Tensor) else a
+                      for k, a in enumerate(args)])
+    return [o.detach() for o in tensor_outputs(result)]
+
+
 class _Call:
     """The drop-in's call as the probe's engine functions (numerics/probe.py's _vectors,
-    numerics/steps.py's vjp_rows and directional) see a Problem: its inputs, forwards without a
-    graph (fresh copies of the other tensors, as Problem.with_inputs gives), VJPs through the
-    engine (fresh grad_outputs, as Problem.vjp gives), no vmap twin (a probe's few
+    numerics/steps.py's vjp_rows and directional) see a Problem: its inputs, _forward, VJPs
+    through the engine (fresh grad_outputs, as Problem.vjp gives), no vmap twin (a probe's few
     evaluations run as plain calls there too)."""
 
     __slots__ = ("fn", "args", "diff", "inputs")
@@ -165,17 +177,27 @@ class _Call:
 
     @calls_user_code
     def outputs(self, values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        given = dict(zip(self.diff, values))
-        with torch.no_grad():
-            result = self.fn(*[given[k] if k in given else
-                               _fresh(a) if isinstance(a, torch.Tensor) else a
-                               for k, a in enumerate(self.args)])
-        return [o.detach() for o in tensor_outputs(result)]
+        return _forward(self.fn, self.args, self.diff, values)
 
     @calls_user_code
     def vjp(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
             grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return vjp(outs, leaves, own_storage(grads))
+
+
+class _Given(Problem):
+    """A Problem of the drop-in's call for full mode's engine, evaluating as _Call does."""
+
+    @calls_user_code
+    def outputs(self, values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        self.calls["forward"] += 1
+        return _forward(self.fn, self.args, self.diff, values)
+
+    @calls_user_code
+    def vjp(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+            grads: Sequence[torch.Tensor], create_graph: bool = False) -> list[torch.Tensor]:
+        self.calls["backward"] += 1
+        return vjp(outs, leaves, own_storage(grads), create_graph=create_graph)
 
 
 def _screened(call: _Call, config: CheckConfig, leaves: list[torch.Tensor],
@@ -198,12 +220,14 @@ def _full(func: Callable[..., Any], args: tuple[Any, ...], diff: list[int],
           twin: Callable[..., Any], config: CheckConfig, leaves: list[torch.Tensor],
           outs: list[torch.Tensor]) -> Passed | None:
     """numerics/jacobian.py's check_full on a Problem of the call (its vmap twin the
-    pipeline's): its pass, or None."""
+    pipeline's, where vmap pays): its pass, or None."""
     # vmap's fixed cost (and its check against plain calls, per Problem) exceeds a few plain
     # evaluations: so few run as plain calls, which the engine also falls back to
     columns = 2 * sum(x.numel() for x in leaves)
-    problem = Problem(func, list(args), [f"arg{k}" for k in range(len(args))], diff,
-                      batched_fn=None if columns <= FEW else twin)
+    problem = _Given(func, list(args), [f"arg{k}" for k in range(len(args))], diff,
+                     batched_fn=None if columns <= FEW else twin)
+    if columns <= FEW:
+        problem.cache.vmap_ok = False
     if sum(o.numel() for o in outs) <= FEW // 2:
         problem.cache.batched_vjp_ok = False
     problem.learn(problem.facts.with_(learnt=True, **output_facts(outs, None, False, leaves)))
