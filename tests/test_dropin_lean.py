@@ -180,3 +180,17 @@ def test_the_lean_verdict_is_the_pipelines(name, fast):
         assert passed is None  # not the lean path's to judge
     else:
         assert (passed is not None) == report.ok(), report
+
+
+def test_a_check_added_to_the_drop_ins_run_turns_the_lean_path_off(monkeypatch):
+    torch.manual_seed(0)
+    x = _x()
+    settings = functions._settings((x,), 1e-6, 1e-5, 1e-3, 0.0, True, None)
+    assert lean.passes(Cube.apply, (x,), Cube.apply(x), settings) is not None
+    monkeypatch.setattr(lean, "GRADCHECK_BACKWARD", ("gradient", "contract"))
+    lean._gradient_alone.cache_clear()
+    try:
+        assert lean.passes(Cube.apply, (x,), Cube.apply(x), settings) is None
+    finally:
+        monkeypatch.undo()
+        lean._gradient_alone.cache_clear()
