@@ -3,10 +3,11 @@
 gradtool.check costs a tenth of a millisecond per pipeline step (collection, case building,
 the probe phase, dispatch, the Report) around a tiny call's few evaluations. Here the same
 engine (numerics/probe.py's screen in fast mode, numerics/jacobian.py's check_full otherwise)
-judges the call directly, on the forward the drop-in already made, and True means exactly the
-gradient check's pass. Anything else -- a failing test, a non-finite value, a forward that
-writes its inputs or differs from call to call, any argument or output beyond plain float64
-tensors and scalars, an exception -- answers False, and the full pipeline judges and reports.
+judges the call directly, on the graph the drop-in's forward already built, and a Passed means
+exactly the gradient check's pass. Anything else -- a failing test, a non-finite value, a
+forward that writes its inputs or differs from call to call, a module, any argument or output
+beyond plain float64 tensors and scalars, an exception -- answers None, and the pipeline judges
+and reports.
 """
 
 from __future__ import annotations
@@ -180,14 +181,14 @@ class _Call:
     through the engine (fresh grad_outputs, as Problem.vjp gives), no vmap twin (a probe's few
     evaluations run as plain calls there too)."""
 
-    __slots__ = ("fn", "args", "diff", "inputs")
-    cache = SimpleNamespace(vmap_ok=False, batched_vjp_ok=False)
+    __slots__ = ("fn", "args", "diff", "inputs", "cache")
     batched_fn = None
     sparse: dict[int, Any] = {}
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], diff: list[int]) -> None:
         self.fn, self.args, self.diff = fn, args, diff
         self.inputs = [args[k].detach() for k in diff]
+        self.cache = SimpleNamespace(vmap_ok=False, batched_vjp_ok=False)  # plain calls only
 
     @calls_user_code
     def outputs(self, values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
