@@ -194,3 +194,42 @@ def test_a_check_added_to_the_drop_ins_run_turns_the_lean_path_off(monkeypatch):
     finally:
         monkeypatch.undo()
         lean._gradient_alone.cache_clear()
+
+
+def _odd_calls():
+    """(name, func, inputs maker): outputs that alias inputs or each other, views, scalars,
+    non-contiguous, non-leaf and 0-d inputs, a forward computing in float32, a detached term."""
+    def x():
+        return torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+
+    def twice(a):
+        r = a * 2
+        return r, r
+
+    return [
+        ("identity", lambda a: a, lambda: (x(),)),
+        ("view", lambda a: a.view(12) * 2, lambda: (x(),)),
+        ("transpose", lambda a: a.t(), lambda: (x(),)),
+        ("one output twice", twice, lambda: (x(),)),
+        ("0-d output", lambda a: (a ** 2).sum(), lambda: (x(),)),
+        ("int argument", lambda a, k: a.pow(k), lambda: (x(), 3)),
+        ("non-contiguous input", lambda a: a.exp(),
+         lambda: (x().detach().t().requires_grad_(),)),
+        ("non-leaf input", lambda a: a.sin(), lambda: (x() * 2,)),
+        ("0-d input", lambda a: a * 3,
+         lambda: (torch.tensor(2.0, dtype=torch.float64, requires_grad=True),)),
+        ("float32 inside", lambda a: (a.float() ** 2).double(), lambda: (x(),)),
+        ("detached term", lambda a: a.detach() * 2 + a, lambda: (x(),)),
+    ]
+
+
+@pytest.mark.parametrize("fast", MODES)
+@pytest.mark.parametrize("name, func, make", _odd_calls(), ids=[c[0] for c in _odd_calls()])
+def test_odd_calls_get_the_pipelines_verdict(monkeypatch, name, func, make, fast):
+    torch.manual_seed(0)
+    args = make()
+
+    def call():
+        return gradtool.gradcheck(func, args, fast_mode=fast)
+
+    assert _outcome(call) == _without_lean(monkeypatch, call)
