@@ -21,6 +21,10 @@ Verdict policy (docs/library-and-pytest.md says it for users):
   So gradtool never passes what torch's function fails for a defect; where
   torch's own finite differences fail a correct function (a step across a kink, rounding its
   fixed tolerance cannot absorb), gradtool's verdict (inconclusive is not a failure) stands.
+- A plain float64 call whose gradient check passes is judged by that check's engine alone
+  (lean.py: the pipeline's pass, without its Run, Case and Report); every other call, and every
+  failure, runs gradtool.check for the report. Its reentrancy test then runs backward once more
+  at the probe's random cotangent, where torch draws another (one output; fast mode).
 - gradtool's other checks (contract, layout, double backward, ...) are opt-in: `extra_checks=True`.
 - gradgradcheck is gradcheck of the function (inputs, grad_outputs) -> backward's gradients,
   built with a graph, exactly as torch's: the caller's grad_outputs, else random ones (non-
@@ -36,6 +40,7 @@ from typing import Any
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
+from .lean import passes as lean_pass
 from .torch_tests import (check_inputs, check_outputs, differentiable_outputs, forward_mode,
                           no_differentiable_outputs, reentrant)
 from .torch_tests import run as torch_runs
@@ -81,9 +86,13 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
         complex_values = any(t.is_complex() for t in (*_tensors(args), *outputs))
         # torch's order, so the first failure is the one torch's gradcheck would raise
         if outputs and check_backward_ad:
-            _judge(func, args, settings, backward=True, extra=extra_checks,
-                   complex_values=complex_values)
-            reentrant(args, outputs, nondet_tol, check_grad_dtypes)
+            # a plain float64 call's clean pass needs no pipeline; anything else gets its report
+            passed = None if extra_checks or complex_values else \
+                lean_pass(func, args, out, settings)
+            if passed is None:
+                _judge(func, args, settings, backward=True, extra=extra_checks,
+                       complex_values=complex_values)
+            reentrant(args, outputs, nondet_tol, check_grad_dtypes, passed)
         if outputs and check_forward_ad and complex_values:
             # gradtool checks no forward mode of complex values: torch's own check runs
             forward_mode(func, args, eps=eps, atol=atol, rtol=rtol,

@@ -84,29 +84,58 @@ def run(func: Any, args: tuple[Any, ...], outputs: tuple[torch.Tensor, ...], *,
 
 
 def reentrant(args: tuple[Any, ...], outputs: tuple[torch.Tensor, ...], nondet_tol: float,
-              check_grad_dtypes: bool) -> None:
+              check_grad_dtypes: bool, first: Any = None) -> None:
     """Backward twice at one random grad_output per output gives the same gradients (within
-    nondet_tol), each of its input's dtype and device when check_grad_dtypes asks."""
+    nondet_tol), each of its input's dtype and device when check_grad_dtypes asks. `first`: a
+    backward already made on this graph (lean.py:Passed, the probe's at its random cotangent
+    of the only output): backward runs once more there."""
     diff = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    if first is not None and first.cotangent is not None:
+        _again(outputs[0], diff, first.cotangent, first.gradients, nondet_tol,
+               check_grad_dtypes)
+        return
     for k, output in enumerate(outputs):
         v = torch.randn_like(output) if output.is_floating_point() or output.is_complex() \
             else torch.ones_like(output)
-        first = torch.autograd.grad(output, diff, v, retain_graph=True, allow_unused=True)
+        once = torch.autograd.grad(output, diff, v, retain_graph=True, allow_unused=True)
+        _same_twice(output, diff, v, once, k, nondet_tol, check_grad_dtypes)
+
+
+def _again(output: torch.Tensor, diff: list[torch.Tensor], v: torch.Tensor,
+           gradients: torch.Tensor, nondet_tol: float, check_grad_dtypes: bool) -> None:
+    """The second backward at the flat cotangent v, through the engine as the first went
+    (numerics/problem.py:vjp): the same flat gradients in one comparison, else each input's
+    test."""
+    from ..numerics.problem import flat_cat, split_flat, vjp
+
+    second = vjp([output], diff, [v.reshape(output.shape).clone()])
+    if not check_grad_dtypes and torch.equal(flat_cat(second), gradients):
+        return
+    first = split_flat(gradients, [x.shape for x in diff])
+    _same_twice(output, diff, v, first, 0, nondet_tol, check_grad_dtypes, second)
+
+
+def _same_twice(output: torch.Tensor, diff: list[torch.Tensor], v: torch.Tensor,
+                first: Sequence[torch.Tensor | None], k: int, nondet_tol: float,
+                check_grad_dtypes: bool, second: Sequence[Any] | None = None) -> None:
+    """Backward at v again (or `second`, already made) gives `first` (within nondet_tol), in
+    each input's dtype and device when check_grad_dtypes asks: GradcheckError otherwise."""
+    if second is None:
         second = torch.autograd.grad(output, diff, v, retain_graph=True, allow_unused=True)
-        for j, (a, b, x) in enumerate(zip(first, second, diff)):
-            if a is None or b is None:
-                continue
-            if check_grad_dtypes and (a.dtype != x.dtype or a.device != x.device):
-                raise GradcheckError(
-                    f"Gradient has dtype mismatch: the gradient of input {j} from output {k} is "
-                    f"{a.dtype} on {a.device}, the input {x.dtype} on {x.device}")
-            differs = _difference(a, b)
-            if differs > nondet_tol:
-                raise GradcheckError(
-                    f"Backward is not reentrant: running backward twice with the same input and "
-                    f"grad_output gives different gradients of input {j} from output {k} (by "
-                    f"{differs:.3g}, more than nondet_tol {nondet_tol}); a nondeterministic "
-                    "backward needs gradcheck's nondet_tol")
+    for j, (a, b, x) in enumerate(zip(first, second, diff)):
+        if a is None or b is None:
+            continue
+        if check_grad_dtypes and (b.dtype != x.dtype or b.device != x.device):
+            raise GradcheckError(
+                f"Gradient has dtype mismatch: the gradient of input {j} from output {k} is "
+                f"{b.dtype} on {b.device}, the input {x.dtype} on {x.device}")
+        differs = _difference(a, b)
+        if differs > nondet_tol:
+            raise GradcheckError(
+                f"Backward is not reentrant: running backward twice with the same input and "
+                f"grad_output gives different gradients of input {j} from output {k} (by "
+                f"{differs:.3g}, more than nondet_tol {nondet_tol}); a nondeterministic "
+                "backward needs gradcheck's nondet_tol")
 
 
 def _difference(a: torch.Tensor, b: torch.Tensor) -> float:

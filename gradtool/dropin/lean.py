@@ -1,0 +1,254 @@
+"""The drop-in's lean path: a plain float64 call's clean gradient pass without the pipeline.
+
+gradtool.check costs a tenth of a millisecond per pipeline step (collection, case building,
+the probe phase, dispatch, the Report) around a tiny call's few evaluations. Here the same
+engine (numerics/probe.py's screen in fast mode, numerics/jacobian.py's check_full otherwise)
+judges the call directly, on the graph the drop-in's forward already built, and a Passed means
+exactly the gradient check's pass. Anything else -- a failing test, a non-finite value, a
+forward that writes its inputs or differs from call to call, a module, any argument or output
+beyond plain float64 tensors and scalars, an exception -- answers None, and the pipeline judges
+and reports.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config.registry import BY_NAME, GRADCHECK_BACKWARD
+from ..config.settings import CheckConfig
+from ..numerics.facts import output_facts
+from ..numerics.jacobian import SMALL, check_full
+from ..numerics.localise import Tests
+from ..numerics.probe import _vectors
+from ..numerics.problem import (Problem, _fresh, flat_cat, own_storage, tensor_outputs,
+                                vjp)
+from ..numerics.steps import FINITE_MACHINE, directional, vjp_rows
+from ..results import Outcome
+from ..targets.cases import batchable_forward
+from ..targets.probe import both_nan
+from ..tracebacks import calls_user_code
+
+SCALARS = (int, float, bool, str, type(None))  # arguments the pipeline passes as they are
+
+
+@dataclass(frozen=True)
+class Passed:
+    """A lean pass, and one backward it made: a cotangent over the only output and the
+    gradients it gave, flat over the inputs (the reentrancy test runs backward again there)."""
+
+    cotangent: torch.Tensor | None = None  # None: no such backward to share
+    gradients: torch.Tensor | None = None
+
+
+def passes(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
+           settings: dict[str, Any]) -> Passed | None:
+    """The gradient check's certain pass of this call (its fast or full mode as settings say),
+    judged without the pipeline; None: let the pipeline judge and report."""
+    if settings["masked"] or not _gradient_alone():
+        return None  # the pipeline runs more than this path judges
+    outs = _outputs(out)
+    if outs is None or not _plain_callable(func) or not _plain(args):
+        return None
+    diff = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    leaves = [args[k] for k in diff]
+    if not (_finite(leaves) and _finite(outs)):
+        return None  # the pipeline says which value, and where
+    try:
+        if not _pure(func, args, outs):
+            return None
+        config = _config(settings)
+        if config.mode == "probe":
+            return _screened(_Call(func, args, diff), config, leaves, outs)
+        n_in, n_out = sum(x.numel() for x in leaves), sum(o.numel() for o in outs)
+        if n_in * n_out > SMALL:
+            return None  # full mode's plan (grouping, batching, memory) is the pipeline's
+        return _full(func, args, diff, _batched_twin(func), config, leaves, outs)
+    except Exception:  # noqa: BLE001 - the pipeline runs it again and reports what it raises
+        return None
+
+
+@functools.cache
+def _gradient_alone() -> bool:
+    """Whether the drop-in's reverse-mode checks are the gradient check alone, no registry hook
+    on its result: what this path judges (a check added there is the pipeline's to run)."""
+    from importlib import import_module
+
+    from ..checks import gradient
+
+    infos = [BY_NAME[name] for name in GRADCHECK_BACKWARD]
+    return len(infos) == 1 and not infos[0].hooks and \
+        import_module(infos[0].import_path) is gradient
+
+
+_CONFIGS: dict[tuple[Any, ...], CheckConfig] = {}  # a suite's calls share a few keyword sets
+
+
+def _config(settings: dict[str, Any]) -> CheckConfig:
+    """gradtool.check's configuration for the drop-in's settings (float64 on the CPU)."""
+    key = tuple(sorted(settings.items()))
+    config = _CONFIGS.get(key)
+    if config is None:
+        config = CheckConfig(dtype="float64", device="cpu", checks=GRADCHECK_BACKWARD,
+                             **settings)
+        if len(_CONFIGS) < 64:
+            _CONFIGS[key] = config
+    return config
+
+
+def _batched_twin(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The vmap twin the pipeline binds (targets/kinds.py): a Function's batchable forward,
+    a plain function itself."""
+    owner = getattr(func, "__self__", None)
+    return batchable_forward(owner) if isinstance(owner, type) else func
+
+
+def _plain_callable(func: Callable[..., Any]) -> bool:
+    """A Function's apply or a plain function: what the pipeline calls as it is given (a
+    module it copies, an op it binds)."""
+    if isinstance(func, types.FunctionType):
+        return True
+    owner = getattr(func, "__self__", None)
+    return isinstance(owner, type) and issubclass(owner, torch.autograd.Function) and \
+        func == owner.apply
+
+
+def _outputs(out: Any) -> list[torch.Tensor] | None:
+    """The outputs, when every one is a float64 strided CPU tensor requiring grad (the
+    pipeline then compares them all); None otherwise."""
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if not outs or not all(isinstance(o, torch.Tensor) and o.requires_grad and _plain_tensor(o)
+                           for o in outs):
+        return None
+    return outs
+
+
+def _plain(args: Sequence[Any]) -> bool:
+    """Arguments the pipeline takes as they are: float64 strided CPU tensors and plain scalars
+    or strings."""
+    return all(_plain_tensor(a) if isinstance(a, torch.Tensor) else isinstance(a, SCALARS)
+               for a in args)
+
+
+def _finite(tensors: Sequence[torch.Tensor]) -> bool:
+    # numpy reads the same memory (plain CPU float64 tensors) for a tenth of torch's dispatch
+    return all(bool(np.isfinite(t.detach().numpy()).all()) for t in tensors)
+
+
+def _plain_tensor(t: torch.Tensor) -> bool:
+    return (type(t) is torch.Tensor and t.dtype == torch.float64 and t.layout == torch.strided
+            and t.device.type == "cpu" and t.numel() > 0 and not t.is_conj() and not t.is_neg())
+
+
+def _pure(func: Callable[..., Any], args: tuple[Any, ...], outs: list[torch.Tensor]) -> bool:
+    """The probe phase's facts, from one more forward on copies without a graph: False where
+    forward writes an input or its outputs differ from the drop-in's forward's (random, or
+    another kernel without a graph: the pipeline tells which)."""
+    copies = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
+    with torch.no_grad():
+        again = tensor_outputs(func(*copies))
+    for a, c in zip(args, copies):  # every value float64 and strided: torch.equal compares it
+        if isinstance(a, torch.Tensor) and not (torch.equal(a, c) or both_nan(a.detach(), c)):
+            return False
+    return len(again) == len(outs) and all(  # outputs finite: no NaN to tell apart
+        type(a) is torch.Tensor and a.shape == o.shape and torch.equal(a, o)
+        for a, o in zip(again, outs))
+
+
+def _forward(fn: Callable[..., Any], args: Sequence[Any], diff: Sequence[int],
+             values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Problem.outputs for a plain deterministic CPU call (no recording, RNG frame, device
+    check or output mask): forward without a graph at `values`, given as fresh copies, the other
+    tensors too (forward may keep, resize or write what it receives)."""
+    given = dict(zip(diff, values))
+    with torch.no_grad():
+        result = fn(*[_fresh(given[k]) if k in given else
+                      _fresh(a) if isinstance(a, torch.Tensor) else a
+                      for k, a in enumerate(args)])
+    return [o.detach() for o in tensor_outputs(result)]
+
+
+class _Call:
+    """The drop-in's call as the probe's engine functions (numerics/probe.py's _vectors,
+    numerics/steps.py's vjp_rows and directional) see a Problem: its inputs, _forward, VJPs
+    through the engine (fresh grad_outputs, as Problem.vjp gives), no vmap twin (a probe's few
+    evaluations run as plain calls there too)."""
+
+    __slots__ = ("fn", "args", "diff", "inputs", "cache")
+    batched_fn = None
+    sparse: dict[int, Any] = {}
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], diff: list[int]) -> None:
+        self.fn, self.args, self.diff = fn, args, diff
+        self.inputs = [args[k].detach() for k in diff]
+        self.cache = SimpleNamespace(vmap_ok=False, batched_vjp_ok=False)  # plain calls only
+
+    @calls_user_code
+    def outputs(self, values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return _forward(self.fn, self.args, self.diff, values)
+
+    @calls_user_code
+    def vjp(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+            grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return vjp(outs, leaves, own_storage(grads))
+
+
+class _Given(Problem):
+    """A Problem of the drop-in's call for full mode's engine, evaluating as _Call does."""
+
+    @calls_user_code
+    def outputs(self, values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        self.calls["forward"] += 1
+        return _forward(self.fn, self.args, self.diff, values)
+
+    @calls_user_code
+    def vjp(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+            grads: Sequence[torch.Tensor], create_graph: bool = False) -> list[torch.Tensor]:
+        self.calls["backward"] += 1
+        return vjp(outs, leaves, own_storage(grads), create_graph=create_graph)
+
+
+def _screened(call: _Call, config: CheckConfig, leaves: list[torch.Tensor],
+              outs: list[torch.Tensor]) -> Passed | None:
+    """numerics/probe.py's screen on the drop-in's graph, without its tallies (a pass has no
+    report to fill): every (direction, cotangent) test passes, or None."""
+    eps = config.tolerance("eps")
+    u, v = _vectors(call, outs, config, config.seed)
+    grads = vjp_rows(call, leaves, outs, v)
+    f0 = flat_cat(outs).detach()
+    diffs = directional(call, call.inputs, u, eps, f0)
+    tests = Tests(v, diffs, f0, grads, torch.stack([flat_cat(d) for d in u]), eps,
+                  FINITE_MACHINE[torch.float64], config.tolerance("atol"))
+    if tests.fails.any():
+        return None
+    return Passed(v[0], grads[0]) if len(outs) == 1 else Passed()
+
+
+def _full(func: Callable[..., Any], args: tuple[Any, ...], diff: list[int],
+          twin: Callable[..., Any], config: CheckConfig, leaves: list[torch.Tensor],
+          outs: list[torch.Tensor]) -> Passed | None:
+    """numerics/jacobian.py's check_full on a Problem of the call (its vmap twin the
+    pipeline's, where vmap pays): its pass, or None."""
+    # vmap's fixed cost (and its check against plain calls, per Problem) exceeds a few plain
+    # evaluations: so few run as plain calls, which the engine also falls back to
+    columns = 2 * sum(x.numel() for x in leaves)
+    problem = _Given(func, list(args), [f"arg{k}" for k in range(len(args))], diff,
+                     batched_fn=None if columns <= FEW else twin)
+    if columns <= FEW:
+        problem.cache.vmap_ok = False
+    if sum(o.numel() for o in outs) <= FEW // 2:
+        problem.cache.batched_vjp_ok = False
+    problem.learn(problem.facts.with_(learnt=True, **output_facts(outs, None, False, leaves)))
+    verdict = check_full(problem, config, leaves, outs, None, REASON)
+    return Passed() if verdict.outcome is Outcome.PASSED else None
+
+
+FEW = 32  # evaluations (VJP rows: half as many) run as plain calls
+REASON = "the drop-in's lean path: a small Jacobian"

@@ -1,0 +1,235 @@
+"""The drop-in's lean path (gradtool/dropin/lean.py): taken on a tiny clean pass, with fewer
+evaluations than the pipeline; never where the pipeline must judge (a seeded bug, a random or
+input-writing forward, a module); and its pass is exactly the pipeline's."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torch.autograd import Function
+
+import gradtool
+from fixtures.bugs import Cube, CubeScaled
+from gradtool.dropin import functions, lean
+from test_dropin import FIXTURES
+
+GradcheckError = sys.modules["torch.autograd.gradcheck"].GradcheckError
+MODES = [pytest.param(True, id="fast"), pytest.param(False, id="full")]
+
+
+class Counted(Cube):
+    """Cube, counting its forwards and backwards."""
+
+    calls = {"forward": 0, "backward": 0}
+
+    @staticmethod
+    def forward(ctx, x):
+        Counted.calls["forward"] += 1
+        return Cube.forward(ctx, x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        Counted.calls["backward"] += 1
+        return Cube.backward(ctx, grad)
+
+
+class RandomMask(Function):
+    """x times a fresh random 0/1 mask (dropout-like); the wrong twin's backward is 1.5x."""
+
+    factor = 1.0
+
+    @staticmethod
+    def forward(ctx, x):
+        mask = (torch.rand_like(x) > 0.5).to(x.dtype)
+        ctx.save_for_backward(mask)
+        return x * mask
+
+    @classmethod
+    def backward(cls, ctx, grad):
+        (mask,) = ctx.saved_tensors
+        return grad * mask * cls.factor
+
+
+class RandomMaskScaled(RandomMask):
+    factor = 1.5
+
+
+def _x(n=6):
+    return torch.randn(n, dtype=torch.float64, requires_grad=True)
+
+
+@pytest.fixture
+def pipeline(monkeypatch):
+    """The drop-in's calls of the pipeline (gradtool.check), counted."""
+    entered = []
+    judge = functions._judge
+
+    def counted(*args, **kwargs):
+        entered.append(args[0])
+        return judge(*args, **kwargs)
+
+    monkeypatch.setattr(functions, "_judge", counted)
+    return entered
+
+
+def _without_lean(monkeypatch, call):
+    """call() with the lean path switched off: the pipeline's verdict (True, False, or the
+    exception's type)."""
+    with monkeypatch.context() as m:
+        m.setattr(functions, "lean_pass", lambda *args: None)
+        return _outcome(call)
+
+
+def _outcome(call):
+    try:
+        return call()
+    except Exception as exc:  # noqa: BLE001 - the type is the verdict compared
+        return type(exc)
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_a_tiny_clean_pass_skips_the_pipeline_with_few_evaluations(pipeline, fast):
+    torch.manual_seed(0)
+    x = _x(10)
+    Counted.calls.update(forward=0, backward=0)
+    assert gradtool.gradcheck(Counted.apply, (x,), fast_mode=fast) is True
+    assert pipeline == []
+    ours = dict(Counted.calls)
+    Counted.calls.update(forward=0, backward=0)
+    torch.autograd.gradcheck(Counted.apply, (x,), fast_mode=fast)
+    # fast: the call, the purity forward, the probe's 3 forwards, torch's undefined-grad test's;
+    # the probe's 2 VJPs, reentrancy's second, torch's 2 tests (undefined grad, multiplication
+    # by grad_output). Torch's fast mode: 4 and 4. full: the Jacobian's 10 rows and its
+    # columns (the diagonal pattern in few evaluations), far below torch's slow mode's 22/22.
+    assert ours == ({"forward": 6, "backward": 5} if fast else {"forward": 7, "backward": 14})
+    theirs = Counted.calls
+    if fast:
+        assert ours["forward"] <= theirs["forward"] + 2
+        assert ours["backward"] <= theirs["backward"] + 1
+    else:
+        assert ours["forward"] < theirs["forward"] and ours["backward"] < theirs["backward"]
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_a_seeded_bug_falls_back_to_the_pipelines_report(pipeline, fast):
+    torch.manual_seed(0)
+    with pytest.raises(GradcheckError) as caught:
+        gradtool.gradcheck(CubeScaled.apply, (_x(),), fast_mode=fast)
+    assert len(pipeline) == 1
+    assert caught.value.report is not None and not caught.value.report.ok()
+    assert "look at:" in str(caught.value) and "reproduce:" in str(caught.value)
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_a_random_forward_is_judged_by_the_pipeline_under_a_frozen_rng(pipeline, monkeypatch,
+                                                                        fast):
+    # The probe's tolerance comes from its own finite differences: a forward that changes
+    # from call to call would widen it until the 1.5x backward passed.
+    torch.manual_seed(0)
+    x = _x()
+    with pytest.raises(GradcheckError) as caught:
+        gradtool.gradcheck(RandomMaskScaled.apply, (x,), fast_mode=fast)
+    assert caught.value.report is not None and len(pipeline) == 1
+    right = _outcome(lambda: gradtool.gradcheck(RandomMask.apply, (x,), fast_mode=fast))
+    assert len(pipeline) == 2
+    assert right == _without_lean(
+        monkeypatch, lambda: gradtool.gradcheck(RandomMask.apply, (x,), fast_mode=fast))
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_an_input_writing_forward_is_judged_by_the_pipeline(pipeline, monkeypatch, fast):
+    def scaled_into(x, out):
+        out.copy_(x * 3)  # writes its second argument
+        return x * out
+
+    torch.manual_seed(0)
+    x = _x()
+
+    def call():  # each call a fresh second argument, as the first call wrote the last one
+        return gradtool.gradcheck(scaled_into, (x, torch.zeros(6, dtype=torch.float64)),
+                                  fast_mode=fast)
+
+    got = _outcome(call)
+    assert len(pipeline) == 1
+    assert got == _without_lean(monkeypatch, call)
+
+
+def test_a_module_is_judged_by_the_pipeline(pipeline):
+    torch.manual_seed(0)
+    module = torch.nn.Linear(3, 2).double()
+    assert gradtool.gradcheck(module, (_x(6).view(2, 3),), fast_mode=True)
+    assert len(pipeline) == 1
+
+
+@pytest.mark.parametrize("fast", MODES)
+@pytest.mark.parametrize("name", list(FIXTURES))
+def test_the_lean_verdict_is_the_pipelines(name, fast):
+    """Wherever the lean path judges a fixture, correct or seeded, it passes exactly what the
+    pipeline's gradient check (with the drop-in's settings) passes."""
+    func, make, _ = FIXTURES[name]
+    torch.manual_seed(0)
+    args = make()
+    settings = functions._settings(args, 1e-6, 1e-5, 1e-3, 0.0, fast, None)
+    out = func(*args)
+    passed = lean.passes(func, args, out, settings)
+    report = gradtool.check(func, args, checks=("gradient",), **settings)
+    if not lean._plain_callable(func) or not all(
+            t.dtype == torch.float64 for t in args if isinstance(t, torch.Tensor)):
+        assert passed is None  # not the lean path's to judge
+    else:
+        assert (passed is not None) == report.ok(), report
+
+
+def test_a_check_added_to_the_drop_ins_run_turns_the_lean_path_off(monkeypatch):
+    torch.manual_seed(0)
+    x = _x()
+    settings = functions._settings((x,), 1e-6, 1e-5, 1e-3, 0.0, True, None)
+    assert lean.passes(Cube.apply, (x,), Cube.apply(x), settings) is not None
+    monkeypatch.setattr(lean, "GRADCHECK_BACKWARD", ("gradient", "contract"))
+    lean._gradient_alone.cache_clear()
+    try:
+        assert lean.passes(Cube.apply, (x,), Cube.apply(x), settings) is None
+    finally:
+        monkeypatch.undo()
+        lean._gradient_alone.cache_clear()
+
+
+def _odd_calls():
+    """(name, func, inputs maker): outputs that alias inputs or each other, views, scalars,
+    non-contiguous, non-leaf and 0-d inputs, a forward computing in float32, a detached term."""
+    def x():
+        return torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+
+    def twice(a):
+        r = a * 2
+        return r, r
+
+    return [
+        ("identity", lambda a: a, lambda: (x(),)),
+        ("view", lambda a: a.view(12) * 2, lambda: (x(),)),
+        ("transpose", lambda a: a.t(), lambda: (x(),)),
+        ("one output twice", twice, lambda: (x(),)),
+        ("0-d output", lambda a: (a ** 2).sum(), lambda: (x(),)),
+        ("int argument", lambda a, k: a.pow(k), lambda: (x(), 3)),
+        ("non-contiguous input", lambda a: a.exp(),
+         lambda: (x().detach().t().requires_grad_(),)),
+        ("non-leaf input", lambda a: a.sin(), lambda: (x() * 2,)),
+        ("0-d input", lambda a: a * 3,
+         lambda: (torch.tensor(2.0, dtype=torch.float64, requires_grad=True),)),
+        ("float32 inside", lambda a: (a.float() ** 2).double(), lambda: (x(),)),
+        ("detached term", lambda a: a.detach() * 2 + a, lambda: (x(),)),
+    ]
+
+
+@pytest.mark.parametrize("fast", MODES)
+@pytest.mark.parametrize("name, func, make", _odd_calls(), ids=[c[0] for c in _odd_calls()])
+def test_odd_calls_get_the_pipelines_verdict(monkeypatch, name, func, make, fast):
+    torch.manual_seed(0)
+    args = make()
+
+    def call():
+        return gradtool.gradcheck(func, args, fast_mode=fast)
+
+    assert _outcome(call) == _without_lean(monkeypatch, call)
