@@ -4,6 +4,7 @@ input-writing forward, a module); and its pass is exactly the pipeline's."""
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import pytest
@@ -156,11 +157,63 @@ def test_an_input_writing_forward_is_judged_by_the_pipeline(pipeline, monkeypatc
     assert got == _without_lean(monkeypatch, call)
 
 
-def test_a_module_is_judged_by_the_pipeline(pipeline):
+class WritesItsWeight(torch.nn.Linear):
+    """A linear layer whose forward nudges its own weight: no call is like the last."""
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.weight.mul_(1.001)
+        return x @ self.weight.detach().t() + self.bias
+
+
+class ScaledIdentity(Cube):
+    """x, with a backward 1.5x too large."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 1.5
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_a_small_module_without_buffers_is_judged_lean(pipeline, fast):
     torch.manual_seed(0)
-    module = torch.nn.Linear(3, 2).double()
-    assert gradtool.gradcheck(module, (_x(6).view(2, 3),), fast_mode=True)
-    assert len(pipeline) == 1
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh()).double()
+    state = {k: v.clone() for k, v in module.state_dict().items()}
+    assert gradtool.gradcheck(module, (_x(6).view(2, 3),), fast_mode=fast) is True
+    assert pipeline == []
+    assert all(torch.equal(v, state[k]) for k, v in module.state_dict().items())
+    assert all(p.grad is None for p in module.parameters())
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_modules_the_lean_path_cannot_vouch_for_go_to_the_pipeline(monkeypatch, pipeline, fast):
+    torch.manual_seed(0)
+    wrong = torch.nn.Sequential(torch.nn.Linear(3, 3).double(), _Applied(ScaledIdentity))
+    batch_norm = torch.nn.BatchNorm1d(3).double()  # buffers: running statistics
+    writes = WritesItsWeight(3, 2).double()
+    for module in (wrong, batch_norm, writes):
+        x = _x(6).view(2, 3)
+        call = functools.partial(gradtool.gradcheck, module, (x,), fast_mode=fast,
+                                 raise_exception=False)
+        before = len(pipeline)
+        got = _outcome(call)
+        assert len(pipeline) > before, module
+        assert got == _without_lean(monkeypatch, call)
+    assert _outcome(functools.partial(gradtool.gradcheck, wrong, (_x(6).view(2, 3),),
+                                      fast_mode=fast, raise_exception=False)) is False
+
+
+class _Applied(torch.nn.Module):
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
+    def forward(self, x):
+        return self.function.apply(x)
 
 
 @pytest.mark.parametrize("fast", MODES)

@@ -5,9 +5,9 @@ the probe phase, dispatch, the Report) around a tiny call's few evaluations. Her
 engine (numerics/probe.py's screen in fast mode, numerics/jacobian.py's check_full otherwise)
 judges the call directly, on the graph the drop-in's forward already built, and a Passed means
 exactly the gradient check's pass. Anything else -- a failing test, a non-finite value, a
-forward that writes its inputs or differs from call to call, a module, any argument or output
-beyond plain float64 tensors and scalars, an exception -- answers None, and the pipeline judges
-and reports.
+forward that writes its inputs or differs from call to call, a module with buffers, any
+argument or output beyond plain float64 tensors and scalars, an exception -- answers None, and
+the pipeline judges and reports.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from ..targets.probe import both_nan
 from ..tracebacks import calls_user_code
 
 SCALARS = (int, float, bool, str, type(None))  # arguments the pipeline passes as they are
+MODULE_SIZE = 1 << 16  # parameters' elements: a module this small is snapshotted for _pure
 
 
 @dataclass(frozen=True)
@@ -113,10 +114,15 @@ def _batched_twin(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _plain_callable(func: Callable[..., Any]) -> bool:
-    """A Function's apply or a plain function: what the pipeline calls as it is given (a
-    module it copies, an op it binds)."""
+    """A Function's apply, a plain function, or a small module without buffers (the drop-in
+    checks none of its parameters, and torch's gradcheck calls it as it is too; _pure shows
+    that forward writes none of them): what the pipeline calls as it is given (it copies a
+    module only so that nothing of the user's changes; an op it binds)."""
     if isinstance(func, types.FunctionType):
         return True
+    if isinstance(func, torch.nn.Module):
+        return next(func.buffers(), None) is None and \
+            sum(p.numel() for p in func.parameters()) <= MODULE_SIZE
     owner = getattr(func, "__self__", None)
     return isinstance(owner, type) and issubclass(owner, torch.autograd.Function) and \
         func == owner.apply
@@ -159,11 +165,21 @@ def _plain_tensor(t: torch.Tensor) -> bool:
 
 def _pure(func: Callable[..., Any], args: tuple[Any, ...], outs: list[torch.Tensor]) -> bool:
     """The probe phase's facts, from one more forward on copies without a graph: False where
-    forward writes an input or its outputs differ from the drop-in's forward's (random, or
+    forward writes an input or a module's parameter, or its outputs differ from the drop-in's forward's (random, or
     another kernel without a graph: the pipeline tells which)."""
     copies = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
-    with torch.no_grad():
-        again = tensor_outputs(func(*copies))
+    if isinstance(func, torch.nn.Module):  # called on clones of its parameters: never the
+        # user's written (their graph, already built, would break), a write shown on clones
+        named = dict(func.named_parameters())
+        clones = {k: p.detach().clone() for k, p in named.items()}
+        with torch.no_grad():
+            again = tensor_outputs(torch.func.functional_call(func, clones, tuple(copies)))
+        if not all(torch.equal(clones[k], p) or both_nan(clones[k], p.detach())
+                   for k, p in named.items()):
+            return False  # forward writes its own parameters: the pipeline calls a copy
+    else:
+        with torch.no_grad():
+            again = tensor_outputs(func(*copies))
     for a, c in zip(args, copies):  # every value float64 and strided: torch.equal compares it
         if isinstance(a, torch.Tensor) and not (torch.equal(a, c) or both_nan(a.detach(), c)):
             return False
