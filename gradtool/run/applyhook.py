@@ -158,9 +158,12 @@ def _trampoline(real: Callable[..., Any]) -> Callable[..., Any]:
               f"        return __body({', '.join(call)})\n    return forward\n")
     scope: dict[str, Any] = {"__defaults": {p.name: p.default for p in parameters
                                             if p.default is not p.empty}, "__unset": _UNSET}
-    exec(compile(source, f"<gradtool hook of {getattr(real, '__qualname__', 'forward')}>",
+    exec(compile(source, f"{HOOK_FILE}{getattr(real, '__qualname__', 'forward')}>",
                  "exec"), scope)  # noqa: S102 - source built from parameter names only
     return scope["__make"]
+
+
+HOOK_FILE = "<gradtool hook of "  # the made forward's file name: gradtool's frame (sites.py)
 
 
 def _setup_context(cls: type, real: Callable[..., Any]) -> Callable[..., Any]:
