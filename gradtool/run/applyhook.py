@@ -21,6 +21,8 @@ from typing import Any
 
 from torch.autograd.function import FunctionMeta, _SingleLevelFunction
 
+HOOK_FILE = "<gradtool hook of "  # the made forward's file name: gradtool's frame (sites.py)
+
 _NAMES = ("forward", "setup_context", "backward", "vjp")  # vjp: backward's other name
 _local = threading.local()  # .bypass: nested applications run the real methods
 
@@ -161,9 +163,6 @@ def _trampoline(real: Callable[..., Any]) -> Callable[..., Any]:
     exec(compile(source, f"{HOOK_FILE}{getattr(real, '__qualname__', 'forward')}>",
                  "exec"), scope)  # noqa: S102 - source built from parameter names only
     return scope["__make"]
-
-
-HOOK_FILE = "<gradtool hook of "  # the made forward's file name: gradtool's frame (sites.py)
 
 
 def _setup_context(cls: type, real: Callable[..., Any]) -> Callable[..., Any]:
