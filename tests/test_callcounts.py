@@ -456,3 +456,38 @@ def test_the_gradient_checks_forwards_are_recorded_only_within_a_byte_budget(mon
     alone = forwards(("gradient",)) + forwards(("double_backward",))
     monkeypatch.setattr(problem, "RECORDED_BYTES", 200)
     assert forwards(("gradient", "double_backward")) == alone - 1 - (3 - 1)
+
+
+def _scaled(by_numpy: bool, counter: dict) -> type:
+    """x * 3 with its backward counted per Python call; through numpy (no vmap) or torch."""
+
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 3
+
+        @staticmethod
+        def backward(ctx, g):
+            counter["backward"] = counter.get("backward", 0) + 1
+            return torch.from_numpy(g.numpy() * 3) if by_numpy else g * 3
+
+    return Scaled
+
+
+def test_analytical_rows_are_one_batched_backward_where_backward_allows():
+    """Full mode's rows, one per output element: a vmap-friendly backward runs once for a
+    batch of them (the engine's is_grads_batched path); one through numpy falls back to a
+    backward per row. Both count one evaluation per row. (VJPs detached inside the legacy
+    vmap, which has no batching rule for detach, fell back to the loop for every target.)"""
+    for by_numpy in (False, True):
+        python: dict = {}
+        report = gradtool.check(_scaled(by_numpy, python), ["6x4"], mode="full",
+                                checks=("gradient",))
+        check = next(c for _, _, c in report.checks())
+        assert check.outcome.value == "passed"
+        assert check.calls["backward"] >= 24  # every row counted, batched or not
+        if by_numpy:
+            assert python["backward"] >= 24
+        else:
+            assert python["backward"] <= 4, python  # the rows in one call (a failed try
+            # would have made it 1 + 24)

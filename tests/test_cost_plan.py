@@ -1,15 +1,19 @@
 """The cost plan after a failure: an expensive target's failing probe sweeps only as far as a
 confirmed failing block (the input whose own probe fails first), double backward of a backward
 without a graph goes to its stopping sweep unprobed, and batching that costs more than plain
-calls is dropped. Verdicts and rule ids never change; --exhaustive gathers everything."""
+calls is dropped; a target compiling per argument layout (numba) compiles only what the checks
+need. Verdicts and rule ids never change; --exhaustive gathers everything."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 
+import numpy as np
 import pytest
 import torch
-from torch.autograd import Function
+from torch.autograd import Function, gradcheck, gradgradcheck
+from torch.autograd.function import once_differentiable
 
 import gradtool
 from gradtool.results import Outcome
@@ -169,3 +173,95 @@ def test_double_backward_reads_its_grad_output_columns_from_the_gradient_checks_
     assert [b.mismatched for b in reused.blocks] == [b.mismatched for b in alone.blocks]
     # the contract's own backwards (6) included, 12 grad_output columns' fewer
     assert with_reuse + 6 <= evaluated, (with_reuse, evaluated)
+
+
+# --- a target that compiles per argument signature (numba's dispatcher) -------------------------
+
+class Compiling:
+    """numpy kernels behind a per-signature compile cache, as numba's dispatcher: a signature is
+    each array's (dtype, ndim, 'C' contiguous or 'A' any layout); compiles and calls counted."""
+
+    def __init__(self) -> None:
+        self.compiled: dict[str, set] = {"forward": set(), "backward": set()}
+        self.calls: Counter = Counter()
+
+    def run(self, kind: str, fn, *arrays):
+        self.compiled[kind].add(tuple((a.dtype.str, a.ndim, "C" if a.flags.c_contiguous else "A")
+                                      for a in arrays))
+        self.calls[kind] += 1
+        return fn(*arrays)
+
+    def signatures(self) -> dict[str, int]:
+        return {k: len(v) for k, v in self.compiled.items()}
+
+
+def _lse(x):
+    top = x.max(axis=-1, keepdims=True)
+    return (top + np.log(np.exp(x - top).sum(axis=-1, keepdims=True)))[..., 0]
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def compiled_lse(factor: float = 1.0, once: bool = False) -> tuple[Compiling, type]:
+    """Row-wise log-sum-exp on compiled kernels, backward grad * softmax with the softmax from a
+    kernel (no graph to x: its second derivative is wrong, as pysdtw's soft-DTW's is), or
+    @once_differentiable (as such kernels are declared); `factor` seeds a first-order bug."""
+    kernels = Compiling()
+
+    class CompiledLogSumExp(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return torch.from_numpy(kernels.run("forward", _lse, x.detach().numpy()))
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            s = torch.from_numpy(kernels.run("backward", _softmax, x.detach().numpy()))
+            return g.unsqueeze(-1) * s * factor
+
+    if once:
+        CompiledLogSumExp.backward = staticmethod(once_differentiable(
+            CompiledLogSumExp.backward))
+    return kernels, CompiledLogSumExp
+
+
+def _torch_checks(fn, x: torch.Tensor) -> None:
+    for check in (gradcheck, gradgradcheck):
+        try:
+            check(fn, (x,), raise_exception=False)
+        except RuntimeError:  # once_differentiable: gradgradcheck raises
+            pass
+
+
+@pytest.mark.parametrize("factor, once", [(1.0, False), (2.0, False), (1.0, True), (2.0, True)])
+def test_a_compiling_target_compiles_only_the_layouts_the_checks_need_and_calls_less(factor, once):
+    """Each layout gradtool hands a per-signature compiler costs a compilation (~5 s for a
+    numba kernel): the layout check's non-contiguous input is the one signature beyond
+    gradcheck's, a run without layout compiles exactly gradcheck's, a warm run compiles nothing,
+    and every default check together calls the kernels no more than gradcheck slow +
+    gradgradcheck slow (a correct twin, a seeded one; a backward without a graph, and one
+    declared once-differentiable)."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    kernels, cls = compiled_lse(factor, once)
+    fn = lambda v: cls.apply(v)  # noqa: E731 - a model that is the Function, as a user writes
+    ours = gradtool.check(fn, (x,), checks=("contract", "gradient", "double_backward"))
+    assert kernels.signatures() == {"forward": 1, "backward": 1}
+    report = gradtool.check(fn, (x,))
+    assert kernels.signatures() == {"forward": 2, "backward": 2}  # the layout check's 'A'
+    outcomes = {c.name: c.outcome for _, _, c in report.checks()}
+    assert outcomes["gradient"] is (Outcome.PASSED if factor == 1.0 else Outcome.FAILED)
+    assert outcomes["double_backward"] is (Outcome.SKIPPED if once else Outcome.FAILED)
+    assert outcomes["layout"] is outcomes["contract"] is Outcome.PASSED
+    assert {c.name: c.outcome for _, _, c in ours.checks()}.items() <= outcomes.items()
+    kernels.calls.clear()
+    gradtool.check(fn, (x,))
+    warm = sum(kernels.calls.values())
+    assert kernels.signatures() == {"forward": 2, "backward": 2}  # warm: nothing compiles
+    kernels.calls.clear()
+    _torch_checks(fn, x)
+    assert warm <= sum(kernels.calls.values()), (warm, dict(kernels.calls))

@@ -4,11 +4,17 @@ backward fails, an exact one is not left "inconclusive"."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 
 import gradtool
 from conftest import load_fixture, outcomes, result
 from gradtool.numerics.coarse import coarse_dtype
+from gradtool.results import Outcome
 
 F = load_fixture("precision_loss")
 LOSS = ["6:float64", "6:float64"]
@@ -86,3 +92,50 @@ def test_a_forward_wrong_at_one_dtype_fails_and_its_exact_twin_passes():
     for layer in (F.QuantisedLinear, F.QuantisedLinearWrong):
         got = outcomes(gradtool.check(layer, ["2x4:float64"], checks=["gradient"]))
         assert got == {"gradient": "failed"}, layer.__name__
+
+
+def test_a_model_that_is_one_float32_function_names_it_without_checking_it_alone(monkeypatch):
+    """Its blocks are the Function's rows: a failure the forward's precision explains (no
+    wrong element) names the Function from the model's own check, as a mismatch does, instead
+    of a second gradient check of it alone (a numba kernel's 150 forwards)."""
+    from gradtool.run import culprit
+
+    seen: list[str] = []
+    real = culprit.check_application
+    monkeypatch.setattr(culprit, "check_application",
+                        lambda app, *a, **k: seen.append(app.cls.__qualname__) or
+                        real(app, *a, **k))
+    x, y = torch.randn(6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    alone = result(gradtool.check(F.SquaredLossFloat32.apply, (x, y), checks=["gradient"]),
+                   "gradient")
+    for fn in (lambda a, b: F.SquaredLossFloat32.apply(a, b),  # the Function is the model
+               lambda a, b: F.SquaredLossFloat32.apply(a, b) * 2):  # code around it
+        check = result(gradtool.check(fn, (x, y), checks=["gradient"]), "gradient")
+        assert check.outcome is alone.outcome is Outcome.FAILED
+        assert _rules(check) == _rules(alone) == {"gradient.forward_precision"}
+        assert check.source == alone.source
+    assert seen == ["SquaredLossFloat32"]  # only the model with code around it searched
+    whole = result(gradtool.check(lambda a, b: F.SquaredLossFloat32.apply(a, b), (x, y),
+                                  checks=["gradient"]), "gradient")
+    named = next(d for d in whole.details if d.startswith("SquaredLossFloat32 at "))
+    assert "fails gradient.forward_precision w.r.t. x, y (backward at" in named
+    assert named.split(" at ")[1].startswith("tests/test_precision_loss.py:")
+    assert whole.details[-1].startswith("not re-checked alone: the model is SquaredLossFloat32")
+    # and the correct twin still passes as a model
+    assert gradtool.check(lambda a, b: F.SquaredLoss.apply(a, b), (x, y)).ok()
+
+
+@pytest.mark.slow  # a fresh interpreter reading stdin: nothing in its frames has a file
+def test_a_function_applied_from_code_without_a_file_is_named_there_not_in_gradtools_hook():
+    """stdin's code has no file; gradtool's hook forward has none either and is gradtool's
+    own frame: the site named is the user's line, not the hook's."""
+    script = ("import sys, torch, gradtool\n"
+              f"sys.path.insert(0, {str(Path(__file__).parent / 'fixtures')!r})\n"
+              "import precision_loss as F\n"
+              "x, y = torch.randn(6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)\n"
+              "f = lambda a, b: F.SquaredLossFloat32.apply(a, b)\n"
+              "print(gradtool.check(f, (x, y), checks=['gradient']))\n")
+    out = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True,
+                         timeout=300, check=True).stdout
+    assert "SquaredLossFloat32 at <stdin>:5 fails gradient.forward_precision" in out, out
+    assert "gradtool hook" not in out

@@ -314,7 +314,7 @@ class _Backward:
         with torch.enable_grad():
             inner = [x if x.requires_grad else x.detach().requires_grad_(True) for x in xs]
             passed = [x.clone() for x in inner] if problem.mutates else inner
-            with problem.bind(problem.with_inputs(inner)):  # inner forward and its backward
+            with problem.bound_to(inner):  # inner forward and its backward
                 result = problem.fn(*problem.with_inputs(passed))
                 fouts = [t for t in select_outputs(result, problem.output_mask)
                          if t.requires_grad]
@@ -328,7 +328,7 @@ class _Backward:
                ) -> tuple[torch.Tensor, ...]:
         """Backward at new grad_outputs through a forward's retained graph."""
         _, inner, fouts = graph
-        with torch.enable_grad(), self.problem.bind(self.problem.with_inputs(inner)):
+        with torch.enable_grad(), self.problem.bound_to(inner):
             return tuple(vjp(fouts, inner, vs))
 
 

@@ -246,9 +246,10 @@ class Problem:
         """The parameters bound to args' values (a no-op for targets without parameters)."""
         return contextlib.nullcontext() if self.scope is None else self.scope(args)
 
-    def _bound_to(self, leaves: Sequence[torch.Tensor]) -> contextlib.AbstractContextManager[None]:
+    def bound_to(self, leaves: Sequence[torch.Tensor]) -> contextlib.AbstractContextManager[None]:
         """bind() at these leaves; without a scope, no argument list is built (with_inputs
-        copies the other tensors, which a backward without parameters never needs)."""
+        copies the other tensors, which a backward without parameters never needs: double
+        backward's evaluations call it once or twice each)."""
         if self.scope is None:
             return contextlib.nullcontext()
         return self.scope(self.with_inputs(leaves))
@@ -264,7 +265,7 @@ class Problem:
         """vᵀJ for every leaf (zeros where unused), straight through autograd's engine."""
         self.calls["backward"] += 1
         same_devices(grads, outs, "grad_output")
-        with self._bound_to(leaves):
+        with self.bound_to(leaves):
             return vjp(outs, leaves, own_storage(grads), create_graph=create_graph)
 
     def vjp_batched(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
@@ -277,8 +278,9 @@ class Problem:
         same_devices(grads, outs, "grad_output")
 
         # The legacy vmap batches the engine itself (autograd.grad's is_grads_batched path).
-        with self._bound_to(leaves), quiet_batching(legacy=True):
-            result = list(_vmap(lambda *g: tuple(vjp(outs, leaves, g)), 0, 0)(*grads))
+        with self.bound_to(leaves), quiet_batching(legacy=True):
+            result = [r.detach() for r in _vmap(
+                lambda *g: tuple(vjp(outs, leaves, g, batched=True)), 0, 0)(*grads)]
         self.calls["backward"] += int(grads[0].shape[0]) if grads else 0
         return result
 
@@ -287,10 +289,12 @@ RECORDED = 512  # graphs recorded for double backward at most (2 per input eleme
 RECORDED_BYTES = 64 * 2**20
 
 
-def graph_key(values: Sequence[torch.Tensor]) -> tuple[bytes, ...]:
+def graph_key(values: Sequence[torch.Tensor]) -> tuple[tuple[Any, ...], ...]:
     """The exact values (bits, dtype and shape) of a point, as a dict key."""
-    return tuple(str((v.dtype, tuple(v.shape))).encode() + v.detach().cpu().contiguous()
-                 .reshape(-1).view(torch.uint8).numpy().tobytes() for v in values)
+    # (dtype, shape) as they are, hashable: no string made per call (a key per evaluation of a
+    # recorded sweep and of double backward's); bytes through uint8, numpy having no bfloat16
+    return tuple((v.dtype, v.shape, v.detach().cpu().contiguous().reshape(-1)
+                  .view(torch.uint8).numpy().tobytes()) for v in values)
 
 
 def own_storage(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -327,8 +331,11 @@ def _frozen(seed: int, tensors: Sequence[torch.Tensor]) -> Iterator[None]:
 
 @calls_user_code
 def vjp(outs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor],
-        grads: Sequence[torch.Tensor], create_graph: bool = False) -> list[torch.Tensor]:
-    """autograd.grad without its grad_outputs validation, which imports sympy (~0.3 s)."""
+        grads: Sequence[torch.Tensor], create_graph: bool = False,
+        batched: bool = False) -> list[torch.Tensor]:
+    """autograd.grad without its grad_outputs validation, which imports sympy (~0.3 s).
+    `batched`: inside the legacy vmap, which has no batching rule for detach: the caller
+    detaches the results once out of it."""
     pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
     if not pairs:
         return [torch.zeros_like(leaf) for leaf in leaves]
@@ -340,7 +347,7 @@ def vjp(outs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor],
         if REENTRANT not in str(exc):
             raise
         result = _into_grad(roots, seeds, leaves, create_graph)
-    return [torch.zeros_like(leaf) if r is None else _gradient(r, create_graph)
+    return [torch.zeros_like(leaf) if r is None else _gradient(r, create_graph or batched)
             for leaf, r in zip(leaves, result)]
 
 

@@ -21,6 +21,8 @@ from typing import Any
 
 from torch.autograd.function import FunctionMeta, _SingleLevelFunction
 
+HOOK_FILE = "<gradtool hook of "  # the made forward's file name: gradtool's frame (sites.py)
+
 _NAMES = ("forward", "setup_context", "backward", "vjp")  # vjp: backward's other name
 _local = threading.local()  # .bypass: nested applications run the real methods
 
@@ -158,7 +160,7 @@ def _trampoline(real: Callable[..., Any]) -> Callable[..., Any]:
               f"        return __body({', '.join(call)})\n    return forward\n")
     scope: dict[str, Any] = {"__defaults": {p.name: p.default for p in parameters
                                             if p.default is not p.empty}, "__unset": _UNSET}
-    exec(compile(source, f"<gradtool hook of {getattr(real, '__qualname__', 'forward')}>",
+    exec(compile(source, f"{HOOK_FILE}{getattr(real, '__qualname__', 'forward')}>",
                  "exec"), scope)  # noqa: S102 - source built from parameter names only
     return scope["__make"]
 

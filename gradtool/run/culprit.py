@@ -22,7 +22,7 @@ from ..targets.load import Target
 from ..targets.resolve import make_target
 from .alone import FunctionFinding, check_alone, finding_of, wrt
 from .applyhook import Call, Hook, hooked
-from .paths import calls_user_ops, is_whole, named_whole
+from .paths import calls_user_ops, failing_inputs, is_whole, named_whole
 from .replay import anchors_of, replaying
 from .sites import user_site
 
@@ -355,8 +355,9 @@ def annotate(result: CheckResult, problem: Problem, config: CheckConfig,
 
 
 def _whole_model(result: CheckResult, problem: Problem) -> Application | None:
-    """The one application the model is (see _is_whole), when the blocks say what failed."""
-    if not problem.has_functions or not any(b.mismatched for b in result.blocks):
+    """The one application the model is (see _is_whole), when the blocks or a failure finding
+    say which inputs failed."""
+    if not problem.has_functions or not failing_inputs(result):
         return None
     try:
         applications, _ = record(problem)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..numerics.problem import Problem
-from ..results import CheckResult
+from ..results import CheckResult, Severity
 from ..targets.load import source_of
 from ..targets.resolve import make_target
 
@@ -57,18 +57,32 @@ def calls_user_ops(problem: Problem) -> bool:
 
 
 
+def failing_inputs(result: CheckResult) -> set[str]:
+    """The inputs whose gradient failed: the mismatched blocks', else those a failure finding
+    names (gradient.forward_precision's, where every block is right at the forward's own
+    precision)."""
+    found = {b.input for b in result.blocks if b.mismatched}
+    return found or {name for f in result.findings if f.severity is Severity.FAILURE
+                     for name in f.data.get("inputs", ())}
+
+
 def named_whole(result: CheckResult, problem: Problem, app: Any) -> CheckResult:
     """The model's failure is its one Function's, told without checking it again: its
     blocks are rows of the Function's Jacobian at the very arguments it received."""
     names = problem.input_names
-    failing = {b.input for b in result.blocks if b.mismatched}
+    failing = failing_inputs(result)
     target = make_target(app.cls, f"{app.cls.__module__}:{app.cls.__qualname__}")
     wrong = [target.arg_names[k] if k < len(target.arg_names) else f"arg{k}"
              for k, leaf in sorted(app.anchors.items()) if names[leaf] in failing]
     causes = [b.diagnosis for b in result.blocks if b.mismatched and b.diagnosis]
+    verdict = "is wrong"
+    if not any(b.mismatched for b in result.blocks):  # no wrong element (the forward's own
+        # precision, say): named by its rules, the words being the finding's, said once
+        verdict = "fails " + ", ".join(dict.fromkeys(
+            f.rule for f in result.findings if f.severity is Severity.FAILURE))
     source = source_of(app.cls.backward)
     name, where = app.cls.__qualname__, app.created_at or "an unknown line"
-    text = (f"{name} at {where} is wrong w.r.t. {', '.join(wrong) or '?'} (backward at "
+    text = (f"{name} at {where} {verdict} w.r.t. {', '.join(wrong) or '?'} (backward at "
             f"{source}){': ' + causes[0] if causes else ''}")
     why = (f"not re-checked alone: the model is {name} applied to its own inputs, each output "
            f"a view of {name}'s, so the model's check is {name}'s own")

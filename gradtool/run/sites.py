@@ -8,6 +8,7 @@ from types import FrameType
 from typing import Callable
 
 from ..targets.load import display_path
+from .applyhook import HOOK_FILE
 
 _PACKAGE = str(Path(__file__).resolve().parents[1]).replace("\\", "/")  # gradtool/
 
@@ -48,7 +49,9 @@ def _site(frame: FrameType) -> str:
 
 
 def _ours(path: str) -> bool:
-    return path.startswith(_PACKAGE) or "/torch/" in path
+    # the hook's forward has no file: without this, code run from stdin or exec (fileless
+    # too) would be named after gradtool's hook
+    return path.startswith(_PACKAGE) or "/torch/" in path or path.startswith(HOOK_FILE)
 
 
 def _fileless(path: str) -> bool:
