@@ -139,10 +139,15 @@ def _outputs(out: Any) -> list[torch.Tensor] | None:
 
 
 def _plain(args: Sequence[Any]) -> bool:
-    """Arguments the pipeline takes as they are: float64 strided CPU tensors and plain scalars
-    or strings."""
-    return all(_plain_tensor(a) if isinstance(a, torch.Tensor) else isinstance(a, SCALARS)
-               for a in args)
+    """Arguments the pipeline takes as they are: float64 strided CPU tensors, integer or bool
+    ones beside them (labels, indices: never checked), and plain scalars or strings."""
+    return all(_plain_tensor(a) or _plain_index(a) if isinstance(a, torch.Tensor)
+               else isinstance(a, SCALARS) for a in args)
+
+
+def _plain_index(t: torch.Tensor) -> bool:
+    return (type(t) is torch.Tensor and not t.is_floating_point() and not t.is_complex()
+            and t.layout == torch.strided and t.device.type == "cpu")
 
 
 def _finite(tensors: Sequence[torch.Tensor]) -> bool:
@@ -191,13 +196,12 @@ def _pure(func: Callable[..., Any], args: tuple[Any, ...], outs: list[torch.Tens
 def _forward(fn: Callable[..., Any], args: Sequence[Any], diff: Sequence[int],
              values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Problem.outputs for a plain deterministic CPU call (no recording, RNG frame, device
-    check or output mask): forward without a graph at `values`, given as fresh copies, the other
-    tensors too (forward may keep, resize or write what it receives)."""
+    check or output mask): forward without a graph at `values`, given as fresh copies (forward
+    may keep or return them, and the engine writes its buffers again); the other tensors as
+    they were given, as torch's gradcheck gives them (_pure showed forward writes none)."""
     given = dict(zip(diff, values))
     with torch.no_grad():
-        result = fn(*[_fresh(given[k]) if k in given else
-                      _fresh(a) if isinstance(a, torch.Tensor) else a
-                      for k, a in enumerate(args)])
+        result = fn(*[_fresh(given[k]) if k in given else a for k, a in enumerate(args)])
     return [o.detach() for o in tensor_outputs(result)]
 
 

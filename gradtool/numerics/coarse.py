@@ -19,6 +19,10 @@ COARSER = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16:
 # Values that are all multiples of this are "simple" (integers, halves...): representable in
 # any dtype, they prove nothing about the precision a forward computes in.
 SIMPLE = 2.0 ** -6
+# An output below this fraction of the inputs' scale (or of 1) is float64's residue of a
+# cancellation (a probability that is 0 but for 7 * 2^-54): a few ulps of the operands, a number
+# of any dtype, it proves nothing either.
+RESIDUE = 2.0 ** -36
 RULE = "gradient.forward_precision"
 
 
@@ -74,7 +78,9 @@ def _detected(problem: Problem, outs: Sequence[torch.Tensor] | None) -> torch.dt
     if not outs or any(o.is_complex() or o.layout != torch.strided for o in outs):
         return None  # complex or sparse outputs: other checks judge them
     f0 = flat_cat([o.detach() for o in outs])
-    dtype = coarse_dtype([f0], given)
+    floor = RESIDUE * max([1.0] + [float(v.detach().abs().max()) for v in problem.inputs
+                                   if v.is_floating_point() and v.numel()])
+    dtype = coarse_dtype([f0[f0.abs() > floor]], given)
     if dtype is None:
         return None
     moved = [v + 1e-3 * (v.abs() + 1) if v.is_floating_point() else v for v in problem.inputs]
@@ -85,8 +91,11 @@ def _detected(problem: Problem, outs: Sequence[torch.Tensor] | None) -> torch.dt
         f1 = flat_cat(problem.outputs(moved))
     except Exception:  # noqa: BLE001 - outside the forward's domain there: nothing shown
         return None
-    changed = (f1 != f0) & torch.isfinite(f0) & torch.isfinite(f1)
-    if f1.shape != f0.shape or not bool(changed.any()):
+    if f1.shape != f0.shape:
+        return None
+    changed = (f1 != f0) & torch.isfinite(f0) & torch.isfinite(f1) & \
+        (f0.abs() > floor) & (f1.abs() > floor)
+    if not bool(changed.any()):
         return None
     return coarse_dtype([f0[changed], f1[changed]], given)
 
