@@ -442,6 +442,37 @@ def test_a_recorded_forward_stands_for_a_fresh_one_only_once_one_gave_the_same()
     assert all(torch.equal(r, 2 * p * v) for r, p in zip(results, points))
 
 
+def test_the_last_forward_is_reused_by_its_key_while_graphs_are_recorded():
+    from collections import Counter
+
+    from gradtool.numerics.problem import graph_key
+
+    g, x, v = _square_backward()
+    g.calls = Counter(forward=0)
+    g.recorded = {graph_key([x + 5]): _graph_at(x + 5)}  # elsewhere: the key path is taken
+    _LoopedSquare.forwards = 0
+    got = [g(x, k * v)[0] for k in (1, 2, 3)]
+    # fresh, then fresh beside the first reuse (trusted: the same bits), then reused alone
+    assert _LoopedSquare.forwards == 2 and g.trusted["again"] is True
+    assert all(torch.allclose(r, 2 * x * k * v, rtol=1e-12, atol=0)
+               for r, k in zip(got, (1, 2, 3)))
+    g(x + 0.5, v)  # another point: a forward of its own
+    assert _LoopedSquare.forwards == 3 and len(g.recorded) == 1
+
+
+def test_graph_key_is_a_points_bits_whatever_its_layout():
+    from gradtool.numerics.problem import graph_key
+
+    x = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert graph_key([x.t()]) == graph_key([x.t().contiguous()])  # strides do not matter
+    assert graph_key([x]) != graph_key([x.reshape(4, 3)])  # the shape does
+    assert graph_key([x]) != graph_key([x.float().double()])  # nor rounding, nor dtype
+    assert graph_key([x]) != graph_key([x.float()])
+    assert graph_key([torch.tensor([0.0])]) != graph_key([torch.tensor([-0.0])])
+    b = x.bfloat16()  # no numpy dtype: through uint8
+    assert graph_key([b]) == graph_key([b.clone()]) != graph_key([2 * b])
+
+
 def test_the_gradient_checks_forwards_are_recorded_only_within_a_byte_budget(monkeypatch):
     # each recorded forward of _LoopedSquare at (6,) holds 96 bytes of inputs and outputs:
     # under a 200-byte budget the sweep records 3, and double backward reuses all but the

@@ -113,6 +113,18 @@ def test_error_grid_max_pools_and_keeps_a_single_element():
     assert grid.rel_diff[49][0] == pytest.approx(2.0 / 1e-5)  # |n| = 0: floored at atol
 
 
+def test_error_grid_cells_keep_three_significant_digits():
+    a = torch.randn(6, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    a = a * torch.logspace(-300, 300, 30, dtype=torch.float64).reshape(6, 5)
+    a[0, 0], a[0, 1] = float("inf"), float("nan")
+    grid = error_grid(a, torch.zeros_like(a), atol=1e-5, rtol=1e-3)
+    diff = (a.abs()).tolist()
+    expected = [[float(f"{v:.3g}") if v == v else float("inf") for v in row] for row in diff]
+    assert [list(row) for row in grid.abs_diff] == expected  # a nan difference shows as inf
+    assert all(type(v) is int for row in grid.mismatched for v in row)
+    assert sum(map(sum, grid.mismatched)) == sum(not v <= 1e-5 for row in diff for v in row)
+
+
 def test_passing_blocks_carry_no_grid():
     report = gradtool.check(f"{BUGS}:Scale", ["6x40"])
     assert report.ok()

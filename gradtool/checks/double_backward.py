@@ -277,16 +277,20 @@ class _Backward:
         # False: never again
         self.trusted: dict[str, bool | None] = {"again": None, "recorded": None}
         self.untracked: list | None = None  # the untracked diagnosis's saved tensors, once
+        self.last_key: Any = None  # graph_key of last's xs, while graphs are recorded
 
     @calls_user_code
     def __call__(self, *xv: torch.Tensor) -> tuple[torch.Tensor, ...]:
         xs, vs = list(xv[:self.n]), xv[self.n:]
         if torch.is_grad_enabled() and any(t.requires_grad for t in xv):
             return self._fresh(xs, vs, create_graph=True)  # the analytical side: G's graph
-        if self.trusted["again"] is not False and self.last is not None \
-                and _same(self.last[0], xs):
+        # Graphs recorded (few input elements, Problem.recording): one key per evaluation
+        # serves both kinds of reuse; else the last point's values are compared on their device
+        key = graph_key(xs) if self.recorded else None
+        if self.trusted["again"] is not False and self.last is not None and (
+                key == self.last_key if key is not None else _same(self.last[0], xs)):
             return self._reuse("again", xs, vs, self.last)
-        found = self.recorded.pop(graph_key(xs), None) if self.recorded else None
+        found = self.recorded.pop(key, None) if key is not None else None
         if found is not None and self.trusted["recorded"] is not False:
             return self._reuse("recorded", xs, vs, (xs, *found))
         return self._fresh(xs, vs)
@@ -321,6 +325,7 @@ class _Backward:
                 grads = tuple(vjp(fouts, inner, vs, create_graph=create_graph))
         if not create_graph and self.trusted["again"] is not False:
             self.last = ([x.detach().clone() for x in xs], inner, fouts)
+            self.last_key = graph_key(xs) if self.recorded else None
         return grads
 
     def _again(self, vs: tuple[torch.Tensor, ...],

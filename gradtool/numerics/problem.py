@@ -49,9 +49,8 @@ class Cache:
     # ... and the inputs (positions) whose first-order block failed: swept first by then.
     first_order_failing: tuple[int, ...] = ()
     # The gradient check's forwards evaluated call by call, with their graphs, when double
-    # backward runs next: its G at the same point runs backward through one instead of a new
-    # forward (checks/double_backward.py:_Backward). key(values) -> (leaves, outputs with a
-    # graph); None: not recorded (Problem.recording says when they are).
+    # backward runs next: its G at the same point runs backward through one (_Backward there).
+    # graph_key(values) -> (leaves, outputs with a graph); None: not recorded (see recording).
     graphs: dict | None = None
     recording: bool = False  # the gradient check's sweep is running: record its forwards
     recorded_bytes: int = 0  # their inputs' and outputs' bytes: a budget (RECORDED_BYTES)
@@ -291,10 +290,11 @@ RECORDED_BYTES = 64 * 2**20
 
 def graph_key(values: Sequence[torch.Tensor]) -> tuple[tuple[Any, ...], ...]:
     """The exact values (bits, dtype and shape) of a point, as a dict key."""
-    # (dtype, shape) as they are, hashable: no string made per call (a key per evaluation of a
-    # recorded sweep and of double backward's); bytes through uint8, numpy having no bfloat16
-    return tuple((v.dtype, v.shape, v.detach().cpu().contiguous().reshape(-1)
-                  .view(torch.uint8).numpy().tobytes()) for v in values)
+    try:  # numpy's tobytes: row-major whatever the strides, one call, the common case
+        return tuple((v.dtype, v.shape, v.detach().numpy().tobytes()) for v in values)
+    except (TypeError, RuntimeError):  # bfloat16 (no numpy dtype), another device, a neg bit
+        return tuple((v.dtype, v.shape, v.detach().cpu().contiguous().reshape(-1)
+                      .view(torch.uint8).numpy().tobytes()) for v in values)
 
 
 def own_storage(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
