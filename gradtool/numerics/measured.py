@@ -199,12 +199,12 @@ def _measure_input(problem: Problem, values: Sequence[torch.Tensor], i: int,
             if not _sample_far(problem, values, i, flags, diff, beyond, f0, h, kept, far,
                                result, bounds, found):
                 _measure(problem, values, i, flags, columns[start:start + 1], h, kept, f0,
-                         fixed, beyond, result, found)
+                         fixed, beyond, result, found, bounds)
             break
         batch = columns[start:start + BATCH]
         start += len(batch)
         pooled = _measure(problem, values, i, flags, batch, h, kept, f0, fixed, beyond, result,
-                          found, pooled)
+                          found, bounds, pooled)
     if start < len(columns) and result.any_standing:
         _by_sample(result, flags, diff, beyond, values, i, f0, h, found)
     result.complete = bool((result.measured | beyond | result.sampled).all())
@@ -218,20 +218,20 @@ FAR = 10   # the kink test's step multiple (numerics/jacobian.py:_estimates reus
 def _measure(problem: Problem, values: Sequence[torch.Tensor], i: int,
              flags: tuple[torch.Tensor, ...], batch: list[int], h: float, kept: dict,
              f0: torch.Tensor, fixed: tuple[float, float], beyond: torch.Tensor,
-             result: _Result, found: Measurement,
-             pooled: tuple[torch.Tensor, int] | None = None) -> tuple[torch.Tensor, int]:
+             result: _Result, found: Measurement, bounds: Sequence[int],
+             pooled: Pooled | None = None) -> Pooled:
     """The flagged elements of these columns judged by their error measured at h, 2h, 3h
     (noise pooled with the columns measured before); returns the pooled noise."""
     rows, cols, a, _ = flags
     points = _evaluate(problem, values, i, batch, h, kept, f0)       # (7, len(batch), n_out)
     sigma2 = _fourth_differences(points)                         # (len(batch), n_out)
-    pooled_sum, pooled_n = pooled or (torch.zeros_like(f0, dtype=torch.float64), 0)
-    pooled_sum, pooled_n = pooled_sum + sigma2.sum(0), pooled_n + len(batch)
+    pooled = (pooled or Pooled.empty(f0, len(bounds) - 1)).add(points, sigma2, bounds)
     where = {c: k for k, c in enumerate(batch)}
     mine = torch.tensor([where.get(c, -1) for c in cols.tolist()], device=cols.device)
     pick = mine >= 0
     k, r = mine[pick], rows[pick]
-    sigma = torch.maximum(sigma2[k, r], pooled_sum[r] / pooled_n).sqrt()
+    sigma = torch.maximum(sigma2[k, r], pooled.row_sum[r] / pooled.columns).sqrt()
+    sigma = pooled.cancelled(points[:, k, r], sigma, r, bounds)
     x = values[i].detach().reshape(-1)[cols[pick]].abs().double()
     stands, tol = _judge(points[:, k, r], f0[r].abs().double(), sigma, x, a[pick], h, fixed)
     result.stands[pick], result.tolerance[pick] = stands, tol
@@ -239,7 +239,50 @@ def _measure(problem: Problem, values: Sequence[torch.Tensor], i: int,
     found.columns += len(batch)
     found.measured_only += int((stands & ~beyond[pick]).sum())
     result.any_standing |= bool(stands.any())
-    return pooled_sum, pooled_n
+    return pooled
+
+
+@dataclass
+class Pooled:
+    """f's noise pooled over the measured columns: per output element (its variance summed over
+    columns), and per output tensor over the elements that moved in a column (the noise of the
+    terms its elements compute, which an element's own stencil can miss)."""
+
+    row_sum: torch.Tensor     # per output element: sigma^2 summed over the measured columns
+    columns: int
+    block_sum: torch.Tensor   # per output tensor: sigma^2 summed over the moving elements
+    block_n: torch.Tensor     # per output tensor: how many moved
+
+    @staticmethod
+    def empty(f0: torch.Tensor, blocks: int) -> Pooled:
+        zeros = torch.zeros(blocks, dtype=torch.float64, device=f0.device)
+        return Pooled(torch.zeros_like(f0, dtype=torch.float64), 0, zeros, zeros.clone())
+
+    def add(self, points: torch.Tensor, sigma2: torch.Tensor, bounds: Sequence[int]) -> Pooled:
+        moved = (points != points[3]).any(0) & torch.isfinite(sigma2)  # (columns, n_out)
+        block = _block_of(torch.arange(sigma2.shape[1], device=sigma2.device), bounds)
+        block = block.expand_as(sigma2)[moved]
+        return Pooled(self.row_sum + sigma2.sum(0), self.columns + sigma2.shape[0],
+                      self.block_sum.index_add(0, block, sigma2[moved]),
+                      self.block_n.index_add(0, block, torch.ones_like(sigma2[moved])))
+
+    def cancelled(self, p: torch.Tensor, sigma: torch.Tensor, r: torch.Tensor,
+                  bounds: Sequence[int]) -> torch.Tensor:
+        """Each element's noise, at least its output tensor's where the element's output is
+        constant over the stencil at that noise: a gradient that cancels (a normalisation over
+        one element, f ~ 0 while its terms are ~1e2) can show its rounding as an exactly
+        linear drift, so its own fourth differences see none; a real gradient moves f by
+        6h|D|, beyond K of that noise, and keeps its own."""
+        block = _block_of(r, bounds)
+        noise = (self.block_sum / self.block_n.clamp_min(1)).sqrt()[block]
+        constant = (p[-1] - p[0]).abs() <= K * noise
+        return torch.where(constant, torch.maximum(sigma, noise), sigma)
+
+
+def _block_of(rows: torch.Tensor, bounds: Sequence[int]) -> torch.Tensor:
+    """The output tensor each flat output row belongs to."""
+    inner = torch.tensor(list(bounds[1:-1]), dtype=rows.dtype, device=rows.device)
+    return torch.bucketize(rows, inner, right=True)
 
 
 def _sample_far(problem: Problem, values: Sequence[torch.Tensor], i: int,
