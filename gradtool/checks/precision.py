@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,11 @@ SCALE_BIAS = 4.0
 # size. Its elements may be this many units of it (u + sqrt(k) u_acc) off, and no scale is
 # fitted to it (a ratio to zero means nothing).
 ZERO_UNITS = 16.0
+# Where the terms such a gradient cancels are larger than every gradient (an output constant
+# over its input: a normalisation's 1/std ~ 316 scales them inside backward), only backward's
+# own rounding, measured, shows their size: its elements may be this many times the largest
+# B(s·g) − s·B(g) (contract_rounding.SCALE's s; two roundings apart, a 2x margin).
+ZERO_MEASURED = 4.0
 DRAWS = 1   # grad_output draws (one VJP of random grad_outputs covers every input element)
 
 
@@ -92,11 +97,16 @@ def check_precision(case: Case, target: Target, config: CheckConfig,
                           exact.values, dtype, case.seed, round_operands=bool(config.autocast))
     if reference is not None:
         bound.floors = _reference_error(problem, reference, low_run, exact, case.seed)
-    verdict = judge(problem, low_run, exact, bound)
+    try:
+        cancelled = _cancelled_noise(problem, case.seed, low_run, exact, dtype)
+    except Exception as exc:  # the user's backward raised at a scaled grad_output
+        return error_result(NAME, exc, target, start, problem, before)
+    verdict = judge(problem, low_run, exact, bound, cancelled=cancelled)
     while verdict.outcome is not Outcome.PASSED and bound.samples < MAX_SAMPLES:
-        verdict = judge(problem, low_run, exact, bound.sample(bound.samples))
+        verdict = judge(problem, low_run, exact, bound.sample(bound.samples),
+                        cancelled=cancelled)
     if verdict.outcome is not Outcome.PASSED:
-        verdict = judge(problem, low_run, exact, bound, explain=True)
+        verdict = judge(problem, low_run, exact, bound, explain=True, cancelled=cancelled)
     calls = calls_since(problem, before)
     calls.update({f"float64 {k}": v for k, v in ref.calls.items()})
     own = float64_check(ref) if float64_check is not None and reference is None else None
@@ -193,10 +203,11 @@ class Verdict:
     scaled: list[str]   # tensors whose every element is off by one common factor
 
 
-def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = False
-          ) -> Verdict:
+def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = False,
+          cancelled: Sequence[float] = ()) -> Verdict:
     """Every element: |low - reference| <= its bound, or resolved as beyond it. `explain`: the
-    worst elements' lines, with where each bound came from (re-runs, paid on a failure)."""
+    worst elements' lines, with where each bound came from (re-runs, paid on a failure).
+    `cancelled`: per compared tensor, backward's measured rounding (_cancelled_noise)."""
     labels = _labels(problem, low)
     sparse = masked_places(problem)
     noise = _zero_noise(labels, exact, low, bound.dtype)
@@ -213,7 +224,8 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
         zero = kind != "forward" and ex.numel() > 0 and \
             float(ex.abs().max()) <= noise / ZERO_UNITS
         if zero:
-            tol = tol.clamp_min(noise)
+            measured = cancelled[tensor] if tensor < len(cancelled) else 0.0
+            tol = tol.clamp_min(max(noise, ZERO_MEASURED * measured))
         over = ~(diff <= tol)  # NaN too: a low-precision overflow or NaN is beyond any bound
         # Elements beyond their bound are reported as such; the fit looks for what hides below.
         scaled = None if zero else _scale_line(kind, name, lo[~over], ex[~over],
@@ -266,6 +278,29 @@ def _zero_noise(labels: list[tuple[str, str, tuple[int, ...]]], exact: Run, low:
     summed = max((sum(g.numel() for g in draw) for draw in low.grad_outputs), default=1)
     units = UNIT_ROUNDOFF[dtype] + summed ** 0.5 * accumulation_roundoff(dtype)
     return ZERO_UNITS * units * largest
+
+
+def _cancelled_noise(problem: Problem, seed: int, low: Run, exact: Run, dtype: str
+                     ) -> list[float]:
+    """Per compared tensor: for a gradient the float64 reference finds zero, the largest
+    B(s·g) − s·B(g) of the low-precision backward (s = 1 + 2^-7, which it must follow exactly
+    but for rounding): the rounding of the terms it cancels, wherever they hide; 0 elsewhere.
+    One more forward and backward, only where such a gradient is."""
+    from .contract_rounding import SCALE
+
+    labels = _labels(problem, low)
+    noise = _zero_noise(labels, exact, low, dtype)
+    zero = [kind != "forward" and ex.numel() > 0 and float(ex.abs().max()) <= noise / ZERO_UNITS
+            for (kind, _, _), ex in zip(labels, exact.values)]
+    if not any(zero):
+        return []
+    scaled = _vjp_run(problem, seed, [[SCALE * g for g in draw] for draw in low.grad_outputs])
+    found = []
+    for is_zero, a, b in zip(zero, low.values, scaled.values):
+        d = (b.double() - SCALE * a.double()).abs() if is_zero and a.shape == b.shape else None
+        d = d[torch.isfinite(d)] if d is not None else None
+        found.append(float(d.max()) if d is not None and d.numel() else 0.0)
+    return found
 
 
 def _scale_line(kind: str, name: str, low: torch.Tensor, exact: torch.Tensor,
