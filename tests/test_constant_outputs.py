@@ -10,7 +10,8 @@ from torch import nn
 
 import gradtool
 from conftest import load_fixture, outcomes, result
-from gradtool.numerics.measured import K, Pooled
+from gradtool.numerics.measured import K
+from gradtool.numerics.stencil_noise import Pooled
 
 F = load_fixture("constant_norm")
 
@@ -73,11 +74,11 @@ def test_block_noise_reaches_a_constant_output_only():
     assert pooled.block_n.tolist() == [4.0]
     noise = (3e-28 / 4) ** 0.5
     own = torch.zeros(1, dtype=torch.float64)
-    lifted = pooled.cancelled(points[:, 0, 3:], own, torch.tensor([3]), [0, 4])
+    lifted = pooled.cancelled(points[:, 0, 3:], own, torch.tensor([3]), [0, 4], K)
     assert lifted.item() == pytest.approx(noise)
     # a real gradient moves its output beyond K x that noise over the stencil: its own noise
     real = _stencil(K * noise, 0.0, 1)
-    kept = pooled.cancelled(real, own, torch.tensor([3]), [0, 4])
+    kept = pooled.cancelled(real, own, torch.tensor([3]), [0, 4], K)
     assert kept.item() == 0.0
 
 

@@ -17,7 +17,6 @@ from ..numerics.rounding import (
     REFERENCE_FACTOR,
     UNIT_ROUNDOFF,
     Bound,
-    accumulation_roundoff,
     dtype_name,
     finest_resolving,
     measure_bound,
@@ -28,6 +27,8 @@ from ..results import Block, CheckResult, Finding, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
 from ._common import calls_since, error_result
+from .precision_zero import (SCALE, ZERO_MEASURED, ZERO_UNITS, measured_rounding, zero_noise,
+                             zero_tensors)
 
 NAME = "gradient"
 GRADIENT = "gradient"  # the output label of a gradient block (the VJP of every output)
@@ -35,17 +36,6 @@ GRADIENT = "gradient"  # the output label of a gradient block (the VJP of every 
 # many unit roundoffs (a biased rounding mode could shift every element by about u).
 SCALE_SIGNIFICANCE = 6.0
 SCALE_BIAS = 4.0
-# A gradient the float64 reference finds zero at the low dtype's resolution (a convolution's
-# bias before batch norm, anything under a constant output) is, in the low dtype, rounding
-# noise of the size of the terms its sums cancel: the backward's largest gradient shows that
-# size. Its elements may be this many units of it (u + sqrt(k) u_acc) off, and no scale is
-# fitted to it (a ratio to zero means nothing).
-ZERO_UNITS = 16.0
-# Where the terms such a gradient cancels are larger than every gradient (an output constant
-# over its input: a normalisation's 1/std ~ 316 scales them inside backward), only backward's
-# own rounding, measured, shows their size: its elements may be this many times the largest
-# B(s·g) − s·B(g) (contract_rounding.SCALE's s; two roundings apart, a 2x margin).
-ZERO_MEASURED = 4.0
 DRAWS = 1   # grad_output draws (one VJP of random grad_outputs covers every input element)
 
 
@@ -210,7 +200,7 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
     `cancelled`: per compared tensor, backward's measured rounding (_cancelled_noise)."""
     labels = _labels(problem, low)
     sparse = masked_places(problem)
-    noise = _zero_noise(labels, exact, low, bound.dtype)
+    noise = zero_noise(labels, exact.values, low.grad_outputs, bound.dtype)
     failed = unresolved = forward_bad = 0
     lines: list[str] = []
     stats: dict[tuple[str, str], list[Any]] = {}
@@ -269,38 +259,17 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
                    list(dict.fromkeys(scaled_names)))
 
 
-def _zero_noise(labels: list[tuple[str, str, tuple[int, ...]]], exact: Run, low: Run,
-                dtype: str) -> float:
-    """The rounding noise a gradient the float64 reference finds zero may carry in the low
-    dtype: ZERO_UNITS units (u + sqrt(k) u_acc) of the backward's largest gradient."""
-    largest = max((float(ex.abs().max()) for (kind, _, _), ex in zip(labels, exact.values)
-                   if kind != "forward" and ex.numel()), default=0.0)
-    summed = max((sum(g.numel() for g in draw) for draw in low.grad_outputs), default=1)
-    units = UNIT_ROUNDOFF[dtype] + summed ** 0.5 * accumulation_roundoff(dtype)
-    return ZERO_UNITS * units * largest
-
-
 def _cancelled_noise(problem: Problem, seed: int, low: Run, exact: Run, dtype: str
                      ) -> list[float]:
-    """Per compared tensor: for a gradient the float64 reference finds zero, the largest
-    B(s·g) − s·B(g) of the low-precision backward (s = 1 + 2^-7, which it must follow exactly
-    but for rounding): the rounding of the terms it cancels, wherever they hide; 0 elsewhere.
-    One more forward and backward, only where such a gradient is."""
-    from .contract_rounding import SCALE
-
+    """Per compared tensor, backward's measured rounding where the reference is zero (one
+    more forward and backward, only where such a gradient is); [] where none is."""
     labels = _labels(problem, low)
-    noise = _zero_noise(labels, exact, low, dtype)
-    zero = [kind != "forward" and ex.numel() > 0 and float(ex.abs().max()) <= noise / ZERO_UNITS
-            for (kind, _, _), ex in zip(labels, exact.values)]
+    zero = zero_tensors(labels, exact.values, zero_noise(labels, exact.values,
+                                                         low.grad_outputs, dtype))
     if not any(zero):
         return []
     scaled = _vjp_run(problem, seed, [[SCALE * g for g in draw] for draw in low.grad_outputs])
-    found = []
-    for is_zero, a, b in zip(zero, low.values, scaled.values):
-        d = (b.double() - SCALE * a.double()).abs() if is_zero and a.shape == b.shape else None
-        d = d[torch.isfinite(d)] if d is not None else None
-        found.append(float(d.max()) if d is not None and d.numel() else 0.0)
-    return found
+    return measured_rounding(zero, low.values, scaled.values)
 
 
 def _scale_line(kind: str, name: str, low: torch.Tensor, exact: torch.Tensor,
