@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,6 @@ from ..numerics.rounding import (
     REFERENCE_FACTOR,
     UNIT_ROUNDOFF,
     Bound,
-    accumulation_roundoff,
     dtype_name,
     finest_resolving,
     measure_bound,
@@ -28,6 +27,8 @@ from ..results import Block, CheckResult, Finding, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
 from ._common import calls_since, error_result
+from .precision_zero import (SCALE, ZERO_MEASURED, ZERO_UNITS, measured_rounding, zero_noise,
+                             zero_tensors)
 
 NAME = "gradient"
 GRADIENT = "gradient"  # the output label of a gradient block (the VJP of every output)
@@ -35,12 +36,6 @@ GRADIENT = "gradient"  # the output label of a gradient block (the VJP of every 
 # many unit roundoffs (a biased rounding mode could shift every element by about u).
 SCALE_SIGNIFICANCE = 6.0
 SCALE_BIAS = 4.0
-# A gradient the float64 reference finds zero at the low dtype's resolution (a convolution's
-# bias before batch norm, anything under a constant output) is, in the low dtype, rounding
-# noise of the size of the terms its sums cancel: the backward's largest gradient shows that
-# size. Its elements may be this many units of it (u + sqrt(k) u_acc) off, and no scale is
-# fitted to it (a ratio to zero means nothing).
-ZERO_UNITS = 16.0
 DRAWS = 1   # grad_output draws (one VJP of random grad_outputs covers every input element)
 
 
@@ -92,11 +87,16 @@ def check_precision(case: Case, target: Target, config: CheckConfig,
                           exact.values, dtype, case.seed, round_operands=bool(config.autocast))
     if reference is not None:
         bound.floors = _reference_error(problem, reference, low_run, exact, case.seed)
-    verdict = judge(problem, low_run, exact, bound)
+    try:
+        cancelled = _cancelled_noise(problem, case.seed, low_run, exact, dtype)
+    except Exception as exc:  # the user's backward raised at a scaled grad_output
+        return error_result(NAME, exc, target, start, problem, before)
+    verdict = judge(problem, low_run, exact, bound, cancelled=cancelled)
     while verdict.outcome is not Outcome.PASSED and bound.samples < MAX_SAMPLES:
-        verdict = judge(problem, low_run, exact, bound.sample(bound.samples))
+        verdict = judge(problem, low_run, exact, bound.sample(bound.samples),
+                        cancelled=cancelled)
     if verdict.outcome is not Outcome.PASSED:
-        verdict = judge(problem, low_run, exact, bound, explain=True)
+        verdict = judge(problem, low_run, exact, bound, explain=True, cancelled=cancelled)
     calls = calls_since(problem, before)
     calls.update({f"float64 {k}": v for k, v in ref.calls.items()})
     own = float64_check(ref) if float64_check is not None and reference is None else None
@@ -193,13 +193,14 @@ class Verdict:
     scaled: list[str]   # tensors whose every element is off by one common factor
 
 
-def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = False
-          ) -> Verdict:
+def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = False,
+          cancelled: Sequence[float] = ()) -> Verdict:
     """Every element: |low - reference| <= its bound, or resolved as beyond it. `explain`: the
-    worst elements' lines, with where each bound came from (re-runs, paid on a failure)."""
+    worst elements' lines, with where each bound came from (re-runs, paid on a failure).
+    `cancelled`: per compared tensor, backward's measured rounding (_cancelled_noise)."""
     labels = _labels(problem, low)
     sparse = masked_places(problem)
-    noise = _zero_noise(labels, exact, low, bound.dtype)
+    noise = zero_noise(labels, exact.values, low.grad_outputs, bound.dtype)
     failed = unresolved = forward_bad = 0
     lines: list[str] = []
     stats: dict[tuple[str, str], list[Any]] = {}
@@ -213,7 +214,8 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
         zero = kind != "forward" and ex.numel() > 0 and \
             float(ex.abs().max()) <= noise / ZERO_UNITS
         if zero:
-            tol = tol.clamp_min(noise)
+            measured = cancelled[tensor] if tensor < len(cancelled) else 0.0
+            tol = tol.clamp_min(max(noise, ZERO_MEASURED * measured))
         over = ~(diff <= tol)  # NaN too: a low-precision overflow or NaN is beyond any bound
         # Elements beyond their bound are reported as such; the fit looks for what hides below.
         scaled = None if zero else _scale_line(kind, name, lo[~over], ex[~over],
@@ -257,15 +259,17 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
                    list(dict.fromkeys(scaled_names)))
 
 
-def _zero_noise(labels: list[tuple[str, str, tuple[int, ...]]], exact: Run, low: Run,
-                dtype: str) -> float:
-    """The rounding noise a gradient the float64 reference finds zero may carry in the low
-    dtype: ZERO_UNITS units (u + sqrt(k) u_acc) of the backward's largest gradient."""
-    largest = max((float(ex.abs().max()) for (kind, _, _), ex in zip(labels, exact.values)
-                   if kind != "forward" and ex.numel()), default=0.0)
-    summed = max((sum(g.numel() for g in draw) for draw in low.grad_outputs), default=1)
-    units = UNIT_ROUNDOFF[dtype] + summed ** 0.5 * accumulation_roundoff(dtype)
-    return ZERO_UNITS * units * largest
+def _cancelled_noise(problem: Problem, seed: int, low: Run, exact: Run, dtype: str
+                     ) -> list[float]:
+    """Per compared tensor, backward's measured rounding where the reference is zero (one
+    more forward and backward, only where such a gradient is); [] where none is."""
+    labels = _labels(problem, low)
+    zero = zero_tensors(labels, exact.values, zero_noise(labels, exact.values,
+                                                         low.grad_outputs, dtype))
+    if not any(zero):
+        return []
+    scaled = _vjp_run(problem, seed, [[SCALE * g for g in draw] for draw in low.grad_outputs])
+    return measured_rounding(zero, low.values, scaled.values)
 
 
 def _scale_line(kind: str, name: str, low: torch.Tensor, exact: torch.Tensor,

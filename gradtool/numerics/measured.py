@@ -26,6 +26,7 @@ import torch
 
 from .compare import BlockTally
 from .problem import Problem
+from .stencil_noise import Pooled, fourth_differences
 from .steps import FINITE_MACHINE, outputs_of
 
 K = 8.0                # verdict: beyond K x the estimated finite-difference error
@@ -199,12 +200,12 @@ def _measure_input(problem: Problem, values: Sequence[torch.Tensor], i: int,
             if not _sample_far(problem, values, i, flags, diff, beyond, f0, h, kept, far,
                                result, bounds, found):
                 _measure(problem, values, i, flags, columns[start:start + 1], h, kept, f0,
-                         fixed, beyond, result, found)
+                         fixed, beyond, result, found, bounds)
             break
         batch = columns[start:start + BATCH]
         start += len(batch)
         pooled = _measure(problem, values, i, flags, batch, h, kept, f0, fixed, beyond, result,
-                          found, pooled)
+                          found, bounds, pooled)
     if start < len(columns) and result.any_standing:
         _by_sample(result, flags, diff, beyond, values, i, f0, h, found)
     result.complete = bool((result.measured | beyond | result.sampled).all())
@@ -218,20 +219,20 @@ FAR = 10   # the kink test's step multiple (numerics/jacobian.py:_estimates reus
 def _measure(problem: Problem, values: Sequence[torch.Tensor], i: int,
              flags: tuple[torch.Tensor, ...], batch: list[int], h: float, kept: dict,
              f0: torch.Tensor, fixed: tuple[float, float], beyond: torch.Tensor,
-             result: _Result, found: Measurement,
-             pooled: tuple[torch.Tensor, int] | None = None) -> tuple[torch.Tensor, int]:
+             result: _Result, found: Measurement, bounds: Sequence[int],
+             pooled: Pooled | None = None) -> Pooled:
     """The flagged elements of these columns judged by their error measured at h, 2h, 3h
     (noise pooled with the columns measured before); returns the pooled noise."""
     rows, cols, a, _ = flags
     points = _evaluate(problem, values, i, batch, h, kept, f0)       # (7, len(batch), n_out)
-    sigma2 = _fourth_differences(points)                         # (len(batch), n_out)
-    pooled_sum, pooled_n = pooled or (torch.zeros_like(f0, dtype=torch.float64), 0)
-    pooled_sum, pooled_n = pooled_sum + sigma2.sum(0), pooled_n + len(batch)
+    sigma2 = fourth_differences(points)                          # (len(batch), n_out)
+    pooled = (pooled or Pooled.empty(f0, len(bounds) - 1)).add(points, sigma2, bounds)
     where = {c: k for k, c in enumerate(batch)}
     mine = torch.tensor([where.get(c, -1) for c in cols.tolist()], device=cols.device)
     pick = mine >= 0
     k, r = mine[pick], rows[pick]
-    sigma = torch.maximum(sigma2[k, r], pooled_sum[r] / pooled_n).sqrt()
+    sigma = torch.maximum(sigma2[k, r], pooled.row_sum[r] / pooled.columns).sqrt()
+    sigma = pooled.cancelled(points[:, k, r], sigma, r, bounds, K)
     x = values[i].detach().reshape(-1)[cols[pick]].abs().double()
     stands, tol = _judge(points[:, k, r], f0[r].abs().double(), sigma, x, a[pick], h, fixed)
     result.stands[pick], result.tolerance[pick] = stands, tol
@@ -239,7 +240,7 @@ def _measure(problem: Problem, values: Sequence[torch.Tensor], i: int,
     found.columns += len(batch)
     found.measured_only += int((stands & ~beyond[pick]).sum())
     result.any_standing |= bool(stands.any())
-    return pooled_sum, pooled_n
+    return pooled
 
 
 def _sample_far(problem: Problem, values: Sequence[torch.Tensor], i: int,
@@ -381,14 +382,6 @@ def _evaluate(problem: Problem, values: Sequence[torch.Tensor], i: int, cols: li
         kept.setdefault(c, (at[1][k].to(base.dtype), at[-1][k].to(base.dtype)))
     centre = f0.double().expand_as(at[1])
     return torch.stack([at[-3], at[-2], at[-1], centre, at[1], at[2], at[3]])
-
-
-def _fourth_differences(p: torch.Tensor) -> torch.Tensor:
-    """Per (column, output): mean square of the three fourth differences over 7 points / 70,
-    an estimate of f's noise variance (sigma^2)."""
-    w = torch.tensor([1.0, -4.0, 6.0, -4.0, 1.0], dtype=p.dtype, device=p.device)
-    d4 = torch.stack([torch.tensordot(w, p[s:s + 5], dims=1) for s in range(3)])
-    return (d4.nan_to_num(nan=math.inf) ** 2).mean(0) / 70.0
 
 
 def _judge(p: torch.Tensor, f_abs: torch.Tensor, sigma: torch.Tensor, x_abs: torch.Tensor,
