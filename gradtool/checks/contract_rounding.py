@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..config.settings import CheckConfig
+from ..numerics.rounding import FOLLOW_SCALE
 
 
 def rounded(config: CheckConfig, *grads: torch.Tensor) -> str | None:
@@ -63,9 +64,7 @@ def beyond_rounding(result: torch.Tensor, terms: list[tuple[float, torch.Tensor]
             f"({int(beyond.sum())} of {diff.numel()} elements beyond it)")
 
 
-# grad_output scaled by this (exact in bfloat16 and up): backward's results scale with it
-# exactly but for rounding, so the difference measures the rounding of every element.
-SCALE = 1 + 2.0 ** -7
+SCALE = FOLLOW_SCALE  # numerics/rounding.py: what backward must follow but for rounding
 # Rounding noise measured so, allowed this many times in a combination of three backwards
 # (2·B(g1) + 3·B(g2) - B(2·g1 + 3·g2): weights 6 in all, twice for the noise's spread).
 MEASURED_SLACK = 12.0

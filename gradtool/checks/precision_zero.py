@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..numerics.rounding import UNIT_ROUNDOFF, accumulation_roundoff
+from ..numerics.rounding import FOLLOW_SCALE, UNIT_ROUNDOFF, accumulation_roundoff
 
 # A gradient the float64 reference finds zero at the low dtype's resolution (a convolution's
 # bias before batch norm, anything under a constant output) is, in the low dtype, rounding
@@ -17,11 +17,9 @@ ZERO_UNITS = 16.0
 # Where the terms such a gradient cancels are larger than every gradient (an output constant
 # over its input: a normalisation's 1/std ~ 316 scales them inside backward), only backward's
 # own rounding, measured, shows their size: its elements may be this many times the largest
-# B(s·g) − s·B(g) (contract_rounding.SCALE's s; two roundings apart, a 2x margin).
+# B(s·g) − s·B(g) (SCALE's s; two roundings apart, a 2x margin).
 ZERO_MEASURED = 4.0
-# grad_output scaled by this: backward's results scale with it exactly but for rounding
-# (contract_rounding.SCALE's value; that module imports precision, so not from there)
-SCALE = 1 + 2.0 ** -7
+SCALE = FOLLOW_SCALE  # numerics/rounding.py: what backward must follow but for rounding
 
 
 def zero_noise(labels: Sequence[tuple[str, str, tuple[int, ...]]],

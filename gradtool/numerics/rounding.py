@@ -23,6 +23,10 @@ ETA = {"float64": 2.0 ** -1075, "float32": 2.0 ** -150, "float16": 2.0 ** -25,
        "bfloat16": 2.0 ** -134}
 # Finest first: the precisions offered when a dtype cannot resolve a difference.
 FINEST_FIRST = ("float64", "float32", "float16", "bfloat16")
+# grad_output scaled by this (exact in bfloat16 and up): backward's results scale with it
+# exactly but for rounding, so the difference measures the rounding of every element (the
+# contract's low-precision tests and the low-precision check's zero-reference gradients).
+FOLLOW_SCALE = 1 + 2.0 ** -7
 
 # Reductions whose accumulation error scales with the sum of |terms|, not with |result|:
 # the same operation on absolute values gives that sum (they are multilinear in their inputs).
