@@ -139,6 +139,19 @@ def test_a_random_forward_is_judged_by_the_pipeline_under_a_frozen_rng(pipeline,
         monkeypatch, lambda: gradtool.gradcheck(RandomMask.apply, (x,), fast_mode=fast))
 
 
+def test_a_forward_that_draws_is_not_pure_even_when_two_draws_coincide():
+    # Two 6-element masks coincide once in 64 pairs of calls: the draw itself is the fact.
+    x = _x()
+    for seed in range(10_000):
+        torch.manual_seed(seed)
+        if torch.equal(torch.rand_like(x) > 0.5, torch.rand_like(x) > 0.5):
+            break
+    torch.manual_seed(seed)
+    out = RandomMask.apply(x)
+    assert not lean._pure(RandomMask.apply, (x,), [out])
+    assert lean._pure(Cube.apply, (x,), [Cube.apply(x)])
+
+
 @pytest.mark.parametrize("fast", MODES)
 def test_an_input_writing_forward_is_judged_by_the_pipeline(pipeline, monkeypatch, fast):
     def scaled_into(x, out):

@@ -170,9 +170,11 @@ def _plain_tensor(t: torch.Tensor) -> bool:
 
 def _pure(func: Callable[..., Any], args: tuple[Any, ...], outs: list[torch.Tensor]) -> bool:
     """The probe phase's facts, from one more forward on copies without a graph: False where
-    forward writes an input or a module's parameter, or its outputs differ from the drop-in's forward's (random, or
-    another kernel without a graph: the pipeline tells which)."""
+    forward writes an input or a module's parameter, draws from torch's RNG, or its outputs
+    differ from the drop-in's forward's (random, or another kernel without a graph: the
+    pipeline tells which)."""
     copies = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
+    state = torch.default_generator.get_state()  # every value on the CPU: its one generator
     if isinstance(func, torch.nn.Module):  # called on clones of its parameters: never the
         # user's written (their graph, already built, would break), a write shown on clones
         named = dict(func.named_parameters())
@@ -185,6 +187,8 @@ def _pure(func: Callable[..., Any], args: tuple[Any, ...], outs: list[torch.Tens
     else:
         with torch.no_grad():
             again = tensor_outputs(func(*copies))
+    if not torch.equal(torch.default_generator.get_state(), state):
+        return False  # it draws from torch's RNG, even where this draw gave the same outputs
     for a, c in zip(args, copies):  # every value float64 and strided: torch.equal compares it
         if isinstance(a, torch.Tensor) and not (torch.equal(a, c) or both_nan(a.detach(), c)):
             return False

@@ -25,8 +25,8 @@ def probe(case: Case, keep_graph: bool = True) -> Facts:
     """Learn the case's facts once, before any check (a no-op when already learnt).
 
     Two forwards: one without a graph, on copies (does forward write its inputs?), one with a
-    graph (which outputs are differentiable, custom Functions inside); outputs that differ
-    between them mean forward is stochastic, and the RNG is frozen from then on (a third
+    graph (which outputs are differentiable, custom Functions inside); a first forward that drew from
+    torch's RNG, or outputs that differ between them, mean forward is stochastic, and the RNG is frozen from then on (a third
     forward, under the frozen RNG, gives the graph). keep_graph: keep that graph forward for
     the first check that needs one (the contract check, else the priming forward of the
     gradient check): it replaces a forward that check made. The
@@ -49,15 +49,21 @@ def _learn(case: Case, keep_graph: bool) -> None:
     """Each fact is recorded as soon as it is known, so a later forward raising keeps it."""
     problem = case.problem
     given = problem.facts  # what a creator already knew (a captured Function's seed, say)
-    start = time.perf_counter()
+    start, before = time.perf_counter(), _generators(problem)
     first, mutates, findings = _purity(problem)
     seconds = time.perf_counter() - start
+    drew = _generators(problem) != before
     problem.learn(given.with_(mutates=given.mutates or mutates, findings=tuple(findings),
                               precision=_coarsest(problem.args), forward_seconds=seconds))
     leaves, result = _graph_forward(problem)
     problem.learn(problem.facts.with_(
         forward_seconds=min(seconds, problem.cache.forward_seconds or seconds)))
-    if given.seed is None and not _same(tensor_outputs(first), tensor_outputs(result)):
+    if given.seed is None and drew:
+        # A forward that draws from torch's RNG is stochastic even where two draws happen to
+        # give the same outputs (a dropout over 12 elements: once in 4096 pairs of calls).
+        problem.learn(problem.facts.with_(seed=case.seed))
+        leaves, result = _graph_forward(problem)  # again, under the frozen RNG
+    elif given.seed is None and not _same(tensor_outputs(first), tensor_outputs(result)):
         # Without a graph and with one, torch may run other kernels (the nuclear norm: svdvals,
         # then svd), a last-bit difference that is no randomness: stochastic only when a second
         # graph forward differs from the first too.
@@ -73,6 +79,16 @@ def _learn(case: Case, keep_graph: bool) -> None:
         precision=_coarsest([*problem.args, *outs]),
         **output_facts(outs, problem.output_labels, problem.keep_all_outputs, leaves)))
     problem.cache.first_graph = (leaves, result) if keep_graph else None
+
+
+def _generators(problem: Problem) -> list[bytes]:
+    """The states of torch's generators a forward on the case's arguments may draw from: the
+    CPU one and those of the CUDA devices the arguments are on (bytes, compared in one go)."""
+    devices = sorted({a.device.index or 0 for a in problem.args
+                      if isinstance(a, torch.Tensor) and a.device.type == "cuda"})
+    states = [torch.default_generator.get_state()]
+    states += [torch.cuda.get_rng_state(d) for d in devices]
+    return [s.numpy().tobytes() for s in states]
 
 
 @calls_user_code
@@ -160,7 +176,8 @@ def stochastic_note(facts: Facts) -> str | None:
     """What the contract check and the report say when forward is stochastic."""
     if facts.seed is None:
         return None
-    return (f"{STOCHASTIC} (two calls on the same inputs differ): torch's RNG is re-seeded "
+    return (f"{STOCHASTIC} (it draws from torch's RNG, or two calls on the same inputs "
+            f"differ): torch's RNG is re-seeded "
             f"with {facts.seed} before every evaluation")
 
 
