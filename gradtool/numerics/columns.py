@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +44,9 @@ class Sweep:
     # whether a failure is followed by this block's dense columns (the diagnosis), which reuse
     # the kept ones: recomputing failing colours whole then costs nothing extra
     dense_on_failure: bool = False
+    # a stopping sweep's test, asked after each chunk of exact columns: True once a failure is
+    # confirmed, and the columns after it may go uncompared (stopping.zero_block)
+    until: Callable[[], bool] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -59,9 +62,22 @@ class Sweep:
 
 def sweep_dense(sweep: Sweep, jac: AnalyticalJacobian) -> None:
     """Central differences column by column (batched), compared chunk by chunk."""
-    step = chunk_size(sweep.out_bounds[-1] + sweep.size, limit=1024)
-    for start in range(0, sweep.size, step):
-        _exact(sweep, jac, torch.arange(start, min(sweep.size, start + step), device=sweep.device))
+    _exact_chunks(sweep, jac, torch.arange(sweep.size, device=sweep.device))
+
+
+def _exact_chunks(sweep: Sweep, jac: AnalyticalJacobian, cols: torch.Tensor) -> None:
+    """Columns `cols` compared exactly, chunk by chunk; under `sweep.until`, in chunks doubling
+    from two columns, stopping once it answers True (at most twice the columns needed)."""
+    limit = chunk_size(sweep.out_bounds[-1] + sweep.size, limit=1024)
+    # columns known exactly (problem.known) cost one f(x) per chunk: not worth stopping early
+    until = None if sweep.which in sweep.problem.known else sweep.until
+    step, start = (limit if until is None else min(2, limit)), 0
+    while start < len(cols):
+        _exact(sweep, jac, cols[start:start + step])
+        start += step
+        if until is not None and start < len(cols) and until():
+            return
+        step = min(2 * step, limit)
 
 
 def _exact(sweep: Sweep, jac: AnalyticalJacobian, cols: torch.Tensor) -> torch.Tensor:
@@ -145,7 +161,7 @@ def sweep_coloured(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor,
         mask = (entry_colour >= start) & (entry_colour < stop)
         _compare_colours(sweep, colour, weights, start, stop, rows[mask], cols[mask],
                          vals[mask], flags)
-    if flags.any() and _whole_pays(sweep, colour, flags):
+    if flags.any() and (sweep.until is not None or _whole_pays(sweep, colour, flags)):
         stray = torch.cat(flags.stray, dim=1) if flags.stray else _no_stray(sweep)
         _unconfirmed(sweep, jac, colour, flags, stray)
     elif flags.any():
@@ -280,16 +296,14 @@ def _unconfirmed(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor, fl
     suspect |= set(colour[torch.nonzero(flags.by_column.sum(0)).reshape(-1)].tolist())
     cols = torch.nonzero(torch.isin(colour, torch.tensor(sorted(suspect), device=colour.device))
                          ).reshape(-1)
-    if not suspect or len(cols) > WHOLE_COLUMNS:
+    if not suspect or len(cols) > WHOLE_COLUMNS and sweep.until is None:
         return
     rows_o = sweep.output_of(stray[1].long())
     for o, tally in enumerate(sweep.tallies):
         tally.mismatched -= int(flags.by_column[o].sum()) + int((rows_o == o).sum())
         tally.checked -= (sweep.out_bounds[o + 1] - sweep.out_bounds[o]) * len(cols)
     flags.by_column.zero_()
-    step = chunk_size(sweep.out_bounds[-1] + sweep.size, limit=1024)
-    for start in range(0, len(cols), step):
-        _exact(sweep, jac, cols[start:start + step])
+    _exact_chunks(sweep, jac, cols)
 
 
 def _settle(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor, cols: torch.Tensor,

@@ -47,6 +47,10 @@ class Verdict:
     mismatch: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     tolerance: dict[str, float] = field(default_factory=dict)  # measured: how it judged
     limit: str | None = None   # measured: what noise keeps from being seen
+    # per block a stopping sweep compared in part (stopping.compared_in_part): (analytical,
+    # numerical) over the columns it compared, what a diagnosis resting on them reads
+    partial: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict)
     cause: str | None = None   # inconclusive: why, when not a kink (confirm.ROUNDING_CAUSE)
 
 
@@ -182,9 +186,10 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
     keep = 2 * bounds[-1] * sum(v.numel() for v in leaves) <= DENSE_LIMIT  # for the failing path
     kept: list[dict] = [{} for _ in leaves]
     evaluated = Evaluations(f0, kept, {}, far)
+    cut: dict[int, list[int]] = {}  # input -> the columns compared, where it stopped short
     if stop:
-        jac, unchecked = _until_failure(problem, config, leaves, outs, tallies, bounds, keep,
-                                        evaluated, first)
+        jac, unchecked, cut = _until_failure(problem, config, leaves, outs, tallies, bounds,
+                                             keep, evaluated, first)
     else:
         jac, unchecked = _analytical(problem, leaves, outs), []
         affordable = _affordable(problem, jac)  # as known before the sweep learns vmap_ok
@@ -204,7 +209,8 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
     dense = {}
     if any(t.mismatched for row in tallies for t in row) and _affordable(problem, jac):
         # Whole blocks: for the diagnosis, and exact counts where the sweep only had bounds.
-        failing = [any(t.mismatched for t in row) for row in tallies]
+        failing = [any(t.mismatched for t in row) and i not in cut
+                   for i, row in enumerate(tallies)]
         dense = _dense_blocks(problem, config, jac, leaves, bounds, kept, failing)
         dense = {k: v for k, v in dense.items() if k not in unchecked}
         fresh = _tallies(problem, leaves, outs, *_fixed(config), config.max_worst)
@@ -220,6 +226,10 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
         from .stopping import left_unchecked
 
         left_unchecked(verdict, problem, unchecked, stop)
+    if cut:
+        from .stopping import compared_in_part
+
+        compared_in_part(verdict, problem, jac, cut, kept, bounds, config.tolerance("eps"))
     verdict.mismatch = {k: judged_mask(tallies[k[0]][k[1]], *pair) for k, pair in dense.items()}
     if config.measured:
         from .measured_words import describe
@@ -237,13 +247,14 @@ def _analytical(problem: Problem, leaves: Sequence[torch.Tensor],
 
 def _sweep(problem: Problem, config: CheckConfig, jac: AnalyticalJacobian, i: int,
            tallies: list[BlockTally], bounds: Sequence[int],
-           kept: dict | None, affordable: bool, dense: bool = False) -> None:
+           kept: dict | None, affordable: bool, dense: bool = False,
+           until: Callable[[], bool] | None = None) -> None:
     """Input i's numerical columns against the analytical ones, coloured where the pattern
-    allows (`dense`: known not to)."""
+    allows (`dense`: known not to); column by column, `until` may stop it early."""
     offset = sum(v.numel() for v in problem.inputs[:i])
     size = problem.inputs[i].numel()
     sweep = Sweep(problem, problem.inputs, i, offset, size, tallies, list(bounds),
-                  config.tolerance("eps"), kept, affordable)
+                  config.tolerance("eps"), kept, affordable, until)
     colour = None
     if not dense:
         rows, cols, _ = jac.entries(offset, offset + size)
@@ -258,12 +269,16 @@ def _sweep(problem: Problem, config: CheckConfig, jac: AnalyticalJacobian, i: in
 def _until_failure(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
                    outs: Sequence[torch.Tensor], tallies: list[list[BlockTally]],
                    bounds: Sequence[int], keep: bool, evaluated: Evaluations,
-                   first: Sequence[int]) -> tuple[AnalyticalJacobian, list[tuple[int, int]]]:
+                   first: Sequence[int]
+                   ) -> tuple[AnalyticalJacobian, list[tuple[int, int]], dict[int, list[int]]]:
     """The sweep, inputs `first` first, until a block's failure is confirmed: the analytical
-    Jacobian, and the blocks (input, output) left unchecked. Analytical rows are computed
-    output by output while an input's block is too wide to colour anyway (its columns kept,
-    each output compared as its rows come); otherwise all at once, as in the whole run."""
-    from .stopping import ByOutput, compare_kept, order, scratch
+    Jacobian, the blocks (input, output) left unchecked, and per input whose columns were
+    compared only in part, those columns. Analytical rows are computed output by output while
+    an input's block is too wide to colour anyway (its columns kept, each output compared as
+    its rows come); otherwise all at once, as in the whole run. An input whose analytical
+    block is zero throughout stops at its first confirmed failure (stopping.zero_block)."""
+    from .confirm import forget
+    from .stopping import ByOutput, compare_kept, order, scratch, zero_block
 
     plan = problem.cache.plan
     rows = (ByOutput(problem, leaves, outs, bounds)
@@ -272,6 +287,7 @@ def _until_failure(problem: Problem, config: CheckConfig, leaves: Sequence[torch
     affordable = _affordable(problem, jac)
     n_out = len(outs)
     sequence = order(len(leaves), first)
+    cut: dict[int, list[int]] = {}
     for step, i in enumerate(sequence):
         offset, size = sum(v.numel() for v in leaves[:i]), leaves[i].numel()
         while rows is not None and not rows.whole and (
@@ -279,21 +295,29 @@ def _until_failure(problem: Problem, config: CheckConfig, leaves: Sequence[torch
             rows.more()
         known = rows.known if rows is not None else n_out
         mine = [t if o < known else scratch(t) for o, t in enumerate(tallies[i])]
+        zero = (keep and known == n_out and not config.measured
+                and zero_block(jac, offset, size, config.tolerance("atol")))
+        until = (lambda: confirmed(problem, config, tallies, i, evaluated, again=True)
+                 ) if zero else None
         _sweep(problem, config, jac, i, mine, bounds, evaluated.kept[i] if keep else None,
-               affordable, dense=known < n_out)
+               affordable, dense=known < n_out, until=until)
+        if zero and len(evaluated.kept[i]) == size:
+            forget(evaluated, i)  # answered before the last columns came
+        elif zero and evaluated.kept[i] and confirmed(problem, config, tallies, i, evaluated):
+            cut[i] = sorted(evaluated.kept[i])
         rest = [(k, o) for k in sequence[step + 1:] for o in range(n_out)]
         while True:
             left = [(i, o) for o in range(known, n_out)] + rest
             if not left:
                 break
             if confirmed(problem, config, tallies, i, evaluated):
-                return jac, left
+                return jac, left, cut
             if rows is None or not rows.more():
                 break
             compare_kept(tallies[i], jac, known, bounds, offset, size, evaluated.kept[i],
                          config.tolerance("eps"))
             known += 1
-    return jac, []
+    return jac, [], cut
 
 
 def judged_tallies(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
