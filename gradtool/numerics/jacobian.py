@@ -296,7 +296,7 @@ def _until_failure(problem: Problem, config: CheckConfig, leaves: Sequence[torch
         known = rows.known if rows is not None else n_out
         mine = [t if o < known else scratch(t) for o, t in enumerate(tallies[i])]
         zero = (keep and known == n_out and not config.measured
-                and zero_block(jac, offset, size, config.tolerance("atol")))
+                and zero_block(jac, offset, size))
         until = (lambda: confirmed(problem, config, tallies, i, evaluated, again=True)
                  ) if zero else None
         _sweep(problem, config, jac, i, mine, bounds, evaluated.kept[i] if keep else None,

@@ -86,14 +86,14 @@ def scratch(tally: BlockTally) -> BlockTally:
                       tally.atol, tally.rtol, tally.keep)
 
 
-def zero_block(jac: AnalyticalJacobian, offset: int, size: int, atol: float) -> bool:
-    """Whether backward's whole block for an input is zero (within atol, every output's rows
-    known). A failure there is diagnosed by that alone: zero where finite differences are not
-    (`double_backward.untracked`, what a backward computed from saved tensors without a graph
-    gives), so the columns after a confirmed one can add counts, never another verdict or
-    kind of mistake."""
-    _, _, vals = jac.entries(offset, offset + size)
-    return bool((vals.abs() <= atol).all())
+def zero_block(jac: AnalyticalJacobian, offset: int, size: int) -> bool:
+    """Whether backward's whole block for an input is exactly zero (every output's rows
+    known), as a backward computed from tensors without a graph gives. A failure there is
+    diagnosed by that alone: a nonzero finite difference where backward says zero
+    (`double_backward.untracked`, "zero for all elements"), so the columns after a confirmed
+    one can add counts, never another verdict or kind of mistake, but for one: a finite
+    difference not finite in a column left (`nonfinite`), a forward failing at x ± h there."""
+    return not len(jac.entries(offset, offset + size)[0])
 
 
 def compared_in_part(verdict: Any, problem: Any, jac: AnalyticalJacobian,
