@@ -191,7 +191,7 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
         affordable = _affordable(problem, jac)  # as known before the sweep learns vmap_ok
         for i in range(len(leaves)):
             sweep_input(problem, config, jac, i, tallies[i], bounds, kept[i] if keep else None,
-                   affordable)
+                        affordable)
     if jac.dense is not None and not bool(jac.dense.isnan().any()):
         problem.cache.jacobian = jac  # every row: double backward's columns along grad_output
     measurement = None
@@ -272,7 +272,7 @@ def _until_failure(problem: Problem, config: CheckConfig, leaves: Sequence[torch
         zero = keep and known == n_out and not config.measured and zero_block(jac, offset, size)
         until = (lambda: confirmed(problem, config, tallies, i, evaluated, True)) if zero else None
         sweep_input(problem, config, jac, i, mine, bounds, evaluated.kept[i] if keep else None,
-               affordable, dense=known < n_out, until=until)
+                    affordable, dense=known < n_out, until=until)
         if zero and len(evaluated.kept[i]) == size:
             forget(evaluated, i)  # answered before the last columns came
         elif zero and evaluated.kept[i] and confirmed(problem, config, tallies, i, evaluated):
