@@ -158,10 +158,13 @@ class DetachedScaled(Function):
 
 def test_double_backward_reads_its_grad_output_columns_from_the_gradient_checks_rows():
     """G(x, v) = vᵀJ is linear in v (the contract's linearity test says so in the run): its
-    columns along v are the rows of J the gradient check computed, so none is evaluated."""
+    columns along v are the rows of J the gradient check computed, so none is evaluated.
+    (--exhaustive: every column of both blocks, so the saving is the reuse's alone; the cut
+    at a confirmed failure of a zero block is tested below.)"""
     def double(checks):
         before = DetachedScaled.backwards
-        report = gradtool.check(DetachedScaled, ["(12,)"], checks=checks, mode="full")
+        report = gradtool.check(DetachedScaled, ["(12,)"], checks=checks, mode="full",
+                                exhaustive=True)
         runs = DetachedScaled.backwards - before
         return next(c for _, _, c in report.checks() if c.name == "double_backward"), runs
 
@@ -265,3 +268,79 @@ def test_a_compiling_target_compiles_only_the_layouts_the_checks_need_and_calls_
     kernels.calls.clear()
     _torch_checks(fn, x)
     assert warm <= sum(kernels.calls.values()), (warm, dict(kernels.calls))
+
+
+# --- double backward after a failing gradient: a zero block stops at its first failing column ---
+
+def _double_backward_run(fn, x, kernels, **extra):
+    """Gradient then double backward (the first order's failure is what lets double backward
+    stop): the double backward check, and the backward kernel's calls the whole run made."""
+    kernels.calls.clear()
+    report = gradtool.check(fn, (x,), checks=("gradient", "double_backward"), **extra)
+    checks = {c.name: c for _, _, c in report.checks()}
+    return checks, kernels.calls["backward"], report
+
+
+@pytest.mark.parametrize("model", [False, True])
+def test_a_failing_double_backward_after_a_failing_gradient_stops_at_one_failing_column(model):
+    """A backward computed from a kernel's saved result (no graph to x: its second derivative
+    is zero throughout, pysdtw's case) and wrong at first order: double backward compares
+    columns of x until one failure is confirmed, not all 32, and skips the dense block and heat
+    map; verdicts, rule ids, the diagnosis's kind and where to look are those of --exhaustive,
+    and the report says what was cut."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    kernels, cls = compiled_lse(factor=2.0)
+    fn = (lambda v: cls.apply(v) * 3.0) if model else cls
+    cut, cut_calls, report = _double_backward_run(fn, x, kernels)
+    whole, whole_calls, _ = _double_backward_run(fn, x, kernels, exhaustive=True)
+    assert {k: c.outcome for k, c in cut.items()} == {k: c.outcome for k, c in whole.items()} \
+        == {"gradient": Outcome.FAILED, "double_backward": Outcome.FAILED}
+    for name in cut:
+        assert _rules(cut[name]) == _rules(whole[name]), name
+        assert cut[name].source == whole[name].source, name
+    cut_db, whole_db = cut["double_backward"], whole["double_backward"]
+    assert _rules(cut_db) == ["double_backward.mismatch", "double_backward.untracked"]
+    x_cut, x_whole = cut_db.blocks[0], whole_db.blocks[0]  # the input's own block
+    assert [(f.rule, f.data["input"]) for f in cut_db.findings] == \
+        [(f.rule, f.data["input"]) for f in whole_db.findings if f.data["input"] == x_cut.input]
+    assert not x_cut.exhaustive and x_whole.exhaustive
+    assert 0 < x_cut.checked < x_whole.checked == 32 * 32
+    assert x_cut.grid is None and x_whole.grid is not None  # no heat map of a part
+    # gradient's own kernel calls are the same both ways: the cut is double backward's 64
+    # evaluations of x's columns down to a few
+    assert cut_calls + 40 <= whole_calls, (cut_calls, whole_calls)
+    said = "\n".join(cut_db.details)
+    assert "compared in part" in said and "--exhaustive" in said
+    assert "compared in part" not in "\n".join(whole_db.details)
+    assert "not swept whole" in report.text()
+
+
+class WrongSecondOrder(Function):
+    """x³ with backward 6x²g, one x of it detached: wrong at first order, and its second
+    derivative half the finite differences' (6xg tracked of 12xg) but not zero: double
+    backward's x block is compared whole, the cut never applies."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 3
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 6 * x * x.detach() * g
+
+
+def test_a_failing_double_backward_whose_block_is_not_zero_is_compared_whole():
+    def run(**extra):
+        report = gradtool.check(WrongSecondOrder, ["(12,)"],
+                                checks=("gradient", "double_backward"), **extra)
+        return next(c for _, _, c in report.checks() if c.name == "double_backward")
+
+    cut, whole = run(), run(exhaustive=True)
+    assert cut.outcome is whole.outcome is Outcome.FAILED
+    assert _rules(cut) == _rules(whole) == ["double_backward.factor", "double_backward.mismatch"]
+    x = next(b for b in cut.blocks if b.input == "x")
+    assert x.exhaustive and x.checked == 144 and x.grid is not None
+    assert "compared in part" not in "\n".join(cut.details)

@@ -137,8 +137,12 @@ def test_a_second_order_failure_is_still_found_when_the_first_order_passes():
     # the blocks left are not reported as swept whole (JSON's `exhaustive`)
     assert all(not b.exhaustive for b in second.blocks if b.input != "grad_output")
     assert any(f.rule == "double_backward.mismatch" for f in second.findings)
-    # at the Function, gradient and double backward together (before: 33 and 48)
-    assert (calls["forward"], calls["backward"]) == (30, 23)
+    # backward's whole second derivative is zero: the grad_output block is compared only up
+    # to its first confirmed failing column, and said so
+    assert any(d.startswith("compared in part: 2 of ") for d in second.details)
+    # at the Function, gradient and double backward together (before: 33 and 48; 30 and 23
+    # before the zero block's cut at its first confirmed failing column)
+    assert (calls["forward"], calls["backward"]) == (30, 15)
 
     kept = result(gradtool.check(B.CubeDetached, ["(5,)"], checks=("double_backward",),
                                  mode="full"), "double_backward")
@@ -213,8 +217,11 @@ def test_grad_output_columns_mirror_their_plus_side_only_when_backward_is_linear
 
     def run():
         counter = Counter()
+        # exhaustive: every grad_output column, so what is saved is the mirror's alone (the
+        # cut at a zero block's first confirmed failure would compare 2 of them)
         report = gradtool.check(_counted(cls, counter), INPUTS["adjoint ODE (RK4)"],
-                                mode="full", checks=("contract", "double_backward"))
+                                mode="full", checks=("contract", "double_backward"),
+                                exhaustive=True)
         check = result(report, "double_backward")
         return counter, check.outcome, [(b.input, b.output, b.mismatched) for b in check.blocks]
 

@@ -370,7 +370,10 @@ def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
               config: CheckConfig) -> Diagnosis | None:
     from ..diagnosis.classify import classify_double_backward
 
-    if (i, o) not in verdict.dense:  # located elements only: what they show alone
+    # a block compared in part (a zero analytical block, cut at its first confirmed failure)
+    # is diagnosed from the columns compared, as a whole block is from all of them
+    pair = verdict.dense.get((i, o)) or verdict.partial.get((i, o))
+    if pair is None:  # located elements only: what they show alone
         sample = [e for e in block.worst if not e.inconclusive]
         if len(sample) < 2 or any(e.analytical != 0 for e in sample):
             return None
@@ -379,7 +382,7 @@ def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
             "numerical is not: backward uses a tensor without a graph to the inputs (saved in "
             "forward, detached, or computed under no_grad)", {"count": len(sample)})
 
-    analytical, numerical = verdict.dense[(i, o)]
+    analytical, numerical = pair
     found = classify_double_backward(as_numpy(analytical), as_numpy(numerical),
                                      atol=config.tolerance("atol"), rtol=config.tolerance("rtol"))
     # only where no pattern is seen (a zero second derivative already says untracked): two

@@ -10,15 +10,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from ..config.settings import CheckConfig
 from .compare import BlockTally
 from .localise import bisect
 from .problem import Problem
-from .sparsity import AnalyticalJacobian
+from .sparsity import AnalyticalJacobian, colour_columns
 from .steps import central, chunk_size, outputs_of
 
 EXACT_COLUMNS = 64   # flagged columns confirmed one by one: enough to name the worst elements
@@ -44,6 +45,9 @@ class Sweep:
     # whether a failure is followed by this block's dense columns (the diagnosis), which reuse
     # the kept ones: recomputing failing colours whole then costs nothing extra
     dense_on_failure: bool = False
+    # a stopping sweep's test, asked after each chunk of exact columns: True once a failure is
+    # confirmed, and the columns after it may go uncompared (stopping.zero_block)
+    until: Callable[[], bool] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -57,11 +61,61 @@ class Sweep:
                                right=True)
 
 
+ZERO_BLOCK_COLUMNS = 64  # all-zero blocks this wide are coloured even on a looped Function
+
+
+def sweep_input(problem: Problem, config: CheckConfig, jac: AnalyticalJacobian, i: int,
+                tallies: list[BlockTally], bounds: Sequence[int], kept: dict | None,
+                affordable: bool, dense: bool = False,
+                until: Callable[[], bool] | None = None) -> None:
+    """Input i's numerical columns against the analytical ones, coloured where the pattern
+    allows (`dense`: known not to); `until` may stop its exact columns early (Sweep.until)."""
+    offset = sum(v.numel() for v in problem.inputs[:i])
+    size = problem.inputs[i].numel()
+    sweep = Sweep(problem, problem.inputs, i, offset, size, tallies, list(bounds),
+                  config.tolerance("eps"), kept, affordable, until)
+    colour = None
+    if not dense:
+        rows, cols, _ = jac.entries(offset, offset + size)
+        colour = colour_columns(rows, cols, jac.n_out, tuple(problem.inputs[i].shape))
+        dense = colour is None or _zero_block_by_columns(problem, len(rows), size)
+    if dense:
+        sweep_dense(sweep, jac)
+    else:
+        sweep_coloured(sweep, jac, colour, config.seed)
+
+
+def _zero_block_by_columns(problem: Problem, entries: int, size: int) -> bool:
+    """Whether a block backward says is all zero is swept column by column (2 size
+    evaluations) rather than coloured (one colour: 4 evaluations when it passes; when it fails,
+    as a detached second order does, its columns are recomputed: whole, 4 more than column by
+    column, or up to a confirmed failure under `Sweep.until`). Only small blocks evaluated call
+    by call: there the 4 can matter; from ZERO_BLOCK_COLUMNS columns on they are at most 3 % of
+    the columns' cost, and a passing block (sort's second derivative, 8000 columns) costs 4
+    evaluations instead of 16 000. One or two columns are never cheaper coloured, batched or
+    not."""
+    looped = problem.batched_fn is None or problem.cache.vmap_ok is False
+    return entries == 0 and (size <= 2 or looped and size < ZERO_BLOCK_COLUMNS)
+
+
 def sweep_dense(sweep: Sweep, jac: AnalyticalJacobian) -> None:
     """Central differences column by column (batched), compared chunk by chunk."""
-    step = chunk_size(sweep.out_bounds[-1] + sweep.size, limit=1024)
-    for start in range(0, sweep.size, step):
-        _exact(sweep, jac, torch.arange(start, min(sweep.size, start + step), device=sweep.device))
+    _exact_chunks(sweep, jac, torch.arange(sweep.size, device=sweep.device))
+
+
+def _exact_chunks(sweep: Sweep, jac: AnalyticalJacobian, cols: torch.Tensor) -> None:
+    """Columns `cols` compared exactly, chunk by chunk; under `sweep.until`, in chunks doubling
+    from two columns, stopping once it answers True (at most twice the columns needed)."""
+    limit = chunk_size(sweep.out_bounds[-1] + sweep.size, limit=1024)
+    # columns known exactly (problem.known) cost one f(x) per chunk: not worth stopping early
+    until = None if sweep.which in sweep.problem.known else sweep.until
+    step, start = (limit if until is None else min(2, limit)), 0
+    while start < len(cols):
+        _exact(sweep, jac, cols[start:start + step])
+        start += step
+        if until is not None and start < len(cols) and until():
+            return
+        step = min(2 * step, limit)
 
 
 def _exact(sweep: Sweep, jac: AnalyticalJacobian, cols: torch.Tensor) -> torch.Tensor:
@@ -145,7 +199,7 @@ def sweep_coloured(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor,
         mask = (entry_colour >= start) & (entry_colour < stop)
         _compare_colours(sweep, colour, weights, start, stop, rows[mask], cols[mask],
                          vals[mask], flags)
-    if flags.any() and _whole_pays(sweep, colour, flags):
+    if flags.any() and (sweep.until is not None or _whole_pays(sweep, colour, flags)):
         stray = torch.cat(flags.stray, dim=1) if flags.stray else _no_stray(sweep)
         _unconfirmed(sweep, jac, colour, flags, stray)
     elif flags.any():
@@ -280,16 +334,14 @@ def _unconfirmed(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor, fl
     suspect |= set(colour[torch.nonzero(flags.by_column.sum(0)).reshape(-1)].tolist())
     cols = torch.nonzero(torch.isin(colour, torch.tensor(sorted(suspect), device=colour.device))
                          ).reshape(-1)
-    if not suspect or len(cols) > WHOLE_COLUMNS:
+    if not suspect or len(cols) > WHOLE_COLUMNS and sweep.until is None:
         return
     rows_o = sweep.output_of(stray[1].long())
     for o, tally in enumerate(sweep.tallies):
         tally.mismatched -= int(flags.by_column[o].sum()) + int((rows_o == o).sum())
         tally.checked -= (sweep.out_bounds[o + 1] - sweep.out_bounds[o]) * len(cols)
     flags.by_column.zero_()
-    step = chunk_size(sweep.out_bounds[-1] + sweep.size, limit=1024)
-    for start in range(0, len(cols), step):
-        _exact(sweep, jac, cols[start:start + step])
+    _exact_chunks(sweep, jac, cols)
 
 
 def _settle(sweep: Sweep, jac: AnalyticalJacobian, colour: torch.Tensor, cols: torch.Tensor,

@@ -85,9 +85,12 @@ def _outside(analytical: float, estimates: Sequence[float], spread: float,
 
 
 def confirmed(problem: Problem, config: CheckConfig, tallies: list[list[BlockTally]], i: int,
-               evaluated: Evaluations) -> bool:
+               evaluated: Evaluations, again: bool = False) -> bool:
     """Whether input i's sweep found a failure the kink test confirms (remembered in
-    `evaluated.confirmed`, so the verdict does not test it twice)."""
+    `evaluated.confirmed`, so the verdict does not test it twice; `again`: the sweep compared
+    more since, so what was remembered is forgotten first)."""
+    if again:
+        forget(evaluated, i)
     offset = 0
     for o, tally in enumerate(tallies[i]):
         if tally.mismatched:
@@ -98,6 +101,12 @@ def confirmed(problem: Problem, config: CheckConfig, tallies: list[list[BlockTal
                 return True
         offset += math.prod(tally.output_shape)
     return False
+
+
+def forget(evaluated: Evaluations, i: int) -> None:
+    """Drop input i's remembered answers: its tallies grew after they were given."""
+    for key in [k for k in evaluated.confirmed if k[0] == i]:
+        del evaluated.confirmed[key]
 
 
 def _rounding(at: dict[str, float]) -> bool | None:

@@ -11,7 +11,7 @@ import torch
 
 from ..config.settings import CheckConfig
 from ..results import Block, Outcome
-from .columns import Sweep, sweep_coloured, sweep_dense
+from .columns import sweep_input
 from .compare import BlockTally, judged_mask
 from .confirm import ROUNDING_CAUSE, Evaluations, confirm, confirmed, kink_note
 from .facts import output_facts
@@ -21,7 +21,6 @@ from .sparsity import (
     Strides,
     Trials,
     analytical_jacobian,
-    colour_columns,
     find_strides,
 )
 from .steps import analytical_rows, numerical_columns
@@ -30,7 +29,6 @@ from .steps import analytical_rows, numerical_columns
 Reference = Callable[[torch.Tensor], torch.Tensor]
 DENSE_LIMIT = 2_000_000  # dense blocks for diagnosis, on failure, up to this many elements
 SMALL = 4096             # Jacobians this small go to full mode without a prediction
-ZERO_BLOCK_COLUMNS = 64  # all-zero blocks this wide are coloured even on a looped Function
 
 
 @dataclass
@@ -47,6 +45,8 @@ class Verdict:
     mismatch: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     tolerance: dict[str, float] = field(default_factory=dict)  # measured: how it judged
     limit: str | None = None   # measured: what noise keeps from being seen
+    # blocks compared in part (stopping.compared_in_part): their compared columns' pair
+    partial: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     cause: str | None = None   # inconclusive: why, when not a kink (confirm.ROUNDING_CAUSE)
 
 
@@ -182,15 +182,16 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
     keep = 2 * bounds[-1] * sum(v.numel() for v in leaves) <= DENSE_LIMIT  # for the failing path
     kept: list[dict] = [{} for _ in leaves]
     evaluated = Evaluations(f0, kept, {}, far)
+    cut: dict[int, list[int]] = {}  # input -> the columns compared, where it stopped short
     if stop:
-        jac, unchecked = _until_failure(problem, config, leaves, outs, tallies, bounds, keep,
-                                        evaluated, first)
+        jac, unchecked, cut = _until_failure(problem, config, leaves, outs, tallies, bounds, keep,
+                                             evaluated, first)
     else:
         jac, unchecked = _analytical(problem, leaves, outs), []
         affordable = _affordable(problem, jac)  # as known before the sweep learns vmap_ok
         for i in range(len(leaves)):
-            _sweep(problem, config, jac, i, tallies[i], bounds, kept[i] if keep else None,
-                   affordable)
+            sweep_input(problem, config, jac, i, tallies[i], bounds, kept[i] if keep else None,
+                        affordable)
     if jac.dense is not None and not bool(jac.dense.isnan().any()):
         problem.cache.jacobian = jac  # every row: double backward's columns along grad_output
     measurement = None
@@ -204,7 +205,8 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
     dense = {}
     if any(t.mismatched for row in tallies for t in row) and _affordable(problem, jac):
         # Whole blocks: for the diagnosis, and exact counts where the sweep only had bounds.
-        failing = [any(t.mismatched for t in row) for row in tallies]
+        failing = [any(t.mismatched for t in row) and i not in cut
+                   for i, row in enumerate(tallies)]
         dense = _dense_blocks(problem, config, jac, leaves, bounds, kept, failing)
         dense = {k: v for k, v in dense.items() if k not in unchecked}
         fresh = _tallies(problem, leaves, outs, *_fixed(config), config.max_worst)
@@ -220,6 +222,10 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
         from .stopping import left_unchecked
 
         left_unchecked(verdict, problem, unchecked, stop)
+    if cut:
+        from .stopping import compared_in_part
+
+        compared_in_part(verdict, problem, jac, cut, kept, bounds, config.tolerance("eps"))
     verdict.mismatch = {k: judged_mask(tallies[k[0]][k[1]], *pair) for k, pair in dense.items()}
     if config.measured:
         from .measured_words import describe
@@ -235,35 +241,18 @@ def _analytical(problem: Problem, leaves: Sequence[torch.Tensor],
             if plan is not None else analytical_jacobian(problem, leaves, outs))
 
 
-def _sweep(problem: Problem, config: CheckConfig, jac: AnalyticalJacobian, i: int,
-           tallies: list[BlockTally], bounds: Sequence[int],
-           kept: dict | None, affordable: bool, dense: bool = False) -> None:
-    """Input i's numerical columns against the analytical ones, coloured where the pattern
-    allows (`dense`: known not to)."""
-    offset = sum(v.numel() for v in problem.inputs[:i])
-    size = problem.inputs[i].numel()
-    sweep = Sweep(problem, problem.inputs, i, offset, size, tallies, list(bounds),
-                  config.tolerance("eps"), kept, affordable)
-    colour = None
-    if not dense:
-        rows, cols, _ = jac.entries(offset, offset + size)
-        colour = colour_columns(rows, cols, jac.n_out, tuple(problem.inputs[i].shape))
-        dense = colour is None or _zero_block_by_columns(problem, len(rows), size)
-    if dense:
-        sweep_dense(sweep, jac)
-    else:
-        sweep_coloured(sweep, jac, colour, config.seed)
-
-
 def _until_failure(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
                    outs: Sequence[torch.Tensor], tallies: list[list[BlockTally]],
                    bounds: Sequence[int], keep: bool, evaluated: Evaluations,
-                   first: Sequence[int]) -> tuple[AnalyticalJacobian, list[tuple[int, int]]]:
+                   first: Sequence[int]
+                   ) -> tuple[AnalyticalJacobian, list[tuple[int, int]], dict[int, list[int]]]:
     """The sweep, inputs `first` first, until a block's failure is confirmed: the analytical
-    Jacobian, and the blocks (input, output) left unchecked. Analytical rows are computed
-    output by output while an input's block is too wide to colour anyway (its columns kept,
-    each output compared as its rows come); otherwise all at once, as in the whole run."""
-    from .stopping import ByOutput, compare_kept, order, scratch
+    Jacobian, the blocks (input, output) left unchecked, and the columns compared of each input
+    cut short (a zero block: stopping.zero_block). Analytical rows come output by output while
+    an input's block is too wide to colour anyway (its columns kept, each output compared as
+    its rows come); otherwise all at once, as in the whole run."""
+    from .confirm import forget
+    from .stopping import ByOutput, compare_kept, order, scratch, zero_block
 
     plan = problem.cache.plan
     rows = (ByOutput(problem, leaves, outs, bounds)
@@ -272,6 +261,7 @@ def _until_failure(problem: Problem, config: CheckConfig, leaves: Sequence[torch
     affordable = _affordable(problem, jac)
     n_out = len(outs)
     sequence = order(len(leaves), first)
+    cut: dict[int, list[int]] = {}
     for step, i in enumerate(sequence):
         offset, size = sum(v.numel() for v in leaves[:i]), leaves[i].numel()
         while rows is not None and not rows.whole and (
@@ -279,21 +269,27 @@ def _until_failure(problem: Problem, config: CheckConfig, leaves: Sequence[torch
             rows.more()
         known = rows.known if rows is not None else n_out
         mine = [t if o < known else scratch(t) for o, t in enumerate(tallies[i])]
-        _sweep(problem, config, jac, i, mine, bounds, evaluated.kept[i] if keep else None,
-               affordable, dense=known < n_out)
+        zero = keep and known == n_out and not config.measured and zero_block(jac, offset, size)
+        until = (lambda: confirmed(problem, config, tallies, i, evaluated, True)) if zero else None
+        sweep_input(problem, config, jac, i, mine, bounds, evaluated.kept[i] if keep else None,
+                    affordable, dense=known < n_out, until=until)
+        if zero and len(evaluated.kept[i]) == size:
+            forget(evaluated, i)  # answered before the last columns came
+        elif zero and evaluated.kept[i] and confirmed(problem, config, tallies, i, evaluated):
+            cut[i] = sorted(evaluated.kept[i])
         rest = [(k, o) for k in sequence[step + 1:] for o in range(n_out)]
         while True:
             left = [(i, o) for o in range(known, n_out)] + rest
             if not left:
                 break
             if confirmed(problem, config, tallies, i, evaluated):
-                return jac, left
+                return jac, left, cut
             if rows is None or not rows.more():
                 break
             compare_kept(tallies[i], jac, known, bounds, offset, size, evaluated.kept[i],
                          config.tolerance("eps"))
             known += 1
-    return jac, []
+    return jac, [], cut
 
 
 def judged_tallies(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
@@ -326,18 +322,6 @@ def _fallback(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tens
         f"tolerance fixed (atol {config.tolerance('atol'):g}, rtol {config.tolerance('rtol'):g}): "
         "too many elements beyond the measured tolerance's first bound to measure each")
     return verdict
-
-
-def _zero_block_by_columns(problem: Problem, entries: int, size: int) -> bool:
-    """Whether a block backward says is all zero is swept column by column (2 size
-    evaluations) rather than coloured (one colour: 4 evaluations when it passes; when it fails,
-    as a detached second order does, its columns are recomputed whole: 4 more than column by
-    column). Only small blocks evaluated call by call: there the 4 can matter; from
-    ZERO_BLOCK_COLUMNS columns on they are at most 3 % of the columns' cost, and a passing
-    block (sort's second derivative, 8000 columns) costs 4 evaluations instead of 16 000. One
-    or two columns are never cheaper coloured, batched or not."""
-    looped = problem.batched_fn is None or problem.cache.vmap_ok is False
-    return entries == 0 and (size <= 2 or looped and size < ZERO_BLOCK_COLUMNS)
 
 
 def _affordable(problem: Problem, jac: AnalyticalJacobian) -> bool:

@@ -86,6 +86,40 @@ def scratch(tally: BlockTally) -> BlockTally:
                       tally.atol, tally.rtol, tally.keep)
 
 
+def zero_block(jac: AnalyticalJacobian, offset: int, size: int) -> bool:
+    """Whether backward's whole block for an input is exactly zero (every output's rows
+    known), as a backward computed from tensors without a graph gives. A failure there is
+    diagnosed by that alone: a nonzero finite difference where backward says zero
+    (`double_backward.untracked`, "zero for all elements"), so the columns after a confirmed
+    one can add counts, never another verdict or kind of mistake, but for one: a finite
+    difference not finite in a column left (`nonfinite`), a forward failing at x ± h there."""
+    return not len(jac.entries(offset, offset + size)[0])
+
+
+def compared_in_part(verdict: Any, problem: Any, jac: AnalyticalJacobian,
+                     cut: dict[int, list[int]], kept: Sequence[dict], bounds: Sequence[int],
+                     h: float) -> None:
+    """Inputs whose sweep stopped at a confirmed failure before their last column: their
+    compared columns kept for the diagnosis (`Verdict.partial`), their blocks marked not swept
+    whole, and the cut said."""
+    n_out = len(bounds) - 1
+    for i, cols in cut.items():
+        offset = sum(v.numel() for v in problem.inputs[:i])
+        numerical = torch.stack([(kept[i][c][0] - kept[i][c][1]) / (2 * h) for c in cols], 1)
+        analytical = jac.columns(torch.tensor(cols, device=numerical.device) + offset,
+                                 numerical.dtype)
+        for o in range(n_out):
+            rows = slice(bounds[o], bounds[o + 1])
+            verdict.partial[(i, o)] = (analytical[rows], numerical[rows])
+            verdict.blocks[i * n_out + o] = replace(verdict.blocks[i * n_out + o],
+                                                    exhaustive=False)
+        verdict.details.append(
+            f"compared in part: {len(cols)} of {problem.inputs[i].numel()} columns of "
+            f"'{problem.input_names[i]}', up to the first confirmed failure: backward's whole "
+            "block there is zero, so the other columns could add counts and a heat map, not "
+            "another verdict or diagnosis (--exhaustive compares every column)")
+
+
 def left_unchecked(verdict: Any, problem: Any, blocks: list[tuple[int, int]], stop: str) -> None:
     """Say which blocks the stop left and why; mark them not swept whole (JSON, JUnit)."""
     verdict.details.append(f"not checked: {_unchecked(problem, blocks)}, for cost: {stop}")

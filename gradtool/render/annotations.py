@@ -106,7 +106,8 @@ def annotation_message(target: TargetResult, case: CaseResult, check: CheckResul
     lines += [*check.details, *finding_lines(check)][:5]
     for block in check.blocks:
         if block.mismatched:
-            lines += block_lines(block, check.tolerance, other_label(check), max_worst=3)
+            lines += block_lines(block, check.tolerance, other_label(check), max_worst=3,
+                                 mode=check.mode)
     if broken_rules(check):
         lines.append(rules_text(check))
     if check.traceback:

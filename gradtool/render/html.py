@@ -117,13 +117,14 @@ def _check_section(target: TargetResult, case: CaseResult, check: CheckResult) -
 
 
 def _block(block: Block, check: CheckResult) -> str:
-    text = "\n".join(block_lines(block, check.tolerance, other_label(check)))
+    text = "\n".join(block_lines(block, check.tolerance, other_label(check), mode=check.mode))
     if block.grid is None:
         why = ("probe mode compares random projections, so no full block was computed: no heat "
                "map (rerun with --mode full on smaller inputs to see one)"
-               if check.mode == "probe" or not block.exhaustive else
+               if check.mode == "probe" or not block.exhaustive and check.mode != "full" else
                "no whole block was evaluated for this comparison (too large to evaluate whole "
-               "on failure, or a check comparing other quantities): no heat map")
+               "on failure, stopped at its first confirmed failure for cost, or a check "
+               "comparing other quantities): no heat map")
         picture = f'<p class="nomap">{escape(why)}</p>'
     else:
         picture = _figure(block, block.grid)

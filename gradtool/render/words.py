@@ -45,7 +45,7 @@ def check_body(check: CheckResult) -> list[str]:
         lines.append(f"declared expected failure: {check.expected_failure}")
     for block in check.blocks:
         if block.mismatched:
-            lines += block_lines(block, check.tolerance, other_label(check))
+            lines += block_lines(block, check.tolerance, other_label(check), mode=check.mode)
     lines += list(check.details)
     lines += finding_lines(check)
     if broken_rules(check):
@@ -88,8 +88,11 @@ def rules_text(check: CheckResult) -> str:
 
 
 def block_lines(block: Block, tolerance: dict[str, float], label: str = "numerical",
-                max_worst: int | None = None) -> list[str]:
+                max_worst: int | None = None, mode: str | None = None) -> list[str]:
     count = (f"mismatched elements {block.mismatched} / {block.checked}" if block.exhaustive
+             # full mode stopped at a confirmed failure: its counts are of what it compared
+             else f"mismatched elements {block.mismatched} / {block.checked} compared (the "
+             "block not swept whole)" if mode == "full"
              else f"located {_plural(block.mismatched, 'mismatched element')} by bisection")
     lines = [f"input '{block.input}' {_shape(block.input_shape)} -> {block.output} "
              f"{_shape(block.output_shape)}   {count}"]
