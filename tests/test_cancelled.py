@@ -46,14 +46,15 @@ def _summed_softmax(x):
 SHAPES = ["(5,)", "3x4", "(7,)", "2x3"]
 
 
-def _contract_over_seeds(target) -> dict[tuple[str, int], list[str]]:
-    """{(shape, seed): the contract's rules} over seeds 0-11 x SHAPES, float32, the contract alone."""
+def _contract_over_seeds(target, dtype: str = "float32", checks=("contract",)
+                         ) -> dict[tuple[str, int], list[str]]:
+    """{(shape, seed): the rules broken} over seeds 0-11 x SHAPES, the contract alone."""
     found = {}
     for shape in SHAPES:
         for seed in range(12):
-            check = result(gradtool.check(target, [shape], dtype="float32", seed=seed,
-                                          checks=["contract"]), "contract")
-            found[shape, seed] = [f.rule for f in check.findings]
+            report = gradtool.check(target, [shape], dtype=dtype, seed=seed, checks=list(checks))
+            found[shape, seed] = [f.rule for _, _, check in report.checks()
+                                  for f in check.findings]
     return found
 
 
@@ -64,6 +65,15 @@ def test_a_summed_softmax_keeps_the_contract_at_its_terms_scale(target):
     # alike: contract.nonlinear failed 3 (torch) and 11 (function) of these 48 runs before, and
     # the shuffled sum's contract.nondeterministic 18
     found = _contract_over_seeds(target)
+    assert not {k: v for k, v in found.items() if v}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_summed_softmax_summed_in_any_order_keeps_its_layouts(dtype):
+    # layout.input_strides / grad_output_strides failed 7 (float32) and 6 (bfloat16) of these
+    # 48 before, contract.nondeterministic 20 in bfloat16: the terms summed in another order
+    # in the dtype itself
+    found = _contract_over_seeds(F.SummedSoftmaxShuffled, dtype, ("contract", "layout"))
     assert not {k: v for k, v in found.items() if v}
 
 
