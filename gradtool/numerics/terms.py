@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -70,11 +71,4 @@ def terms_scale(backward: Callable[[list[torch.Tensor]], Any],
     return max((r1 for (op1, shape1, r1, s1), (op2, shape2, r2, s2) in zip(once, twice)
                 if (op1, shape1) == (op2, shape2) and r1 > 0
                 and abs(r2 - 2 * r1) <= FOLLOWS * 2 * r1
-                and abs(s2 - 2 * s1) <= FOLLOWS * 2 * r1 * _count(shape1)), default=0.0)
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
+                and abs(s2 - 2 * s1) <= FOLLOWS * 2 * r1 * math.prod(shape1)), default=0.0)
