@@ -113,4 +113,8 @@ def test_the_terms_scale_is_of_values_that_follow_grad_output():
         return [hidden - hidden.mean() + 0 * (big + squared)]
 
     g = torch.tensor([0.5, -1.0, 2.0, 0.25])
-    assert terms_scale(backward, [g]) == pytest.approx(316.0 * float(g.pow(2).mean().sqrt()))
+    found = terms_scale(backward, [g])
+    # per element count: the 4-element terms, and mean()'s 0-d one (a gradient of one
+    # element takes that)
+    assert found == pytest.approx({4: 316.0 * float(g.pow(2).mean().sqrt()),
+                                   1: 316.0 * abs(float(g.mean()))})

@@ -103,18 +103,25 @@ def measured_noise(backward, *calls: tuple[Sequence[torch.Tensor], Sequence[Any]
     return noise
 
 
-def terms_floor(backward, *weighted: tuple[Sequence[torch.Tensor], float]) -> float:
-    """sum w·(the scale of the terms backward(g) combines), over the (g, w) given: the
-    `shared` floor of a gradient that cancels whole where neither it nor the other gradients
-    show its terms' size (a summed softmax's g − g·Σs: each term ~|g|, the result a few ulps
-    of it, and backward at a scaled g may round the same). combination_bound takes it only
-    for a tensor within NOISE_UNITS of rounding at that scale, so a small but real gradient
-    keeps its own bound. The smallest sound scale: an element the difference of rounded terms
-    is off by at most a few units of the largest of them, not more (each rounding u|term|,
-    sums sqrt(k) u_acc of their size), and only values that follow grad_output are terms."""
+def terms_floor(backward, *weighted: tuple[Sequence[torch.Tensor], float]
+                ) -> dict[int, float]:
+    """Per element count, sum w·(the scale of the terms backward(g) combines), over the
+    (g, w) given: the `shared` floor of a gradient that cancels whole where neither it nor
+    the other gradients show its terms' size (a summed softmax's g − g·Σs: each term ~|g|,
+    the result a few ulps of it, and backward at a scaled g may round the same).
+    combination_bound takes it only for a tensor within NOISE_UNITS of rounding at that
+    scale, so a small but real gradient keeps its own bound. The smallest sound scale: an
+    element that is the difference of rounded terms is off by a few units of the largest of
+    them, not more (each rounding u|term|, sums sqrt(k) u_acc of their size), and only values
+    that follow grad_output are terms (measured on the summed softmax: 1.15 units of it at
+    most, 16 allowed)."""
     from ..numerics.terms import terms_scale
 
-    return sum(w * terms_scale(backward, g) for g, w in weighted)
+    found: dict[int, float] = {}
+    for g, w in weighted:
+        for n, scale in terms_scale(backward, g).items():
+            found[n] = found.get(n, 0.0) + w * scale
+    return found
 
 
 def measured_elements(backward, *calls: tuple[Sequence[torch.Tensor], Sequence[Any]]
@@ -158,7 +165,7 @@ def linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> li
     shared = shared_scale(mixed, r1, r2, weights=(1, 2, 3))
     noise: list[float] | None = None
     elements: list[torch.Tensor | None] | None = None
-    terms: float | None = None
+    terms: dict[int, float] | None = None
     for k, (name, a, b, m) in enumerate(zip(problem.input_names, r1, r2, mixed)):
         if a is None or b is None or m is None or a.shape != m.shape:
             continue
@@ -180,7 +187,7 @@ def linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> li
             if off is not None:  # and a tensor that cancels whole, at its terms' scale
                 if terms is None:
                     terms = terms_floor(backward, (g12, 1), (g1, 2), (g2, 3))
-                off = beyond(measured, max(shared, terms))
+                off = beyond(measured, max(shared, terms.get(m.numel(), 0.0)))
         else:
             off = None if allclose(m, 2 * a + 3 * b, atol=atol, rtol=rtol) else \
                 f"by {(m - (2 * a + 3 * b)).abs().max().item():.3g}"
@@ -198,7 +205,7 @@ def deterministic(backward, g1, r1, problem: Problem, config: CheckConfig) -> li
     """contract.nondeterministic: backward(g1) twice."""
     again = backward(g1)
     shared = shared_scale(again, r1, weights=(1, 1))
-    terms: float | None = None
+    terms: dict[int, float] | None = None
     for name, a, b in zip(problem.input_names, r1, again):
         if a is None or b is None or a.shape != b.shape:
             continue
@@ -209,7 +216,7 @@ def deterministic(backward, g1, r1, problem: Problem, config: CheckConfig) -> li
             if off is not None:  # a tensor that cancels whole, at its terms' scale
                 terms = terms_floor(backward, (g1, 2)) if terms is None else terms
                 off = beyond_rounding(b, [(1, a)], low, summed(g1), config.nondet_tol, False,
-                                      shared=max(shared, terms))
+                                      shared=max(shared, terms.get(b.numel(), 0.0)))
         else:
             diff = (a - b).abs().max().item() if a.numel() else 0.0
             off = f"by {diff:.3g} (> nondet_tol {config.nondet_tol:g})" \

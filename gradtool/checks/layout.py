@@ -198,7 +198,7 @@ class _Comparer:
         self.fresh = False  # every backward on a forward of its own (see compare_layouts)
         self.grads: list[torch.Tensor] = []  # the grad_outputs `base` was computed at
         self.noise: list[float] | None = None  # per input: backward's rounding, measured
-        self.terms: float | None = None  # the scale of the terms backward combines
+        self.terms: dict[int, float] | None = None  # per element count: numerics/terms.py
 
     def _graph(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(leaves, outputs) to run one more backward through: the recorded forward's, or a
@@ -318,7 +318,8 @@ class _Comparer:
                                   * self._noise()[k], name, scale, floor)
             if text and gradients and self.grads:  # a tensor that cancels whole: its terms'
                 text = difference(have, expect, self.config.nondet_tol + MEASURED_SLACK
-                                  * self._noise()[k], name, scale, max(floor, self._terms()))
+                                  * self._noise()[k], name, scale,
+                                  max(floor, self._terms().get(have.numel(), 0.0)))
             if text:
                 return name, text
         return None
@@ -331,10 +332,10 @@ class _Comparer:
                 lambda g: _backward(self.problem, *self._graph(), g), (self.grads, self.base))
         return self.noise
 
-    def _terms(self) -> float:
-        """The scale of the terms backward combines, recorded once: where neither the
-        gradients nor backward at a scaled grad_output show it (a summed softmax's g − g·Σs
-        summed in another order per call)."""
+    def _terms(self) -> dict[int, float]:
+        """The scale of the terms backward combines, per element count, recorded once: where
+        neither the gradients nor backward at a scaled grad_output show it (a summed
+        softmax's g − g·Σs summed in another order per call)."""
         if self.terms is None:
             self.terms = terms_scale(lambda g: _backward(self.problem, *self._graph(), g),
                                      self.grads)

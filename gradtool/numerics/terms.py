@@ -57,18 +57,24 @@ def _record(backward: Callable[[list[torch.Tensor]], Any], grads: Sequence[torch
 
 
 def terms_scale(backward: Callable[[list[torch.Tensor]], Any],
-                grads: Sequence[torch.Tensor]) -> float:
-    """The largest root-mean-square of a value backward(grads) computes that follows
-    grad_output (doubles with it): the size of the terms its sums combine, which a gradient
-    that cancels whole is the rounding noise of, wherever they hide (a summed softmax's
-    g − g·Σs, each term ~|g| while the result is a few ulps of it; a normalisation's rstd·g).
-    Values that do not follow grad_output (saved tensors, a recomputed forward) are not terms
-    of it. 0 where nothing is learnt (backward's ops unseen: a compiled kernel's)."""
+                grads: Sequence[torch.Tensor]) -> dict[int, float]:
+    """Per element count, the largest root-mean-square of a value backward(grads) computes
+    that follows grad_output (doubles with it): the size of the terms its sums combine, which
+    a gradient that cancels whole is the rounding noise of, wherever they hide (a summed
+    softmax's g − g·Σs, each term ~|g| while the result is a few ulps of it; a
+    normalisation's rstd·g). A gradient takes those of its own element count (in any shape: a
+    kernel's flattened view), so an unrelated larger value elsewhere in backward does not make
+    a small but real gradient look like noise. Values that do not follow grad_output (saved
+    tensors, a recomputed forward) are not terms of it. Empty where nothing is learnt
+    (backward's ops unseen: a compiled kernel's)."""
     once = _record(backward, grads)
     twice = _record(backward, [2 * g for g in grads])
     if not once or twice is None or len(once) != len(twice):
-        return 0.0
-    return max((r1 for (op1, shape1, r1, s1), (op2, shape2, r2, s2) in zip(once, twice)
-                if (op1, shape1) == (op2, shape2) and r1 > 0
-                and abs(r2 - 2 * r1) <= FOLLOWS * 2 * r1
-                and abs(s2 - 2 * s1) <= FOLLOWS * 2 * r1 * math.prod(shape1)), default=0.0)
+        return {}
+    found: dict[int, float] = {}
+    for (op1, shape1, r1, s1), (op2, shape2, r2, s2) in zip(once, twice):
+        n = math.prod(shape1)
+        if (op1, shape1) == (op2, shape2) and r1 > 0 and abs(r2 - 2 * r1) <= FOLLOWS * 2 * r1 \
+                and abs(s2 - 2 * s1) <= FOLLOWS * 2 * r1 * n:
+            found[n] = max(found.get(n, 0.0), r1)
+    return found
