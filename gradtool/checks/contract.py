@@ -14,11 +14,10 @@ from ..numerics.sparse import dense_output
 from ..results import CheckResult, Finding, Outcome, Severity
 from ..targets.cases import Case
 from ..targets.load import Target
-from ..targets.probe import _graph_forward, both_nan, comparable, equal, probe, stochastic_note
+from ..targets.probe import _graph_forward, both_nan, equal, probe, stochastic_note
 from ..tracebacks import calls_user_code
 from ._common import Context, calls_since, error_result
-from .contract_rounding import (MEASURED_SLACK, beyond_rounding, measured_elements,
-                                measured_noise, rounded, shared_scale, summed)
+from .contract_rounding import allclose, deterministic, linearity
 
 
 def check_contract(case: Case, target: Target, config: CheckConfig) -> CheckResult:
@@ -95,13 +94,9 @@ def _findings(case: Case, target: Target, config: CheckConfig
     if modified:  # what it wrote to is not g1: the linearity and determinism tests need g1's
         r1 = backward(g1)
     found += _finite("contract.gradient_nonfinite", "gradient", [r for r in r1 if r is not None])
-    found += _linearity(backward, g1, g2, r1, problem, config)
-    found += _deterministic(backward, g1, r1, problem, config)
+    found += linearity(backward, g1, g2, r1, problem, config)
+    found += deterministic(backward, g1, r1, problem, config)
     return found, notes
-
-
-def _allclose(a: torch.Tensor, b: torch.Tensor, **tolerances: float) -> bool:
-    return torch.allclose(comparable(a), comparable(b), equal_nan=True, **tolerances)
 
 
 def _finite(rule: str, what: str, tensors: Sequence[torch.Tensor]) -> list[Finding]:
@@ -284,7 +279,7 @@ def _outputs_used(problem: Problem, target: Target, leaves: list[torch.Tensor],
         zeroed = problem.vjp(leaves, diff_outs, [zeros[j] if j == k else g1[j]
                                                 for j in range(len(g1))])
         for name, a, b in zip(problem.input_names, unused, zeroed):
-            if not _allclose(a, b, atol=atol, rtol=rtol):
+            if not allclose(a, b, atol=atol, rtol=rtol):
                 return found + [Finding(
                     "contract.unused_output_differs",
                     f"backward gives '{name}' a different gradient when output {k} is unused "
@@ -363,68 +358,6 @@ def _depends_on_inputs(problem: Problem, outs: list[torch.Tensor], index: int) -
         result = problem.fn(*problem.with_inputs(values))
     moved = [t for t in tensor_outputs(result) if t.is_floating_point() or t.is_complex()]
     return index >= len(moved) or not equal(moved[index], outs[index].detach())
-
-
-def _linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> list[Finding]:
-    r2 = backward(g2)
-    mixed = backward([2 * a + 3 * b for a, b in zip(g1, g2)])
-    calls = ((g1, r1), ([2 * x + 3 * y for x, y in zip(g1, g2)], mixed))  # measured at these
-    # Each of the three calls may wander by nondet_tol: 2·a + 3·b + m can by 6·nondet_tol.
-    atol, rtol = config.tolerance("atol") + 6 * config.nondet_tol, config.tolerance("rtol")
-    problem.cache.linear = True  # double backward mirrors grad_output columns on it
-    shared = shared_scale(mixed, r1, r2, weights=(1, 2, 3))
-    noise: list[float] | None = None
-    elements: list[torch.Tensor | None] | None = None
-    for k, (name, a, b, m) in enumerate(zip(problem.input_names, r1, r2, mixed)):
-        if a is None or b is None or m is None or a.shape != m.shape:
-            continue
-        low = rounded(config, a, b, m)
-        if low is not None:
-            off = beyond_rounding(m, [(2, a), (3, b)], low, summed(g1), 6 * config.nondet_tol,
-                                  shared=shared)
-            if off is not None:  # beyond the model: against backward's measured rounding too
-                noise = noise or measured_noise(backward, *calls)
-                off = beyond_rounding(m, [(2, a), (3, b)], low, summed(g1), 6 * config.nondet_tol
-                                      + MEASURED_SLACK * noise[k], shared=shared)
-            if off is not None:  # and each element against its own measured rounding
-                elements = elements or measured_elements(backward, *calls)
-                each = elements[k]
-                off = off if each is None else beyond_rounding(
-                    m, [(2, a), (3, b)], low, summed(g1), 6 * config.nondet_tol
-                    + MEASURED_SLACK * (noise[k] + each), shared=shared)
-        else:
-            off = None if _allclose(m, 2 * a + 3 * b, atol=atol, rtol=rtol) else \
-                f"by {(m - (2 * a + 3 * b)).abs().max().item():.3g}"
-        if off is not None:
-            problem.cache.linear = False
-            return [Finding(
-                "contract.nonlinear",
-                f"backward is not linear in grad_output: for '{name}', backward(2·g1 + 3·g2) "
-                f"differs from 2·backward(g1) + 3·backward(g2) {off} — the gradient must be a "
-                "linear map of grad_output")]
-    return []
-
-
-def _deterministic(backward, g1, r1, problem: Problem, config: CheckConfig) -> list[Finding]:
-    again = backward(g1)
-    shared = shared_scale(again, r1, weights=(1, 1))
-    for name, a, b in zip(problem.input_names, r1, again):
-        if a is None or b is None or a.shape != b.shape:
-            continue
-        low = rounded(config, a, b)
-        if low is not None:
-            off = beyond_rounding(b, [(1, a)], low, summed(g1), config.nondet_tol, False,
-                                  shared=shared)
-        else:
-            diff = (a - b).abs().max().item() if a.numel() else 0.0
-            off = f"by {diff:.3g} (> nondet_tol {config.nondet_tol:g})" \
-                if diff > config.nondet_tol else None
-        if off is not None:
-            return [Finding(
-                "contract.nondeterministic",
-                f"backward is nondeterministic: two calls with the same grad_output give "
-                f"'{name}' gradients differing {off}: raise --nondet-tol if this is expected")]
-    return []
 
 
 def run(case: Case, context: Context) -> CheckResult:

@@ -1,4 +1,4 @@
-"""The contract's linearity and determinism tests below float64: what rounding allows."""
+"""The contract's linearity and determinism tests, below float64 bounded by rounding."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from typing import Any
 import torch
 
 from ..config.settings import CheckConfig
+from ..numerics.problem import Problem
 from ..numerics.rounding import FOLLOW_SCALE
+from ..results import Finding
+from ..targets.probe import comparable
 
 
 def rounded(config: CheckConfig, *grads: torch.Tensor) -> str | None:
@@ -100,6 +103,27 @@ def measured_noise(backward, *calls: tuple[Sequence[torch.Tensor], Sequence[Any]
     return noise
 
 
+def terms_floor(backward, *weighted: tuple[Sequence[torch.Tensor], float]
+                ) -> dict[int, float]:
+    """Per element count, sum w·(the scale of the terms backward(g) combines), over the
+    (g, w) given: the `shared` floor of a gradient that cancels whole where neither it nor
+    the other gradients show its terms' size (a summed softmax's g − g·Σs: each term ~|g|,
+    the result a few ulps of it, and backward at a scaled g may round the same).
+    combination_bound takes it only for a tensor within NOISE_UNITS of rounding at that
+    scale, so a small but real gradient keeps its own bound. The smallest sound scale: an
+    element that is the difference of rounded terms is off by a few units of the largest of
+    them, not more (each rounding u|term|, sums sqrt(k) u_acc of their size), and only values
+    that follow grad_output are terms (measured on the summed softmax: 1.15 units of it at
+    most, 16 allowed)."""
+    from ..numerics.terms import terms_scale
+
+    found: dict[int, float] = {}
+    for g, w in weighted:
+        for n, scale in terms_scale(backward, g).items():
+            found[n] = found.get(n, 0.0) + w * scale
+    return found
+
+
 def measured_elements(backward, *calls: tuple[Sequence[torch.Tensor], Sequence[Any]]
                       ) -> list[torch.Tensor | None]:
     """Per input, each element's rounding noise measured as measured_noise measures it (the
@@ -122,3 +146,84 @@ def measured_elements(backward, *calls: tuple[Sequence[torch.Tensor], Sequence[A
             elif found is not None:
                 noise[k] = found if noise[k] is None else torch.maximum(noise[k], found)
     return noise
+
+
+def allclose(a: torch.Tensor, b: torch.Tensor, **tolerances: float) -> bool:
+    """allclose of the values as compared (NaN equal to NaN)."""
+    return torch.allclose(comparable(a), comparable(b), equal_nan=True, **tolerances)
+
+
+def linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> list[Finding]:
+    """contract.nonlinear: backward(2·g1 + 3·g2) against 2·backward(g1) + 3·backward(g2)."""
+    r2 = backward(g2)
+    g12 = [2 * a + 3 * b for a, b in zip(g1, g2)]
+    mixed = backward(g12)
+    calls = ((g1, r1), (g12, mixed))  # measured at these
+    # Each of the three calls may wander by nondet_tol: 2·a + 3·b + m can by 6·nondet_tol.
+    atol, rtol = config.tolerance("atol") + 6 * config.nondet_tol, config.tolerance("rtol")
+    problem.cache.linear = True  # double backward mirrors grad_output columns on it
+    shared = shared_scale(mixed, r1, r2, weights=(1, 2, 3))
+    noise: list[float] | None = None
+    elements: list[torch.Tensor | None] | None = None
+    terms: dict[int, float] | None = None
+    for k, (name, a, b, m) in enumerate(zip(problem.input_names, r1, r2, mixed)):
+        if a is None or b is None or m is None or a.shape != m.shape:
+            continue
+        low = rounded(config, a, b, m)
+        if low is not None:
+            def beyond(extra: float | torch.Tensor = 0.0, floor: float = shared) -> str | None:
+                return beyond_rounding(m, [(2, a), (3, b)], low, summed(g1),
+                                       6 * config.nondet_tol + extra, shared=floor)
+            off, measured = beyond(), 0.0
+            if off is not None:  # beyond the model: against backward's measured rounding too
+                noise = noise or measured_noise(backward, *calls)
+                measured = MEASURED_SLACK * noise[k]
+                off = beyond(measured)
+            if off is not None:  # and each element against its own measured rounding
+                elements = elements or measured_elements(backward, *calls)
+                if elements[k] is not None:
+                    measured = MEASURED_SLACK * (noise[k] + elements[k])
+                    off = beyond(measured)
+            if off is not None:  # and a tensor that cancels whole, at its terms' scale
+                if terms is None:
+                    terms = terms_floor(backward, (g12, 1), (g1, 2), (g2, 3))
+                off = beyond(measured, max(shared, terms.get(m.numel(), 0.0)))
+        else:
+            off = None if allclose(m, 2 * a + 3 * b, atol=atol, rtol=rtol) else \
+                f"by {(m - (2 * a + 3 * b)).abs().max().item():.3g}"
+        if off is not None:
+            problem.cache.linear = False
+            return [Finding(
+                "contract.nonlinear",
+                f"backward is not linear in grad_output: for '{name}', backward(2·g1 + 3·g2) "
+                f"differs from 2·backward(g1) + 3·backward(g2) {off} — the gradient must be a "
+                "linear map of grad_output")]
+    return []
+
+
+def deterministic(backward, g1, r1, problem: Problem, config: CheckConfig) -> list[Finding]:
+    """contract.nondeterministic: backward(g1) twice."""
+    again = backward(g1)
+    shared = shared_scale(again, r1, weights=(1, 1))
+    terms: dict[int, float] | None = None
+    for name, a, b in zip(problem.input_names, r1, again):
+        if a is None or b is None or a.shape != b.shape:
+            continue
+        low = rounded(config, a, b)
+        if low is not None:
+            off = beyond_rounding(b, [(1, a)], low, summed(g1), config.nondet_tol, False,
+                                  shared=shared)
+            if off is not None:  # a tensor that cancels whole, at its terms' scale
+                terms = terms_floor(backward, (g1, 2)) if terms is None else terms
+                off = beyond_rounding(b, [(1, a)], low, summed(g1), config.nondet_tol, False,
+                                      shared=max(shared, terms.get(b.numel(), 0.0)))
+        else:
+            diff = (a - b).abs().max().item() if a.numel() else 0.0
+            off = f"by {diff:.3g} (> nondet_tol {config.nondet_tol:g})" \
+                if diff > config.nondet_tol else None
+        if off is not None:
+            return [Finding(
+                "contract.nondeterministic",
+                f"backward is nondeterministic: two calls with the same grad_output give "
+                f"'{name}' gradients differing {off}: raise --nondet-tol if this is expected")]
+    return []

@@ -12,6 +12,7 @@ from ..config.settings import CheckConfig
 from ..errors import InternalError
 from ..numerics.compare import unravel
 from ..numerics.problem import Problem, select_outputs, vjp
+from ..numerics.terms import terms_scale
 from ..results import CheckResult, Finding, Outcome, Severity
 from ..targets.cases import Case
 from ..targets.probe import both_nan, equal
@@ -197,6 +198,7 @@ class _Comparer:
         self.fresh = False  # every backward on a forward of its own (see compare_layouts)
         self.grads: list[torch.Tensor] = []  # the grad_outputs `base` was computed at
         self.noise: list[float] | None = None  # per input: backward's rounding, measured
+        self.terms: dict[int, float] | None = None  # per element count: numerics/terms.py
 
     def _graph(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(leaves, outputs) to run one more backward through: the recorded forward's, or a
@@ -314,6 +316,10 @@ class _Comparer:
             if text and gradients and self.grads:  # against backward's measured rounding too
                 text = difference(have, expect, self.config.nondet_tol + MEASURED_SLACK
                                   * self._noise()[k], name, scale, floor)
+            if text and gradients and self.grads:  # a tensor that cancels whole: its terms'
+                text = difference(have, expect, self.config.nondet_tol + MEASURED_SLACK
+                                  * self._noise()[k], name, scale,
+                                  max(floor, self._terms().get(have.numel(), 0.0)))
             if text:
                 return name, text
         return None
@@ -325,6 +331,15 @@ class _Comparer:
             self.noise = measured_noise(
                 lambda g: _backward(self.problem, *self._graph(), g), (self.grads, self.base))
         return self.noise
+
+    def _terms(self) -> dict[int, float]:
+        """The scale of the terms backward combines, per element count, recorded once: where
+        neither the gradients nor backward at a scaled grad_output show it (a summed
+        softmax's g − g·Σs summed in another order per call)."""
+        if self.terms is None:
+            self.terms = terms_scale(lambda g: _backward(self.problem, *self._graph(), g),
+                                     self.grads)
+        return self.terms
 
     def _forward_varies(self) -> bool:
         _, again = _forward(self.problem, [v.detach().clone() for v in self.problem.inputs])

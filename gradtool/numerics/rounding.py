@@ -91,14 +91,16 @@ def combination_bound(terms: Sequence[tuple[float, torch.Tensor]], dtype: str, s
     whole (a convolution's bias before batch norm: every element rounding noise of its terms'
     size), told by a scale of its own within NOISE_UNITS of rounding of `shared` (a linear
     layer's bias under a layer norm's mean reached 6); a small but real gradient keeps its own
-    floor."""
+    floor. Such a tensor's terms may also be summed in another order each call (atomic adds),
+    in the dtype itself: u of the floor then, whatever the grad_outputs."""
     scale = sum(abs(c) * t.detach().double().abs() for c, t in terms)
     floor = rms(scale) if scale.numel() else scale.new_zeros(())
     u, u_sums = unit_roundoff(dtype), math.sqrt(summed) * accumulation_roundoff(dtype)
-    if float(floor) <= NOISE_UNITS * (u + u_sums) * shared:
+    cancels = float(floor) <= NOISE_UNITS * (u + u_sums) * shared
+    if cancels:
         floor = torch.clamp(floor, min=shared)
-    return COMBINATION_SLACK * (u * (scale + floor * rounded_input) + u_sums * (scale + floor)) \
-        + ETA[dtype]
+    return COMBINATION_SLACK * (u * (scale + floor * (rounded_input or cancels))
+                                + u_sums * (scale + floor)) + ETA[dtype]
 
 
 def rms(t: torch.Tensor) -> torch.Tensor:
