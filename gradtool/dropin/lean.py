@@ -27,7 +27,7 @@ from ..config.settings import CheckConfig
 from ..numerics.facts import output_facts
 from ..numerics.jacobian import SMALL, check_full
 from ..numerics.localise import Tests
-from ..numerics.probe import _vectors
+from ..numerics.probe import _vectors, ceiling
 from ..numerics.problem import (Problem, _fresh, flat_cat, own_storage, tensor_outputs,
                                 vjp)
 from ..numerics.steps import FINITE_MACHINE, directional, vjp_rows
@@ -255,8 +255,8 @@ def _screened(call: _Call, config: CheckConfig, leaves: list[torch.Tensor],
     f0 = flat_cat(outs).detach()
     diffs = directional(call, call.inputs, u, eps, f0)
     tests = Tests(v, diffs, f0, grads, torch.stack([flat_cat(d) for d in u]), eps,
-                  FINITE_MACHINE[torch.float64], config.tolerance("atol"))
-    if tests.fails.any():
+                  FINITE_MACHINE[torch.float64], config.tolerance("atol"), ceiling(config))
+    if tests.fails.any() or tests.noisy.any():
         return None
     return Passed(v[0], grads[0]) if len(outs) == 1 else Passed()
 
