@@ -221,14 +221,51 @@ def test_probe_tests_on_cpu_arrays_judge_as_on_tensors():
                 d[:, 0, 3] = bad
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
-                arrays = localise.Tests(v, d, f0, g, u, 1e-3, 1e-7, 1e-5)
+                arrays = localise.Tests(v, d, f0, g, u, 1e-3, 1e-7, 1e-5, (1e-5, 1e-3))
             kept, localise.NUMPY_DTYPES = localise.NUMPY_DTYPES, ()
             try:
-                tensors = localise.Tests(v, d, f0, g, u, 1e-3, 1e-7, 1e-5)
+                tensors = localise.Tests(v, d, f0, g, u, 1e-3, 1e-7, 1e-5, (1e-5, 1e-3))
             finally:
                 localise.NUMPY_DTYPES = kept
             assert (arrays.fails == tensors.fails).all()
+            assert (arrays.noisy == tensors.noisy).all()
             assert bad is None or arrays.fails.all()
             np.testing.assert_allclose(arrays.tolerance, tensors.tolerance, rtol=1e-2)
     assert all(isinstance(x, np.ndarray) and x.dtype == np.float64
                for x in (arrays.analytical, arrays.numerical, arrays.tolerance))
+
+
+def _tanh_backward(x, g):
+    """What a float32 tanh kernel's backward computes (float64 in, float32 inside): its values
+    carry float32's noise, yet they are no float32 numbers (g is float64)."""
+    t = torch.tanh(x.float()).double()
+    return g * (1 - t * t)
+
+
+def _tanh_backward_detached(x, g):
+    """The same with tanh detached: its derivative in x is missing (-2 t (1 - t^2) g)."""
+    t = torch.tanh(x.float()).double().detach()
+    return g * (1 - t * t)
+
+
+def test_a_probe_whose_measured_error_exceeds_what_it_tests_turns_to_full_mode():
+    """The probe's tolerance grows with the finite differences' measured error: beyond the fixed
+    tolerance of the directional derivative it tests, it passed a missing second-order term
+    (the lean drop-in's and the pipeline's probe alike). Such a probe cannot pass: full mode
+    judges, and both functions get full mode's verdicts."""
+    gen = torch.Generator().manual_seed(1)
+    x, g = (torch.randn(5, generator=gen, dtype=torch.float64) for _ in range(2))
+    fixed = {"atol": 1e-5, "rtol": 1e-3, "checks": ("gradient",)}
+    verdicts = {}
+    for fn in (_tanh_backward, _tanh_backward_detached):
+        full, probe = (next(c for _, _, c in gradtool.check(fn, (x, g), mode=mode,
+                                                            **fixed).checks())
+                       for mode in ("full", "probe"))
+        assert probe.mode == "full" and "beyond the fixed tolerance" in probe.mode_reason
+        assert probe.outcome == full.outcome
+        verdicts[fn] = probe
+    wrong = verdicts[_tanh_backward_detached]
+    assert wrong.outcome.value == "failed"
+    assert "gradient.zero" in {f.rule for f in wrong.findings}
+    # the exact twin's finite differences are float32's noise: unreliable, never a failure
+    assert verdicts[_tanh_backward].outcome.value == "inconclusive"
