@@ -180,7 +180,7 @@ def test_probe_vectors_are_kept_per_draw_and_handed_out_as_copies():
                                             torch.zeros(5, dtype=torch.float64)])
     outs, config = [torch.zeros(7, dtype=torch.float64)], CheckConfig()
     probe._DRAWN.clear()
-    u, v = probe._vectors(problem, outs, config, 5)
+    u, v = probe.probe_vectors(problem, outs, config, 5)
     expected_u, expected_v = [t.clone() for t in u[0]], v.clone()
     assert len(probe._DRAWN) == 1
     v.zero_()
@@ -189,7 +189,7 @@ def test_probe_vectors_are_kept_per_draw_and_handed_out_as_copies():
     real = torch.Generator
     try:
         torch.Generator = lambda *a: drawn.append(a) or real(*a)  # counts generator runs
-        again_u, again_v = probe._vectors(problem, outs, config, 5)
+        again_u, again_v = probe.probe_vectors(problem, outs, config, 5)
     finally:
         torch.Generator = real
     assert not drawn and len(probe._DRAWN) == 1
@@ -197,7 +197,7 @@ def test_probe_vectors_are_kept_per_draw_and_handed_out_as_copies():
     assert all(torch.equal(a, b) for a, b in zip(again_u[0], expected_u))
     assert all((t.abs() >= 1).all() and (t.abs() < 2).all() for t in [again_v, *again_u[0]])
     # another seed is another draw
-    other_u, _ = probe._vectors(problem, outs, config, 6)
+    other_u, _ = probe.probe_vectors(problem, outs, config, 6)
     assert not torch.equal(other_u[0][0], expected_u[0]) and len(probe._DRAWN) == 2
 
 

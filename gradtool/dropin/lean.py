@@ -27,7 +27,7 @@ from ..config.settings import CheckConfig
 from ..numerics.facts import output_facts
 from ..numerics.jacobian import SMALL, check_full
 from ..numerics.localise import Tests
-from ..numerics.probe import _vectors, ceiling
+from ..numerics.probe import ceiling, probe_vectors
 from ..numerics.problem import (Problem, _fresh, flat_cat, own_storage, tensor_outputs,
                                 vjp)
 from ..numerics.steps import FINITE_MACHINE, directional, vjp_rows
@@ -206,7 +206,7 @@ def _forward(fn: Callable[..., Any], args: Sequence[Any], diff: Sequence[int],
 
 
 class _Call:
-    """The drop-in's call as the probe's engine functions (numerics/probe.py's _vectors,
+    """The drop-in's call as the probe's engine functions (numerics/probe.py's probe_vectors,
     numerics/steps.py's vjp_rows and directional) see a Problem: its inputs, _forward, VJPs
     through the engine (fresh grad_outputs, as Problem.vjp gives), no vmap twin (a probe's few
     evaluations run as plain calls there too)."""
@@ -250,7 +250,7 @@ def _screened(call: _Call, config: CheckConfig, leaves: list[torch.Tensor],
     """numerics/probe.py's screen on the drop-in's graph, without its tallies (a pass has no
     report to fill): every (direction, cotangent) test passes, or None."""
     eps = config.tolerance("eps")
-    u, v = _vectors(call, outs, config, config.seed)
+    u, v = probe_vectors(call, outs, config, config.seed)
     grads = vjp_rows(call, leaves, outs, v)
     sides = [flat_cat(call.outputs([torch.add(x, d, alpha=f) for x, d in zip(call.inputs, u[0])]))
              for f in (eps, -eps)]

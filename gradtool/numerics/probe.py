@@ -49,7 +49,7 @@ def check_probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Te
         _tallies(problem, leaves, outs, config.tolerance("atol"), config.tolerance("rtol"),
                  config.max_worst)
     if reference is not None:
-        v = _vectors(problem, outs, config, seed)[1]
+        v = probe_vectors(problem, outs, config, seed)[1]
         return _against_reference(problem, leaves, outs, tallies, v, reference,
                                   _slices([x.numel() for x in problem.inputs]),
                                   _slices([o.numel() for o in outs]), reason)
@@ -115,7 +115,7 @@ def screen(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor]
            ) -> tuple[Probes, list[tuple[int, int]]]:
     """The fixed-cost part: P directions, Q cotangents, every pair tested; the failing pairs."""
     values = [v.detach() for v in problem.inputs]
-    u, v = _vectors(problem, outs, config, seed)
+    u, v = probe_vectors(problem, outs, config, seed)
     grads = vjp_rows(problem, leaves, outs, v)
     f0 = flat_cat(outs).detach()
     diffs = directional(problem, values, u, config.tolerance("eps"), f0)
@@ -126,8 +126,8 @@ def screen(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor]
     return probes, _screen(probes, tallies, config, values[0].dtype)
 
 
-def _vectors(problem: Problem, outs: Sequence[torch.Tensor], config: CheckConfig, seed: int
-             ) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
+def probe_vectors(problem: Problem, outs: Sequence[torch.Tensor], config: CheckConfig,
+                  seed: int) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
     """Seeded directions u and cotangents v, every entry in ±[1, 2): no tiny entry that would
     hide an element, and continuous, so no exact cancellation between two elements."""
     # One direction already makes an exact cancellation a probability-0 event; two cotangents
