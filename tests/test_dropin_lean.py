@@ -249,6 +249,40 @@ def test_modules_the_lean_path_cannot_vouch_for_go_to_the_pipeline(monkeypatch, 
                                       fast_mode=fast, raise_exception=False)) is False
 
 
+class TiedWriter(torch.nn.Module):
+    """Two layers sharing one weight; the second reaches it to nudge it (the first reads it)."""
+
+    def __init__(self, writes):
+        super().__init__()
+        self.first = torch.nn.Linear(3, 3, bias=False)
+        self.second = torch.nn.Linear(3, 3, bias=False)
+        self.second.weight = self.first.weight
+        self.writes = writes
+
+    def forward(self, x):
+        if self.writes:
+            with torch.no_grad():
+                self.second.weight.mul_(1.001)
+        return self.first(x).tanh()
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_a_tied_weight_is_one_clone_in_the_purity_forward(pipeline, fast):
+    """The purity forward swaps each parameter for a clone wherever it sits: a write through
+    either name is seen, and the user's weight is never written by it."""
+    torch.manual_seed(0)
+    clean, writer = TiedWriter(False).double(), TiedWriter(True).double()
+    weight = clean.first.weight.detach().clone()
+    assert gradtool.gradcheck(clean, (_x(6).view(2, 3),), fast_mode=fast) is True
+    assert pipeline == [] and torch.equal(clean.first.weight, weight)
+    assert clean.first.weight is clean.second.weight
+    weight = writer.first.weight.detach().clone()
+    clones, _ = lean._on_clones(writer, (_x(6).view(2, 3),))
+    assert len(clones) == 1 and not torch.equal(*clones[0])  # written: the clone, not the weight
+    assert torch.equal(writer.first.weight, weight)
+    assert writer.first.weight is writer.second.weight
+
+
 class _Applied(torch.nn.Module):
     def __init__(self, function):
         super().__init__()

@@ -175,12 +175,9 @@ def _pure(func: Callable[..., Any], args: tuple[Any, ...], outs: list[torch.Tens
     copies = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
     if isinstance(func, torch.nn.Module):  # called on clones of its parameters: never the
         # user's written (their graph, already built, would break), a write shown on clones
-        named = dict(func.named_parameters())
-        clones = {k: p.detach().clone() for k, p in named.items()}
-        with torch.no_grad():
-            again = tensor_outputs(torch.func.functional_call(func, clones, tuple(copies)))
-        if not all(torch.equal(clones[k], p) or both_nan(clones[k], p.detach())
-                   for k, p in named.items()):
+        clones, result = _on_clones(func, copies)
+        again = tensor_outputs(result)
+        if not all(torch.equal(c, p) or both_nan(c, p.detach()) for p, c in clones):
             return False  # forward writes its own parameters: the pipeline calls a copy
     else:
         with torch.no_grad():
@@ -191,6 +188,25 @@ def _pure(func: Callable[..., Any], args: tuple[Any, ...], outs: list[torch.Tens
     return len(again) == len(outs) and all(  # outputs finite: no NaN to tell apart
         type(a) is torch.Tensor and a.shape == o.shape and torch.equal(a, o)
         for a, o in zip(again, outs))
+
+
+def _on_clones(module: torch.nn.Module, args: Sequence[Any]
+               ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], Any]:
+    """module(*args) without a graph, each parameter swapped for a clone of its own around the
+    call (a tied one for the same clone wherever it sits); the (parameter, clone) pairs and
+    the result. torch.func.functional_call does this in ~4x the time of a tiny forward."""
+    slots = [(owner._parameters, name, p) for owner in module.modules()
+             for name, p in owner._parameters.items() if p is not None]
+    clones = {id(p): p.detach().clone() for _, _, p in slots}
+    try:
+        for held, name, p in slots:
+            held[name] = clones[id(p)]
+        with torch.no_grad():
+            result = module(*args)
+    finally:
+        for held, name, p in slots:
+            held[name] = p
+    return [(p, clones[id(p)]) for p in {id(p): p for _, _, p in slots}.values()], result
 
 
 def _forward(fn: Callable[..., Any], args: Sequence[Any], diff: Sequence[int],
