@@ -269,3 +269,17 @@ def test_a_probe_whose_measured_error_exceeds_what_it_tests_turns_to_full_mode()
     assert "gradient.zero" in {f.rule for f in wrong.findings}
     # the exact twin's finite differences are float32's noise: unreliable, never a failure
     assert verdicts[_tanh_backward].outcome.value == "inconclusive"
+
+
+def test_a_noisy_probe_over_full_modes_budget_is_inconclusive_never_a_pass():
+    """Where auto mode probed because full mode is over budget (here a zero budget), a probe
+    that cannot pass is inconclusive, saying how to judge it: never a pass, never full mode's
+    unbounded sweep."""
+    gen = torch.Generator().manual_seed(1)
+    x, g = (torch.randn(5, generator=gen, dtype=torch.float64) for _ in range(2))
+    report = gradtool.check(_tanh_backward_detached, (x, g), mode="auto", full_budget_s=0,
+                            atol=1e-5, rtol=1e-3, checks=("gradient",))
+    check = next(c for _, _, c in report.checks())
+    assert check.outcome.value == "inconclusive" and check.mode == "probe"
+    assert "too noisy" in check.summary
+    assert any("--mode full" in d for d in check.details)

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -19,7 +19,7 @@ import torch
 from ..config.settings import CheckConfig
 from ..results import Outcome
 from .compare import BlockTally
-from .jacobian import Reference, Verdict, _tallies, check_full, judged_tallies
+from .jacobian import Reference, Verdict, _tallies, check_full, choose_mode, judged_tallies
 from .localise import Locator, Test, Tests, machine
 from .measured_words import data_dependent
 from .problem import Problem, flat_cat
@@ -55,10 +55,7 @@ def check_probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Te
                                   _slices([o.numel() for o in outs]), reason)
     probes, failing = screen(problem, config, leaves, outs, seed, tallies)
     if probes.noisy:
-        # Neither a pass nor localisation (its element tests as noisy) can be trusted here:
-        # full mode judges each element, as it would have without the probe.
-        return check_full(problem, config, leaves, outs, None, f"{reason}; {probes.noisy}",
-                          stop, first)
+        return _noisy(problem, config, leaves, outs, tallies, probes.noisy, reason, stop, first)
     if not failing:
         verdict = Verdict(Outcome.PASSED, [t.to_block(exhaustive=False) for row in tallies
                                            for t in row], "probe", reason)
@@ -200,6 +197,24 @@ def _screen(probes: Probes, tallies: list[list[BlockTally]], config: CheckConfig
     return [(int(p), int(q)) for p, q in zip(*tests.fails.nonzero())]
 
 
+def _noisy(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+           outs: Sequence[torch.Tensor], tallies: list[list[BlockTally]], why: str, reason: str,
+           stop: str | None, first: Sequence[int]) -> Verdict:
+    """A probe that cannot pass, nor localise (its element tests as noisy): full mode judges
+    each element where auto mode's own cost rule would choose it; else inconclusive (auto mode
+    probed because full mode is over budget), saying how to judge it."""
+    affordable = config.mode != "auto" and \
+        choose_mode(problem, replace(config, mode="auto"), leaves, outs)[0] == "full"
+    if affordable:
+        return check_full(problem, config, leaves, outs, None,
+                          f"{reason}; {why}, so full mode judges each element", stop, first)
+    return Verdict(Outcome.INCONCLUSIVE, [t.to_block(exhaustive=False) for row in tallies
+                                          for t in row], "probe", reason,
+                   [f"inconclusive: {why}; full mode would judge each element but is over "
+                    "budget here: run it with --mode full, or set --atol/--rtol to the noise "
+                    "you accept"])
+
+
 def ceiling(config: CheckConfig) -> tuple[float, float]:
     """The fixed (atol, rtol) no probe pass may be more lenient than: full mode's element
     ceiling, measured tolerance or not."""
@@ -214,8 +229,7 @@ def noisy_words(tests: Tests) -> str | None:
     p, q = (int(k[0]) for k in tests.noisy.nonzero())
     return (f"the probe's measured finite-difference error ({tests.measured[p, q]:.3g}) is "
             f"beyond the fixed tolerance of the directional derivative it tests "
-            f"({tests.ceiling[p, q]:.3g}): it could pass a wrong gradient, so full mode "
-            "judges each element")
+            f"({tests.ceiling[p, q]:.3g}): it could pass a wrong gradient")
 
 
 def _localise(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
