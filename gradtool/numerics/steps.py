@@ -210,7 +210,7 @@ def directional(problem: Problem, values: Sequence[torch.Tensor],
             problem.cache.vmap_ok = False
     diff = None
     for k_dir, u in enumerate(directions):
-        given = known[k_dir] if known else ()
+        given = known[k_dir] if k_dir < len(known) else ()
         outs = [given[j] if j < len(given) else
                 flat_cat(problem.outputs([torch.add(v, d, alpha=f) for v, d in zip(values, u)]))
                 for j, f in enumerate(factors)]
