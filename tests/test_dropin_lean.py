@@ -155,6 +155,20 @@ def test_the_probes_third_point_runs_where_the_central_difference_alone_is_not_e
     assert len(pipeline) == 1
 
 
+def test_with_several_probe_directions_each_is_judged_whole():
+    """The two-point pass stands for the one direction it tests: with two (probes=8), both run
+    all three points, the first direction's two reused."""
+    torch.manual_seed(0)
+    x = _x(6)
+    settings = {"eps": 1e-6, "atol": 1e-5, "rtol": 1e-3, "nondet_tol": 0.0, "masked": False,
+                "mode": "probe", "module_parameters": False}
+    for probes, forwards in ((4, 3), (8, 7)):  # purity, then 2 (or 2 + 1 + 3) probe points
+        out = Counted.apply(x)
+        Counted.calls.update(forward=0, backward=0)
+        assert lean.passes(Counted.apply, (x,), out, {**settings, "probes": probes})
+        assert Counted.calls["forward"] == forwards
+
+
 @pytest.mark.parametrize("fast", MODES)
 def test_a_seeded_bug_falls_back_to_the_pipelines_report(pipeline, fast):
     torch.manual_seed(0)
