@@ -283,3 +283,52 @@ def test_a_noisy_probe_over_full_modes_budget_is_inconclusive_never_a_pass():
     assert check.outcome.value == "inconclusive" and check.mode == "probe"
     assert "too noisy" in check.summary
     assert any("--mode full" in d for d in check.details)
+
+
+class _NoisyTanh(Function):
+    """w tanh(x) with tanh computed in float32 (values with float32's noise, yet no float32
+    numbers), its jvp and backward exact to float32."""
+
+    factor = 1.0
+
+    @staticmethod
+    def forward(x, w):
+        return w * torch.tanh(x.float()).double()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+        ctx.save_for_forward(*inputs)
+
+    @classmethod
+    def _slope(cls, x):
+        return cls.factor * (1 - torch.tanh(x.float()).double() ** 2)
+
+    @classmethod
+    def backward(cls, ctx, g):
+        x, w = ctx.saved_tensors
+        return g * w * cls._slope(x), g * torch.tanh(x.float()).double()
+
+    @classmethod
+    def jvp(cls, ctx, tx, tw):
+        x, w = ctx.saved_tensors
+        return tx * w * cls._slope(x) + tw * torch.tanh(x.float()).double()
+
+
+class _NoisyTanhScaled(_NoisyTanh):
+    """Its jvp and backward half as large on x, alike (forward and reverse mode agree)."""
+
+    factor = 0.5
+
+
+def test_a_noisy_forward_mode_probe_gets_full_modes_verdict():
+    """The forward-mode probe's per-element tolerance grows with the measured error too: beyond
+    the fixed tolerance it passed or failed on noise (a correct jvp failed at these seeds by
+    bisecting noise). Every column is compared instead: full mode's verdict, both ways."""
+    for cls, expected in ((_NoisyTanh, "inconclusive"), (_NoisyTanhScaled, "failed")):
+        for seed in range(3):
+            probe, full = (next(c for _, _, c in gradtool.check(
+                cls, ["5:float64", "5:float64"], mode=mode, checks=("forward_ad",), seed=seed,
+                atol=1e-5, rtol=1e-3).checks()) for mode in ("probe", "full"))
+            assert probe.outcome.value == full.outcome.value == expected, (cls, seed)
+            assert "it could pass a wrong jvp" in probe.mode_reason
