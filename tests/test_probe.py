@@ -180,7 +180,7 @@ def test_probe_vectors_are_kept_per_draw_and_handed_out_as_copies():
                                             torch.zeros(5, dtype=torch.float64)])
     outs, config = [torch.zeros(7, dtype=torch.float64)], CheckConfig()
     probe._DRAWN.clear()
-    u, v = probe._vectors(problem, outs, config, 5)
+    u, v = probe.probe_vectors(problem, outs, config, 5)
     expected_u, expected_v = [t.clone() for t in u[0]], v.clone()
     assert len(probe._DRAWN) == 1
     v.zero_()
@@ -189,7 +189,7 @@ def test_probe_vectors_are_kept_per_draw_and_handed_out_as_copies():
     real = torch.Generator
     try:
         torch.Generator = lambda *a: drawn.append(a) or real(*a)  # counts generator runs
-        again_u, again_v = probe._vectors(problem, outs, config, 5)
+        again_u, again_v = probe.probe_vectors(problem, outs, config, 5)
     finally:
         torch.Generator = real
     assert not drawn and len(probe._DRAWN) == 1
@@ -197,7 +197,7 @@ def test_probe_vectors_are_kept_per_draw_and_handed_out_as_copies():
     assert all(torch.equal(a, b) for a, b in zip(again_u[0], expected_u))
     assert all((t.abs() >= 1).all() and (t.abs() < 2).all() for t in [again_v, *again_u[0]])
     # another seed is another draw
-    other_u, _ = probe._vectors(problem, outs, config, 6)
+    other_u, _ = probe.probe_vectors(problem, outs, config, 6)
     assert not torch.equal(other_u[0][0], expected_u[0]) and len(probe._DRAWN) == 2
 
 
@@ -221,14 +221,114 @@ def test_probe_tests_on_cpu_arrays_judge_as_on_tensors():
                 d[:, 0, 3] = bad
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
-                arrays = localise.Tests(v, d, f0, g, u, 1e-3, 1e-7, 1e-5)
+                arrays = localise.Tests(v, d, f0, g, u, 1e-3, 1e-7, 1e-5, (1e-5, 1e-3))
             kept, localise.NUMPY_DTYPES = localise.NUMPY_DTYPES, ()
             try:
-                tensors = localise.Tests(v, d, f0, g, u, 1e-3, 1e-7, 1e-5)
+                tensors = localise.Tests(v, d, f0, g, u, 1e-3, 1e-7, 1e-5, (1e-5, 1e-3))
             finally:
                 localise.NUMPY_DTYPES = kept
             assert (arrays.fails == tensors.fails).all()
+            assert (arrays.noisy == tensors.noisy).all()
             assert bad is None or arrays.fails.all()
             np.testing.assert_allclose(arrays.tolerance, tensors.tolerance, rtol=1e-2)
     assert all(isinstance(x, np.ndarray) and x.dtype == np.float64
                for x in (arrays.analytical, arrays.numerical, arrays.tolerance))
+
+
+def _tanh_backward(x, g):
+    """What a float32 tanh kernel's backward computes (float64 in, float32 inside): its values
+    carry float32's noise, yet they are no float32 numbers (g is float64)."""
+    t = torch.tanh(x.float()).double()
+    return g * (1 - t * t)
+
+
+def _tanh_backward_detached(x, g):
+    """The same with tanh detached: its derivative in x is missing (-2 t (1 - t^2) g)."""
+    t = torch.tanh(x.float()).double().detach()
+    return g * (1 - t * t)
+
+
+def test_a_probe_whose_measured_error_exceeds_what_it_tests_turns_to_full_mode():
+    """The probe's tolerance grows with the finite differences' measured error: beyond the fixed
+    tolerance of the directional derivative it tests, it passed a missing second-order term
+    (the lean drop-in's and the pipeline's probe alike). Such a probe cannot pass: full mode
+    judges, and both functions get full mode's verdicts."""
+    gen = torch.Generator().manual_seed(1)
+    x, g = (torch.randn(5, generator=gen, dtype=torch.float64) for _ in range(2))
+    fixed = {"atol": 1e-5, "rtol": 1e-3, "checks": ("gradient",)}
+    verdicts = {}
+    for fn in (_tanh_backward, _tanh_backward_detached):
+        full, probe = (next(c for _, _, c in gradtool.check(fn, (x, g), mode=mode,
+                                                            **fixed).checks())
+                       for mode in ("full", "probe"))
+        assert probe.mode == "full" and "beyond the fixed tolerance" in probe.mode_reason
+        assert probe.outcome == full.outcome
+        verdicts[fn] = probe
+    wrong = verdicts[_tanh_backward_detached]
+    assert wrong.outcome.value == "failed"
+    assert "gradient.zero" in {f.rule for f in wrong.findings}
+    # the exact twin's finite differences are float32's noise: unreliable, never a failure
+    assert verdicts[_tanh_backward].outcome.value == "inconclusive"
+
+
+def test_a_noisy_probe_over_full_modes_budget_is_inconclusive_never_a_pass():
+    """Where auto mode probed because full mode is over budget (here a zero budget), a probe
+    that cannot pass is inconclusive, saying how to judge it: never a pass, never full mode's
+    unbounded sweep."""
+    gen = torch.Generator().manual_seed(1)
+    x, g = (torch.randn(5, generator=gen, dtype=torch.float64) for _ in range(2))
+    report = gradtool.check(_tanh_backward_detached, (x, g), mode="auto", full_budget_s=0,
+                            atol=1e-5, rtol=1e-3, checks=("gradient",))
+    check = next(c for _, _, c in report.checks())
+    assert check.outcome.value == "inconclusive" and check.mode == "probe"
+    assert "too noisy" in check.summary
+    assert any("--mode full" in d for d in check.details)
+
+
+class _NoisyTanh(Function):
+    """w tanh(x) with tanh computed in float32 (values with float32's noise, yet no float32
+    numbers), its jvp and backward exact to float32."""
+
+    factor = 1.0
+
+    @staticmethod
+    def forward(x, w):
+        return w * torch.tanh(x.float()).double()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+        ctx.save_for_forward(*inputs)
+
+    @classmethod
+    def _slope(cls, x):
+        return cls.factor * (1 - torch.tanh(x.float()).double() ** 2)
+
+    @classmethod
+    def backward(cls, ctx, g):
+        x, w = ctx.saved_tensors
+        return g * w * cls._slope(x), g * torch.tanh(x.float()).double()
+
+    @classmethod
+    def jvp(cls, ctx, tx, tw):
+        x, w = ctx.saved_tensors
+        return tx * w * cls._slope(x) + tw * torch.tanh(x.float()).double()
+
+
+class _NoisyTanhScaled(_NoisyTanh):
+    """Its jvp and backward half as large on x, alike (forward and reverse mode agree)."""
+
+    factor = 0.5
+
+
+def test_a_noisy_forward_mode_probe_gets_full_modes_verdict():
+    """The forward-mode probe's per-element tolerance grows with the measured error too: beyond
+    the fixed tolerance it passed or failed on noise (a correct jvp failed at these seeds by
+    bisecting noise). Every column is compared instead: full mode's verdict, both ways."""
+    for cls, expected in ((_NoisyTanh, "inconclusive"), (_NoisyTanhScaled, "failed")):
+        for seed in range(3):
+            probe, full = (next(c for _, _, c in gradtool.check(
+                cls, ["5:float64", "5:float64"], mode=mode, checks=("forward_ad",), seed=seed,
+                atol=1e-5, rtol=1e-3).checks()) for mode in ("probe", "full"))
+            assert probe.outcome.value == full.outcome.value == expected, (cls, seed)
+            assert "it could pass a wrong jvp" in probe.mode_reason

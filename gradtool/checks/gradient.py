@@ -348,6 +348,9 @@ def _summary(verdict: Verdict, blocks: list[Block], surrogate: str | None) -> st
         checked = sum(b.checked for b in blocks)
         unit = "probe" if verdict.mode == "probe" else "element"
         worst = max((b.max_abs_diff for b in blocks), default=0.0)
+        if verdict.outcome is Outcome.INCONCLUSIVE:  # a noisy probe, full mode over budget
+            return (f"finite differences are too noisy for {checked} {unit}"
+                    f"{'' if checked == 1 else 's'} to judge, max abs diff {worst:.2g}")
         return (f"matches {against}: {checked} {unit}{'' if checked == 1 else 's'}, "
                 f"max abs diff {worst:.2g}")
     first = bad[0]

@@ -14,6 +14,8 @@ Verdict policy (docs/library-and-pytest.md says it for users):
   tolerances (torch's would fail float32 on its own rounding).
 - The Jacobian is gradtool's `gradient` check (`complex` for complex values, `forward_ad` for
   check_forward_ad): full mode, or probe mode (its fastest sound mode) for `fast_mode=True`.
+  A probe whose measured finite-difference error is beyond the fixed tolerance of what it
+  tests cannot pass: full mode judges that call (numerics/probe.py).
   Every other test gradcheck runs beside it is run as gradcheck runs it: the inputs' and outputs'
   validation, reentrancy within nondet_tol, check_grad_dtypes, check_undefined_grad,
   check_batched_grad, check_batched_forward_grad, backward's multiplication by grad_output

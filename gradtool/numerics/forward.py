@@ -148,7 +148,10 @@ def _probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor]
     bounds = _bounds(outs)
     f0 = flat_cat(outs).detach()
     outcomes = []
-    joint_bad, ju = _mismatch(problem, config, values, None, directions, f0, with_jvp=True)
+    joint_bad, ju, noisy = _mismatch(problem, config, values, None, directions, f0,
+                                     with_jvp=True)
+    if noisy:
+        return _noisy(problem, config, leaves, outs, tallies, reason, directions, ju, noisy)
     joint = bool(joint_bad.any())
     for i, u in enumerate(directions):
         for tally in tallies[i]:
@@ -167,6 +170,25 @@ def _probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor]
             outcomes.append(Outcome.FAILED)
     blocks = [t.to_block(exhaustive=False) for row in tallies for t in row]
     return Verdict(Outcome.FAILED if outcomes else Outcome.PASSED, blocks, "probe", reason), ju
+
+
+def _noisy(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+           outs: Sequence[torch.Tensor], tallies: list, reason: str,
+           directions: Sequence[torch.Tensor], ju: torch.Tensor,
+           noisy: tuple[float, float]) -> tuple[Verdict, torch.Tensor]:
+    """A probe whose finite differences are noise beyond the fixed tolerance (numerics/probe.py's
+    rule in forward mode): every column where that is small, else inconclusive, never a pass."""
+    why = (f"the probe's measured finite-difference error (up to {noisy[0]:.3g}) is beyond the "
+           f"fixed tolerance of the elements it tests (up to {noisy[1]:.3g}): it could pass a "
+           "wrong jvp")
+    n_in, n_out = sum(v.numel() for v in leaves), sum(o.numel() for o in outs)
+    if n_in * n_out <= SMALL:
+        return _full(problem, config, leaves, outs, f"{reason}; {why}, so every column is "
+                     "compared", directions)
+    blocks = [t.to_block(exhaustive=False) for row in tallies for t in row]
+    return Verdict(Outcome.INCONCLUSIVE, blocks, "probe", reason,
+                   [f"inconclusive: {why}; full mode would compare every column: run it with "
+                    "--mode full, or set --atol/--rtol to the noise you accept"]), ju
 
 
 def _direction(v: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -190,7 +212,12 @@ def _mismatch(problem: Problem, config: CheckConfig, values: Sequence[torch.Tens
     roundoff = FINITE_MACHINE.get(f0.dtype, 2.2e-16) * f0.abs() / config.tolerance("eps")
     tol = config.tolerance("atol") + config.tolerance("rtol") * numerical.abs()
     bad = (analytical - numerical).abs() > tol + fd_error + 10 * roundoff
-    return (bad, analytical) if with_jvp else bad
+    if not with_jvp:
+        return bad
+    # an element whose measured error is beyond the fixed tolerance passes any jvp: noise
+    noisy = fd_error + 10 * roundoff > tol
+    return bad, analytical, (float(fd_error[noisy].max()), float(tol[noisy].max())) \
+        if bool(noisy.any()) else None
 
 
 def _bisect(problem: Problem, config: CheckConfig, values: Sequence[torch.Tensor], which: int,

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -19,7 +19,7 @@ import torch
 from ..config.settings import CheckConfig
 from ..results import Outcome
 from .compare import BlockTally
-from .jacobian import Reference, Verdict, _tallies, check_full, judged_tallies
+from .jacobian import Reference, Verdict, _tallies, check_full, choose_mode, judged_tallies
 from .localise import Locator, Test, Tests, machine
 from .measured_words import data_dependent
 from .problem import Problem, flat_cat
@@ -37,6 +37,7 @@ class Probes:
     f0: torch.Tensor
     in_slices: list[slice]
     out_slices: list[slice]
+    noisy: str | None = None         # why no test may pass (see localise.Tests.noisy)
 
 
 def check_probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
@@ -48,11 +49,13 @@ def check_probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Te
         _tallies(problem, leaves, outs, config.tolerance("atol"), config.tolerance("rtol"),
                  config.max_worst)
     if reference is not None:
-        v = _vectors(problem, outs, config, seed)[1]
+        v = probe_vectors(problem, outs, config, seed)[1]
         return _against_reference(problem, leaves, outs, tallies, v, reference,
                                   _slices([x.numel() for x in problem.inputs]),
                                   _slices([o.numel() for o in outs]), reason)
     probes, failing = screen(problem, config, leaves, outs, seed, tallies)
+    if probes.noisy:
+        return _noisy(problem, config, leaves, outs, tallies, probes.noisy, reason, stop, first)
     if not failing:
         verdict = Verdict(Outcome.PASSED, [t.to_block(exhaustive=False) for row in tallies
                                            for t in row], "probe", reason)
@@ -109,7 +112,7 @@ def screen(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor]
            ) -> tuple[Probes, list[tuple[int, int]]]:
     """The fixed-cost part: P directions, Q cotangents, every pair tested; the failing pairs."""
     values = [v.detach() for v in problem.inputs]
-    u, v = _vectors(problem, outs, config, seed)
+    u, v = probe_vectors(problem, outs, config, seed)
     grads = vjp_rows(problem, leaves, outs, v)
     f0 = flat_cat(outs).detach()
     diffs = directional(problem, values, u, config.tolerance("eps"), f0)
@@ -120,8 +123,8 @@ def screen(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor]
     return probes, _screen(probes, tallies, config, values[0].dtype)
 
 
-def _vectors(problem: Problem, outs: Sequence[torch.Tensor], config: CheckConfig, seed: int
-             ) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
+def probe_vectors(problem: Problem, outs: Sequence[torch.Tensor], config: CheckConfig,
+                  seed: int) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
     """Seeded directions u and cotangents v, every entry in ±[1, 2): no tiny entry that would
     hide an element, and continuous, so no exact cancellation between two elements."""
     # One direction already makes an exact cancellation a probability-0 event; two cotangents
@@ -184,13 +187,49 @@ def _screen(probes: Probes, tallies: list[list[BlockTally]], config: CheckConfig
     """Every (direction, cotangent) pair over all blocks at once; the failing pairs."""
     u = torch.stack([flat_cat(d) for d in probes.u])                  # (P, n_in)
     tests = Tests(probes.v, probes.diffs, probes.f0, probes.grads, u, config.tolerance("eps"),
-                  machine(dtype, config), tallies[0][0].atol)
+                  machine(dtype, config), tallies[0][0].atol, ceiling(config))
+    probes.noisy = noisy_words(tests)
     worst = float(tests.difference.max()) if tests.difference.size else 0.0
     for row in tallies:
         for tally in row:
             tally.checked += tests.difference.size
             tally.max_abs = max(tally.max_abs, worst)
     return [(int(p), int(q)) for p, q in zip(*tests.fails.nonzero())]
+
+
+def _noisy(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+           outs: Sequence[torch.Tensor], tallies: list[list[BlockTally]], why: str, reason: str,
+           stop: str | None, first: Sequence[int]) -> Verdict:
+    """A probe that cannot pass, nor localise (its element tests as noisy): full mode judges
+    each element where auto mode's own cost rule would choose it; else inconclusive (auto mode
+    probed because full mode is over budget), saying how to judge it."""
+    affordable = config.mode != "auto" and \
+        choose_mode(problem, replace(config, mode="auto"), leaves, outs)[0] == "full"
+    if affordable:
+        return check_full(problem, config, leaves, outs, None,
+                          f"{reason}; {why}, so full mode judges each element", stop, first)
+    return Verdict(Outcome.INCONCLUSIVE, [t.to_block(exhaustive=False) for row in tallies
+                                          for t in row], "probe", reason,
+                   [f"inconclusive: {why}; full mode would judge each element but is over "
+                    "budget here: run it with --mode full, or set --atol/--rtol to the noise "
+                    "you accept"])
+
+
+def ceiling(config: CheckConfig) -> tuple[float, float]:
+    """The fixed (atol, rtol) no probe pass may be more lenient than: full mode's element
+    ceiling, measured tolerance or not."""
+    return config.tolerance("atol"), config.tolerance("rtol")
+
+
+def noisy_words(tests: Tests) -> str | None:
+    """Why the probe cannot pass (its measured finite-difference error beyond the fixed
+    tolerance of what it tests), or None."""
+    if not tests.noisy.any():
+        return None
+    p, q = (int(k[0]) for k in tests.noisy.nonzero())
+    return (f"the probe's measured finite-difference error ({tests.measured[p, q]:.3g}) is "
+            f"beyond the fixed tolerance of the directional derivative it tests "
+            f"({tests.ceiling[p, q]:.3g}): it could pass a wrong gradient")
 
 
 def _localise(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],

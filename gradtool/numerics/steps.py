@@ -187,17 +187,19 @@ def _verify_batched(problem: Problem, values: Sequence[torch.Tensor], which: int
 
 def directional(problem: Problem, values: Sequence[torch.Tensor],
                 directions: Sequence[Sequence[torch.Tensor]], h: float,
-                f0: torch.Tensor | None = None) -> torch.Tensor:
+                f0: torch.Tensor | None = None,
+                known: Sequence[Sequence[torch.Tensor]] = ()) -> torch.Tensor:
     """Two estimates of J u for each direction u: (2, K, n_out). Row 0 is the central
     difference at h; row 1 an estimate whose truncation error is 4x row 0's (the central
     difference at 2h), so row 0 + (row 0 - row 1) / 3 is a Richardson estimate and their gap
     measures the error. With f0 = f(x) known, it takes 3 evaluations, at x + h, x - h, x + 2h:
     (f(x+2h) - 2 f(x+h) - 2 f(x-h) + 3 f(x)) / 2h = f' + (2/3) h^2 f^(3) + ..., just like the
-    central difference at 2h. Without f0, 4: at x +- h and x +- 2h."""
+    central difference at 2h. Without f0, 4: at x +- h and x +- 2h. `known`: per direction,
+    the flat outputs already evaluated at x + h u and x - h u (plain calls: not evaluated again)."""
     k = len(directions)
     factors = [h, -h, 2 * h] if f0 is not None else [h, -h, 2 * h, -2 * h]
     batch = problem.cache.vmap_ok is not False and problem.batched_fn is not None
-    if batch and 4 * k > LOOP_MAX:
+    if batch and 4 * k > LOOP_MAX and not known:
         try:
             out = _directional_batched(problem, values, directions,
                                        torch.tensor([h, -h, 2 * h, -2 * h],
@@ -208,8 +210,10 @@ def directional(problem: Problem, values: Sequence[torch.Tensor],
             problem.cache.vmap_ok = False
     diff = None
     for k_dir, u in enumerate(directions):
-        outs = [flat_cat(problem.outputs([torch.add(v, d, alpha=f) for v, d in zip(values, u)]))
-                for f in factors]
+        given = known[k_dir] if k_dir < len(known) else ()
+        outs = [given[j] if j < len(given) else
+                flat_cat(problem.outputs([torch.add(v, d, alpha=f) for v, d in zip(values, u)]))
+                for j, f in enumerate(factors)]
         if diff is None:
             diff = torch.empty(2, k, outs[0].numel(), dtype=outs[0].dtype,
                                device=outs[0].device)
