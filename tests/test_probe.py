@@ -285,6 +285,51 @@ def test_a_noisy_probe_over_full_modes_budget_is_inconclusive_never_a_pass():
     assert any("--mode full" in d for d in check.details)
 
 
+class _NoisyColumn(Function):
+    """3x plus a term of one column that oscillates at 1e6 (finite differences there are
+    noise), its derivative in backward exact; `bug` added to one element of the gradient."""
+
+    bug = 0.0
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return 3 * x + torch.zeros_like(x).index_fill(1, torch.tensor([0]), 1e-4) * torch.sin(
+            x[:, :1] / 1e-6)
+
+    @classmethod
+    def backward(cls, ctx, g):
+        (x,) = ctx.saved_tensors
+        r = 3 * g
+        r[:, :1] += g[:, :1] * 1e2 * torch.cos(x[:, :1] / 1e-6)
+        r[0, 5] += cls.bug * g[0, 5]
+        return r
+
+
+class _NoisyColumnWrong(_NoisyColumn):
+    bug = 1e4
+
+
+def test_an_unjudgeable_noisy_probe_leaves_the_drop_ins_fast_verdict_to_torchs_test(
+        monkeypatch):
+    """Over full mode's budget a noisy probe is inconclusive in either twin (its failing tests
+    are no sounder than its passing ones: float32 noise can exceed the measured error); the
+    drop-in's fast mode returned True on the bug torch's fast gradcheck catches. Torch's own
+    fast test decides there now, and the report says gradtool could not judge."""
+    from gradtool.dropin.functions import GradcheckFailure
+    from gradtool.numerics import probe as probe_module
+
+    monkeypatch.setattr(probe_module, "choose_mode", lambda *a: ("probe", "over budget"))
+    x = torch.rand(8, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0),
+                   requires_grad=True)
+    for cls in (_NoisyColumn, _NoisyColumnWrong):
+        report = gradtool.check(cls, (x,), mode="probe", checks=("gradient",))
+        assert next(c for _, _, c in report.checks()).outcome.value == "inconclusive"
+    assert gradtool.gradcheck(_NoisyColumn.apply, (x,), fast_mode=True) is True
+    with pytest.raises(GradcheckFailure, match="probe could not judge this call"):
+        gradtool.gradcheck(_NoisyColumnWrong.apply, (x,), fast_mode=True)
+
+
 class _NoisyTanh(Function):
     """w tanh(x) with tanh computed in float32 (values with float32's noise, yet no float32
     numbers), its jvp and backward exact to float32."""

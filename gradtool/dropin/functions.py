@@ -15,7 +15,8 @@ Verdict policy (docs/library-and-pytest.md says it for users):
 - The Jacobian is gradtool's `gradient` check (`complex` for complex values, `forward_ad` for
   check_forward_ad): full mode, or probe mode (its fastest sound mode) for `fast_mode=True`.
   A probe whose measured finite-difference error is beyond the fixed tolerance of what it
-  tests cannot pass: full mode judges that call (numerics/probe.py).
+  tests cannot pass: full mode judges that call (numerics/probe.py), or where full mode is
+  over budget the probe is inconclusive and torch's own fast test decides.
   Every other test gradcheck runs beside it is run as gradcheck runs it: the inputs' and outputs'
   validation, reentrancy within nondet_tol, check_grad_dtypes, check_undefined_grad,
   check_batched_grad, check_batched_forward_grad, backward's multiplication by grad_output
@@ -182,6 +183,28 @@ def _judge(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[str, 
     if not report.ok():
         raise GradcheckFailure("gradtool found gradient problems:\n"
                                + render_plain(report, quiet=True), report)
+    if settings["mode"] == "probe" and any(
+            c.outcome.value == "inconclusive" and c.mode == "probe" for _, _, c in report.checks()):
+        _torch_fast(func, args, settings, backward, report)
+
+
+def _torch_fast(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[str, Any],
+                backward: bool, report: Any) -> None:
+    """fast_mode=True where gradtool's probe could not judge (finite differences too noisy for
+    it, full mode over budget): torch's own fast test decides, so the drop-in never passes
+    what torch's fast mode fails without a word on why."""
+    from ..render.terminal import render_plain
+
+    tolerances = {k: settings.get(k, v) for k, v in TORCH_DEFAULTS.items()}
+    try:
+        torch.autograd.gradcheck(func, args, **tolerances, nondet_tol=settings["nondet_tol"],
+                                 fast_mode=True, check_undefined_grad=False,
+                                 check_forward_ad=not backward, check_backward_ad=backward,
+                                 masked=settings["masked"])
+    except GradcheckError as exc:
+        raise GradcheckFailure(
+            f"gradtool's probe could not judge this call and torch's fast-mode test fails:\n"
+            f"{exc}\n" + render_plain(report, quiet=True), report) from None
 
 
 def gradgradcheck(func: Callable[..., Any], inputs: Any, grad_outputs: Any = None, *,
