@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.autograd import Function
 
 import gradtool
 from conftest import load_fixture, outcomes
@@ -183,3 +184,35 @@ def test_a_forward_writing_its_input_passes_every_check_alone(contract_cases):
     for check in ("gradient", "double_backward"):
         report = gradtool.check(contract_cases.ExpInplace, ["3x4"], checks=(check,))
         assert outcomes(report) == {check: "passed"}
+
+
+class _ContiguousOnly(Function):
+    """2x, its backward wrong (3x) for a non-contiguous input: a layout bug."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.contiguous = x.is_contiguous()
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * (2 if ctx.contiguous else 3)
+
+
+def _unused_draw(x):
+    torch.rand(1)  # a draw the output does not follow
+    return _ContiguousOnly.apply(x)
+
+
+def _seeds_itself(x):
+    torch.manual_seed(0)
+    return _ContiguousOnly.apply(x)
+
+
+@pytest.mark.parametrize("fn", [_unused_draw, _seeds_itself])
+def test_a_forward_that_draws_without_following_the_draws_is_not_stochastic(fn):
+    # Review of the draw test above: such forwards were taken for stochastic, and the layout
+    # check, which tries no input layout on a stochastic forward, passed their layout bug.
+    report = gradtool.check(fn, ["4x5"])
+    assert outcomes(report)["layout"] == "failed"
+    assert "forward is stochastic" not in report.text()

@@ -10,7 +10,7 @@ import torch
 
 from ..errors import InternalError
 from ..numerics.facts import Facts, output_facts
-from ..numerics.problem import Problem, function_nodes, tensor_outputs
+from ..numerics.problem import Problem, frozen_rng, function_nodes, tensor_outputs
 from ..numerics.rounding import FINEST_FIRST, dtype_name
 from ..numerics.sparse import dense_output
 from ..results import Finding
@@ -58,12 +58,15 @@ def _learn(case: Case, keep_graph: bool) -> None:
     leaves, result = _graph_forward(problem)
     problem.learn(problem.facts.with_(
         forward_seconds=min(seconds, problem.cache.forward_seconds or seconds)))
-    if given.seed is None and drew:
-        # A forward that draws from torch's RNG is stochastic even where two draws happen to
-        # give the same outputs (a dropout over 12 elements: once in 4096 pairs of calls).
+    same = _same(tensor_outputs(first), tensor_outputs(result))
+    if given.seed is None and drew and (not same or _follows_draws(problem, case.seed, first)):
+        # A forward whose outputs follow its draws from torch's RNG is stochastic, even where
+        # two draws gave the same outputs (a dropout over 12 elements: once in 4096 pairs of
+        # calls); one that draws without its outputs following (an unused draw, a forward
+        # seeding the RNG itself) is not: its layouts are still tried.
         problem.learn(problem.facts.with_(seed=case.seed))
         leaves, result = _graph_forward(problem)  # again, under the frozen RNG
-    elif given.seed is None and not _same(tensor_outputs(first), tensor_outputs(result)):
+    elif given.seed is None and not same:
         # Without a graph and with one, torch may run other kernels (the nuclear norm: svdvals,
         # then svd), a last-bit difference that is no randomness: stochastic only when a second
         # graph forward differs from the first too.
@@ -79,6 +82,24 @@ def _learn(case: Case, keep_graph: bool) -> None:
         precision=_coarsest([*problem.args, *outs]),
         **output_facts(outs, problem.output_labels, problem.keep_all_outputs, leaves)))
     problem.cache.first_graph = (leaves, result) if keep_graph else None
+
+
+FOLLOW_SEEDS = 4  # forwards under other seeds: a 1-element dropout's all agree once in 16
+
+
+@calls_user_code
+def _follows_draws(problem: Problem, seed: int, first: Any) -> bool:
+    """Whether forward's outputs change with the RNG's seed (forwards without a graph, on
+    copies, under seeds other than the case's, until one differs from `first`)."""
+    tensors = [a for a in problem.args if isinstance(a, torch.Tensor)]
+    for k in range(1, FOLLOW_SEEDS + 1):
+        args = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in problem.args]
+        with torch.no_grad(), frozen_rng(seed + k, tensors):
+            problem.calls["forward"] += 1
+            again = tensor_outputs(problem.fn(*args))
+        if not _same(first, again):
+            return True
+    return False
 
 
 def _generators(problem: Problem) -> list[bytes]:
