@@ -257,7 +257,7 @@ class Problem:
         """Re-seed torch's RNG around a call of a stochastic forward (a no-op otherwise)."""
         if self.freeze_seed is None:
             return contextlib.nullcontext()  # the common case: no generator frame per call
-        return frozen_rng(self.freeze_seed, [a for a in self.args if isinstance(a, torch.Tensor)])
+        return frozen_rng(self.freeze_seed)
 
     def vjp(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
             grads: Sequence[torch.Tensor], create_graph: bool = False) -> list[torch.Tensor]:
@@ -320,10 +320,10 @@ def _fresh(t: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def frozen_rng(seed: int, tensors: Sequence[torch.Tensor]) -> Iterator[None]:
-    # The CUDA generators of the target's devices are forked too: manual_seed seeds every
-    # device, and the user's RNG state is theirs (a stochastic forward on a GPU draws there).
-    devices = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
+def frozen_rng(seed: int) -> Iterator[None]:
+    # manual_seed seeds every CUDA generator: each initialised one is forked (the user's RNG
+    # state is theirs; CPU arguments do not keep a forward from drawing on a GPU).
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         yield
