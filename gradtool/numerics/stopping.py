@@ -116,8 +116,9 @@ def compared_in_part(verdict: Any, problem: Any, jac: AnalyticalJacobian,
         verdict.details.append(
             f"compared in part: {len(cols)} of {problem.inputs[i].numel()} columns of "
             f"'{problem.input_names[i]}', up to the first confirmed failure: backward's whole "
-            "block there is zero, so the other columns could add counts and a heat map, not "
-            "another verdict or diagnosis (--exhaustive compares every column)")
+            "block there is zero, so the other columns could add counts, a heat map and at most "
+            "a non-finite difference's diagnosis, never another verdict (--exhaustive compares "
+            "every column)")
 
 
 def left_unchecked(verdict: Any, problem: Any, blocks: list[tuple[int, int]], stop: str) -> None:
