@@ -57,6 +57,21 @@ def test_repro_fails_on_the_bug_and_passes_on_the_twin(bug, tmp_path):
     assert passing.returncode == 0, passing.stdout + passing.stderr
 
 
+def test_repro_run_with_python_fails_on_the_bug_and_passes_on_the_twin(tmp_path):
+    """`python test_X.py` used to define the test, run nothing and exit 0 on the bug."""
+    _, written = reproduce(f"{BUGS}:ScaleTwice", ["6x40"], tmp_path / "repro")
+    path = Path(written[0].path)
+    failing = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                             timeout=300)
+    assert failing.returncode == 1 and "extra factor 3" in failing.stderr, failing.stderr
+    fixed = path.with_name("test_Scale.py")
+    fixed.write_text(path.read_text().replace(":ScaleTwice'", ":Scale'"))
+    passing = subprocess.run([sys.executable, str(fixed)], capture_output=True, text=True,
+                             timeout=300)
+    assert passing.returncode == 0, passing.stderr
+    assert "test_ScaleTwice passed" in passing.stdout  # the function keeps its name
+
+
 def test_budget_spent_before_values_leaves_the_seeded_spec(tmp_path):
     """Three checks: the confirmation and two sizes; no values tried, the -i spec is written."""
     _, written = reproduce(f"{BUGS}:ScaleTwice", ["6x40"], tmp_path, budget=3)

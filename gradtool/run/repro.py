@@ -124,6 +124,7 @@ def test_source(target: str, name: str, shrunk: Shrunk, config: CheckConfig,
              f"Shrunk {shrunk.before} -> {shrunk.after} in {shrunk.checks_run} checks"
              + (" (values simplified)." if shrunk.values else "."),
              "It fails while the bug is there and passes once it is fixed.",
+             "Run it with pytest, or with python (which runs the test too).",
              '"""', "", "from pathlib import Path", ""]
     device = _device(config, [_inner(s).value for _, s in values])
     if device is not None:
@@ -161,6 +162,9 @@ def test_source(target: str, name: str, shrunk: Shrunk, config: CheckConfig,
     call += [f"{key}={getattr(config, key)!r}" for key in SETTINGS
              if getattr(config, key) != getattr(defaults, key)]
     lines.append(f"    gradtool.assert_gradients({', '.join(call)})")
+    # without it, `python FILE` defines the test, runs nothing and exits 0: read as a pass
+    lines += ["", "", 'if __name__ == "__main__":', f"    test_{name}()",
+              f"    print('test_{name} passed')"]
     return "\n".join(lines) + "\n"
 
 
