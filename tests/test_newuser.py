@@ -100,8 +100,10 @@ def test_a_package_name_taken_by_another_project_loads_the_file_by_path(tmp_path
     monkeypatch.setattr(sys, "path", list(sys.path))
     assert gradtool.check("tests/ops.py:Sleepy", ["3x4"], checks=("gradient",)).ok()
     with pytest.raises(TargetError, match="not_installed_kernels is not importable from .*: "
-                                          "install it"):
+                                          "install it") as raised:
         gradtool.check("needs.py")
+    # a single-file module is a file, not a folder: the hint names both
+    assert "not_installed_kernels/ or not_installed_kernels.py" in str(raised.value.hint)
 
 
 def test_a_forward_returning_a_number_is_named_as_the_cause(inside):

@@ -94,8 +94,8 @@ def package_root(path: Path) -> tuple[Path, str | None]:
 
 def _not_found_hint(location: str, exc: ModuleNotFoundError) -> str:
     top = (exc.name or location).split(".")[0]
-    return (f"run gradtool from the folder that holds {top}/ (or install it: pip install -e "
-            f".), or pass the file itself: path/to/{location.replace('.', '/')}.py")
+    return (f"run gradtool from the folder that holds {top}/ or {top}.py (or install it: "
+            f"pip install -e .), or pass the file itself: path/to/{location.replace('.', '/')}.py")
 
 
 def _import_raised(what: str, exc: BaseException) -> TargetError:
@@ -104,7 +104,7 @@ def _import_raised(what: str, exc: BaseException) -> TargetError:
     if isinstance(exc, ModuleNotFoundError) and hint is None and exc.name:
         top = exc.name.partition(".")[0]
         hint = (f"{top} is not importable from {os.getcwd()}: install it, or run gradtool "
-                f"from the folder that holds {top}/")
+                f"from the folder that holds {top}/ or {top}.py")
     return TargetError(f"importing {what} raised {type(exc).__name__}: {exc}"
                        + "".join(f"\n    {frame}" for frame in user_frames(exc)), hint)
 
