@@ -108,13 +108,40 @@ def test_the_terms_scale_is_of_values_that_follow_grad_output():
 
     def backward(grads):
         (g,) = grads
-        hidden = 316.0 * g            # a normalisation's rstd·g: a term
+        hidden = 316.0 * g            # follows g, but above g's own scale: capped there
+        half = 0.5 * g                # a term below it: its own scale
         squared = 1e3 * (g * g)       # does not follow g linearly: not a term
-        return [hidden - hidden.mean() + 0 * (big + squared)]
+        return [hidden - hidden.mean() + half + 0 * (big + squared)]
 
     g = torch.tensor([0.5, -1.0, 2.0, 0.25])
+    rms = float(g.pow(2).mean().sqrt())
     found = terms_scale(backward, [g])
-    # per element count: the 4-element terms, and mean()'s 0-d one (a gradient of one
-    # element takes that)
-    assert found == pytest.approx({4: 316.0 * float(g.pow(2).mean().sqrt()),
-                                   1: 316.0 * abs(float(g.mean()))})
+    # per element count (mean()'s 0-d value is one element's), at most g's own scale
+    assert found == pytest.approx({4: rms, 1: rms})
+    assert terms_scale(lambda grads: [0.5 * grads[0]], [g]) == pytest.approx({4: 0.5 * rms})
+
+
+class _Rescaled(torch.autograd.Function):
+    """Identity whose backward scales g by S and back, plus B·g², nonlinear in grad_output."""
+
+    S, B = 1e6, 0.1
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @classmethod
+    def backward(cls, ctx, g):
+        t = g * cls.S
+        return t * (1 / cls.S) + cls.B * g * g
+
+
+@pytest.mark.parametrize("dtype, S, B", [("float32", 1e6, 0.1), ("float32", 1e6, 1e-3),
+                                         ("bfloat16", 100.0, 0.1)])
+def test_a_value_backward_scales_back_is_no_term_a_nonlinearity_hides_behind(dtype, S, B):
+    # Review: taken as a term, t = S·g let B·g² the size of the gradient pass as rounding.
+    cls = type("Rescaled", (_Rescaled,), {"S": S, "B": B})
+    report = gradtool.check(cls.apply, [f"8x8:{dtype}"], checks=("contract",))
+    check = next(c for _, _, c in report.checks())
+    assert check.outcome.value == "failed"
+    assert "contract.nonlinear" in {f.rule for f in check.findings}

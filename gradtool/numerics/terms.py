@@ -61,12 +61,17 @@ def terms_scale(backward: Callable[[list[torch.Tensor]], Any],
     """Per element count, the largest root-mean-square of a value backward(grads) computes
     that follows grad_output (doubles with it): the size of the terms its sums combine, which
     a gradient that cancels whole is the rounding noise of, wherever they hide (a summed
-    softmax's g − g·Σs, each term ~|g| while the result is a few ulps of it; a
-    normalisation's rstd·g). A gradient takes those of its own element count (in any shape: a
+    softmax's g − g·Σs, each term ~|g| while the result is a few ulps of it), at most
+    grad_output's own root-mean-square. A gradient takes those of its own element count (in any shape: a
     kernel's flattened view), so an unrelated larger value elsewhere in backward does not make
     a small but real gradient look like noise. Values that do not follow grad_output (saved
     tensors, a recomputed forward) are not terms of it. Empty where nothing is learnt
     (backward's ops unseen: a compiled kernel's)."""
+    # At most grad_output's own scale: a value S·g that backward scales back (t = S·g; t / S)
+    # cancels nothing, and taken as a term it let a nonlinearity the size of the gradient
+    # itself pass as rounding (review: S = 100 in bfloat16, 1e6 in float32).
+    cap = max((float(g.detach().double().pow(2).mean().sqrt()) for g in grads if g.numel()),
+              default=0.0)
     once = _record(backward, grads)
     twice = _record(backward, [2 * g for g in grads])
     if not once or twice is None or len(once) != len(twice):
@@ -76,5 +81,5 @@ def terms_scale(backward: Callable[[list[torch.Tensor]], Any],
         n = math.prod(shape1)
         if (op1, shape1) == (op2, shape2) and r1 > 0 and abs(r2 - 2 * r1) <= FOLLOWS * 2 * r1 \
                 and abs(s2 - 2 * s1) <= FOLLOWS * 2 * r1 * n:
-            found[n] = max(found.get(n, 0.0), r1)
+            found[n] = max(found.get(n, 0.0), min(r1, cap))
     return found
