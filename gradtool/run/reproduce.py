@@ -48,8 +48,19 @@ def loadable_location(module_name: str) -> str:
 
 
 def pin_flags(specs: Sequence[InputSpec], config: CheckConfig) -> str:
-    """'-i 3x4 -i 2.5': the flags that give these inputs explicitly."""
-    return " ".join(f"-i {shell_quote(_cli_input(spec, config))}" for spec in specs)
+    """'-i 3x4 -i 2.5': the flags that give these inputs explicitly. Trailing literals that no
+    --input can write (a default such as torch.tanh: its repr is '<built-in ...>') are left
+    out: forward's own default gives them."""
+    texts = [_cli_input(spec, config) for spec in specs]
+    while texts and _unwritable(specs[len(texts) - 1], texts[-1]):
+        texts.pop()
+    return " ".join(f"-i {shell_quote(text)}" for text in texts)
+
+
+def _unwritable(spec: Any, text: str) -> bool:
+    from ..targets.inputs import LiteralSpec
+
+    return isinstance(spec, LiteralSpec) and text.startswith("<")
 
 
 def reproduce_command(target: Target, specs: Sequence[InputSpec], config: CheckConfig,
