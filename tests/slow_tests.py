@@ -7,7 +7,7 @@
 # tests/test_docs.py, so the list cannot rot silently.
 
 SLOW_FILES = {
-    "test_action.py", "test_conformance.py", "test_isolation.py", "test_lowprec_ops.py",
+    "test_action.py", "test_any_folder.py", "test_conformance.py", "test_isolation.py", "test_lowprec_ops.py",
     "test_python_versions.py",
     "test_repro.py", "test_seeds.py", "test_trace.py", "test_trace_record.py",
     "test_triton_op.py",
