@@ -161,7 +161,7 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
         from .inner import inner_algebra_waived
 
         checks = [inner_algebra_waived(c) for c in checks]
-    notes = list(case.notes)
+    notes = _notes(case, checks)
     if case.alternative is not None:
         notes.append("0-d inputs ran forward and backward where these did not; if the target "
                      f"takes only scalars, pin them: {pin_flags(case.alternative, config)}")
@@ -176,6 +176,15 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     setup += time.perf_counter() - begun
     return CaseResult(case.label, spec.seed, tuple(case.infos), tuple(checks), case.inferred,
                       tuple(dict.fromkeys(notes)), reproduce, pin, setup)
+
+
+def _notes(case: Case, checks: Sequence[CheckResult]) -> list[str]:
+    """The case's notes; on a case that passed, none about shapes inference passed over (they
+    explain a choice only when a check fails on the shape chosen)."""
+    from ..targets.infer import PASSED_OVER
+
+    passed = all(c.outcome in (Outcome.PASSED, Outcome.SKIPPED) for c in checks)
+    return [n for n in case.notes if not (passed and n.startswith(PASSED_OVER))]
 
 
 def _probe(case: Case, config: CheckConfig) -> None:

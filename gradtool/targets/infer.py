@@ -21,6 +21,7 @@ from .load import Target
 SAME_SHAPES = [(3, 4), (5,), (4, 4), (2, 3, 4)]
 MIXED_SHAPES = [(3, 4), (5, 4), (5,), (4, 5), (4,), (3,), (4, 4), (2, 3, 4)]
 MAX_ATTEMPTS = 400
+PASSED_OVER = "inference passed over"  # a note's start: dropped from a case that passed
 BATCH_LOOKAHEAD = 64  # candidates tried for a batched input after an all-1-D one was accepted
 NUMBER_GUESS = {int: 2, float: 2.5, bool: True}
 
@@ -77,7 +78,7 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
                                   "exercises layouts")
             return _prefer_literals(target, _noted(case, dropped), config, seed)
         if len(dropped) < 3 and flat is None:
-            dropped.append(f"inference passed over {_shapes(specs)}, where backward {why} "
+            dropped.append(f"{PASSED_OVER} {_shapes(specs)}, where backward {why} "
                            "(a shape the target need not support: not a failure)")
         fallback = fallback or case
     if flat is not None:
