@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 _sink: Callable[[bytes], None] | None = None
+_told: Callable[[str, dict[str, Any]], None] | None = None  # a worker's pipe: what finished
 _where: dict[str, Any] = {"target": "", "case": "", "check": "", "phase": "", "call": 0}
 
 
@@ -15,6 +16,24 @@ def install(sink: Callable[[bytes], None] | None) -> None:
     """Publish every change to `sink` (a worker's shared memory); None stops publishing."""
     global _sink
     _sink = sink
+
+
+def install_reports(told: Callable[[str, dict[str, Any]], None] | None) -> None:
+    """Send each finished step (a case's plan, a check's result) to `told` as it happens: a
+    run stopped later (Ctrl-C, a timeout, a lost worker) keeps what finished."""
+    global _told
+    _told = told
+
+
+def reporting() -> bool:
+    return _told is not None
+
+
+def report(kind: str, **data: Any) -> None:
+    """A step finished: 'plan' (a case set up: its inputs and the checks that apply) or
+    'check' (one check's result)."""
+    if _told is not None:
+        _told(kind, data)
 
 
 def enter(**fields: Any) -> None:

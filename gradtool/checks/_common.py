@@ -64,6 +64,16 @@ def skipped(name: str, reason: str) -> CheckResult:
     return CheckResult(name, Outcome.SKIPPED, reason)
 
 
+def no_output(problem: Problem) -> str:
+    """Why a case has no output to check: forward raised (told under the first check), or it
+    returns no tensor."""
+    try:
+        problem.outputs(problem.inputs)
+    except Exception as exc:  # noqa: BLE001 - the user's forward failing is the answer
+        return f"not run: forward raised {type(exc).__name__} (reported under the first check)"
+    return "forward returns no tensor output"
+
+
 def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 

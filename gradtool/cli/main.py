@@ -58,16 +58,23 @@ class Command(click.Command):
     `--json` said only that, not that it wants a FILE)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # click's parser consumes the list it is given
         try:
             return super().parse_args(ctx, args)
         except click.BadOptionUsage as exc:
             option = next((p for p in self.params if exc.option_name in getattr(p, "opts", ())),
                           None)
             metavar = getattr(option, "metavar", None)
-            if metavar and "requires an argument" in exc.message:
+            if metavar and _lacks_value(given, exc.option_name):
                 exc.message = (f"Option {exc.option_name!r} requires an argument: {metavar} "
                                f"(e.g. {exc.option_name} report.{metavar_example(option)})")
             raise
+
+
+def _lacks_value(args: list[str], option: str) -> bool:
+    """Whether an option is given last, or right before another option: no value follows."""
+    at = [k for k, a in enumerate(args) if a == option]
+    return bool(at) and (at[-1] == len(args) - 1 or args[at[-1] + 1].startswith("-"))
 
 
 def metavar_example(option: Any) -> str:
