@@ -97,3 +97,17 @@ def test_a_tuple_is_taken_where_the_signature_says_so(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = run("check", "perm.py:permute", "-i", "3x4", "-i", "1,0", "--check", "gradient")
     assert result.exit_code == 0, result.output
+
+
+def test_a_forward_failing_on_a_tuple_names_the_shape_syntax(tmp_path, monkeypatch):
+    """Taken as a literal (the signature says it may be one), the tuple reaches forward, whose
+    error names no 'tuple': the report still says what a tensor of that shape is."""
+    (tmp_path / "dims.py").write_text(
+        "import torch\n"
+        "def scaled(x, dims: tuple = (3, 4)):\n"
+        "    return x * float(dims)\n")
+    monkeypatch.chdir(tmp_path)
+    result = run("check", "dims.py:scaled", "-i", "3x4", "-i", "3,4", "--check", "contract")
+    assert result.exit_code == 1, result.output
+    assert "'dims' is the tuple (3, 4), given as a literal; a tensor of that shape is -i 3x4" \
+        in result.output, result.output

@@ -212,8 +212,12 @@ def literal_hint(case: CaseResult, check: CheckResult) -> list[str]:
     for info in case.inputs:
         match = re.fullmatch(r"\(?(\d+(?:, \d+)*),?\)?", info.description)
         kind = "tuple" if info.description.startswith("(") else "int"
-        if info.differentiable or not match or not re.search(
-                rf"'{kind}' object|type '{kind}'|found {kind}\b", check.summary):
+        # a tuple of sizes reaching a forward that raised a type error: the shape syntax was
+        # meant whatever the message says (a TypeError deep in user code names no 'tuple')
+        typed = kind == "tuple" and check.exception in ("builtins.TypeError",
+                                                        "builtins.AttributeError")
+        if info.differentiable or not match or not (typed or re.search(
+                rf"'{kind}' object|type '{kind}'|found {kind}\b", check.summary)):
             continue
         sizes = match.group(1).split(", ")
         shape = f"-i {'x'.join(sizes)}" if len(sizes) > 1 else f"-i '({sizes[0]},)'"
