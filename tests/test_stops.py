@@ -56,3 +56,20 @@ def test_a_timeout_keeps_the_finished_checks(tmp_path):
     assert checks["gradient"]["summary"].startswith("timed out after 3 s in gradient check")
     assert "a fresh worker runs the targets after it" in " ".join(checks["gradient"]["details"])
     assert report["targets"][1]["cases"][0]["checks"][0]["outcome"] == "passed"
+
+
+def test_a_bug_in_gradtool_on_one_target_leaves_the_others_verdicts(tmp_path):
+    """Exit 3 with the traceback, and the file's other target still checked and shown."""
+    bug = str(FIXTURES / "planted_bug_one.py")
+    json_path = tmp_path / "r.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "gradtool", "check", f"{bug}:buggy", f"{bug}:fine", "-i", "(3,)",
+         "--check", "gradient", "--json", str(json_path)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "bug in gradtool" in out.stderr and "KeyError" in out.stderr
+    report = json.loads(json_path.read_text())
+    outcomes = {t["target"].split(":")[-1]: t["cases"][0]["checks"][0]["outcome"]
+                for t in report["targets"]}
+    assert outcomes == {"buggy": "error", "fine": "passed"}, outcomes
+    assert "PASS" in out.stdout

@@ -61,6 +61,7 @@ class Supervisor:
         self.pending: deque[int] = deque()
         self.results: dict[int, TargetResult | Rejected] = {}
         self.stopped_by: str | None = None
+        self.bugs: list[str] = []  # tracebacks of gradtool's own errors in a job (exit 3)
 
     def run(self, arguments: list[str]) -> Report:
         start = time.perf_counter()
@@ -142,6 +143,12 @@ class Supervisor:
             worker.index = None
         elif isinstance(message, Usage):
             raise (NothingToCheck if message.nothing else GradtoolError)(message.message)
+        elif worker.index is not None:  # a bug in gradtool on one target: the others still run
+            self.bugs.append(message.traceback)
+            last = message.traceback.strip().splitlines()[-1]
+            self.results[worker.index] = self._error(
+                worker, f"a bug in gradtool ({last[:200]}) in", heartbeat.place)
+            worker.index, worker.ready = None, False  # it ends: a fresh one takes the rest
         else:
             raise RuntimeError(f"a gradtool worker hit a bug in gradtool:\n{message.traceback}")
 
@@ -232,6 +239,9 @@ class Supervisor:
 
     def _what_happened(self) -> str:
         rerun = "rerun this target with --no-isolate to debug it in-process"
+        if self.bugs and not self.stopped_by:
+            return ("gradtool's own code failed on this target (its traceback is on stderr: "
+                    "please report it); the other targets were checked")
         if self.stopped_by:
             return (f"the run was stopped ({self.stopped_by}): the checks that had finished "
                     f"are kept, the rest did not run ({rerun})")
