@@ -9,7 +9,7 @@
 SLOW_FILES = {
     "test_action.py", "test_any_folder.py", "test_conformance.py", "test_isolation.py", "test_lowprec_ops.py",
     "test_python_versions.py",
-    "test_repro.py", "test_seeds.py", "test_trace.py", "test_trace_record.py",
+    "test_repro.py", "test_seeds.py", "test_trace.py", "test_trace_held.py", "test_trace_record.py",
     "test_triton_op.py",
 }
 SLOW_TESTS = {
