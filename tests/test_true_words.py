@@ -34,3 +34,13 @@ def test_a_diagnosis_is_told_once_per_check(here):
     assert "FAIL  catalogue.py:AdjointModel   double_backward" in out, out
     assert out.count("diagnosis: second derivative is zero") == 1, out
     assert "(the same for grad_output -> grad of a)" in out
+
+
+@pytest.mark.parametrize("model", ["StarModel", "StarModelInside"])
+def test_an_input_is_named_the_same_way_on_every_line(here, model):
+    """torchdiffeq's forward(ctx, func, y0, *params): a parameter reaches the Function through
+    *params, which names nothing: the Function's line used to call the model's f.a 'arg2'."""
+    out = run("check", f"catalogue.py:{model}", "--check", "gradient").output
+    assert f"FAIL  catalogue.py:{model}   gradient" in out, out
+    assert "input 'f.a'" in out and "wrong w.r.t. f.a" in out, out
+    assert "arg2" not in out
