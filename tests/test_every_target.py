@@ -111,3 +111,23 @@ def test_a_forward_failing_on_a_tuple_names_the_shape_syntax(tmp_path, monkeypat
     assert result.exit_code == 1, result.output
     assert "'dims' is the tuple (3, 4), given as a literal; a tensor of that shape is -i 3x4" \
         in result.output, result.output
+
+
+def test_an_options_dict_given_as_a_value_is_one_argument():
+    """torchdiffeq's OdeintAdjointMethod takes an options dict; given as values (gradtool.check,
+    a traced call), it was flattened into one argument per key, and a correct backward (one
+    gradient per argument) failed contract.gradient_count: a false alarm."""
+    import torch
+
+    import gradtool
+    from conftest import load_fixture
+
+    OdeMethod = load_fixture("catalogue").OdeMethod
+
+    y0 = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    t = torch.rand(3, 4, dtype=torch.float64, requires_grad=True)
+    report = gradtool.check(OdeMethod, [y0, t, "euler", {"scale": 2.0, "norm": abs}],
+                            checks=["contract", "gradient"])
+    assert report.ok(), str(report)
+    names = [i.name for i in report.targets[0].cases[0].inputs]
+    assert names == ["y0", "t", "method", "options"], names

@@ -16,7 +16,7 @@ from ..numerics.problem import Problem, function_nodes, tensor_outputs
 from ..numerics.sparse import Encoding, is_sparse, rebuilding
 from ..numerics.tangent import projected_tensors
 from ..results import CheckResult, InputInfo, Outcome
-from ..targets.cases import Case, bind
+from ..targets.cases import Case, arg_name, bind
 from ..targets.inputs import InputSpec, LiteralSpec, TensorSpec
 from ..targets.load import Target
 from ..targets.resolve import make_target
@@ -173,7 +173,7 @@ def case_from_values(target: Target, values: Sequence[Any], config: CheckConfig,
     encodings: dict[int, Encoding] = {}  # sparse inputs, held as strided values (as build_case)
     for position, (value, grad) in enumerate(zip(values, differentiable)):
         name = target.arg_names[position] if position < len(target.arg_names) else \
-            (aliases or {}).get(position, f"arg{position}")
+            (aliases or {}).get(position) or arg_name(target, position)
         spec: InputSpec
         if isinstance(value, torch.Tensor):
             grad = grad and (value.is_floating_point() or value.is_complex())

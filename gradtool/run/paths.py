@@ -72,8 +72,10 @@ def named_whole(result: CheckResult, problem: Problem, app: Any) -> CheckResult:
     names = problem.input_names
     failing = failing_inputs(result)
     target = make_target(app.cls, f"{app.cls.__module__}:{app.cls.__qualname__}")
-    # named as the model's blocks name them (a *args parameter has no name of its own)
-    wrong = [names[leaf] for _, leaf in sorted(app.anchors.items()) if names[leaf] in failing]
+    # by forward's own argument name; one of its *args has none: the model's name for it,
+    # as the model's blocks name it (not argN)
+    wrong = [target.arg_names[k] if k < len(target.arg_names) else names[leaf]
+             for k, leaf in sorted(app.anchors.items()) if names[leaf] in failing]
     causes = [b.diagnosis for b in result.blocks if b.mismatched and b.diagnosis]
     verdict = "is wrong"
     if not any(b.mismatched for b in result.blocks):  # no wrong element (the forward's own
