@@ -31,3 +31,11 @@ def test_an_adjoint_function_taking_a_callable_gets_a_verdict(tmp_path):
                               "ode_script.py"], cwd=tmp_path, capture_output=True, text=True,
                              timeout=300)
     assert passing.returncode == 0, passing.stdout + passing.stderr
+
+
+def test_the_run_s_time_counts_the_checks_made_in_the_traced_process(tmp_path):
+    shutil.copy(FIXTURES / "trace_held" / "ode_script.py", tmp_path / "ode_script.py")
+    done = subprocess.run([GRADTOOL, "trace", "--check", "gradient", "ode_script.py"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    summary = done.stdout.strip().splitlines()[-1]
+    assert "1 passed in " in summary and " in 0.00s" not in summary, summary

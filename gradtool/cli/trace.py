@@ -285,6 +285,7 @@ def _with_checked(report: Report, recording: Recording, rerun: str) -> Report:
     recorded names, in the report beside the replayed ones; a Rejected one is rejected."""
     names = {e["index"]: e["name"] for e in recording.entries}
     targets, rejected = list(report.targets), list(report.rejected)
+    spent = 0.0  # their checks' and setup's seconds, in the run's duration (not 0.00s)
     for index, result in sorted(recording.checked.items()):
         name = names.get(index, getattr(result, "target", "?"))
         if isinstance(result, Rejected):
@@ -295,7 +296,10 @@ def _with_checked(report: Report, recording: Recording, rerun: str) -> Report:
             cases = tuple(replace(c, notes=(*c.notes, note), reproduce=rerun)
                           for c in result.cases)
             targets.append(replace(result, target=name, cases=cases))
-    return replace(report, targets=tuple(targets), rejected=tuple(rejected))
+            spent += sum(k.duration_s for c in result.cases for k in c.checks) + \
+                sum(c.setup_s for c in result.cases)
+    return replace(report, targets=tuple(targets), rejected=tuple(rejected),
+                   duration_s=report.duration_s + spent)
 
 
 def _jobs(entries: list[dict[str, Any]], config: Any, folders: list[str]) -> Any:
