@@ -8,7 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 _sink: Callable[[bytes], None] | None = None
-_where: dict[str, Any] = {"target": "", "case": "", "check": "", "phase": "", "call": 0}
+_told: Callable[[str, dict[str, Any]], None] | None = None  # a worker's pipe: what finished
+# done/total: evaluations (forward and backward calls) the current check has made, and the
+# number it is expected to make once its mode is known (0: not known yet)
+_where: dict[str, Any] = {"target": "", "case": "", "check": "", "phase": "", "call": 0,
+                          "done": 0, "total": 0}
 
 
 def install(sink: Callable[[bytes], None] | None) -> None:
@@ -17,9 +21,35 @@ def install(sink: Callable[[bytes], None] | None) -> None:
     _sink = sink
 
 
+def install_reports(told: Callable[[str, dict[str, Any]], None] | None) -> None:
+    """Send each finished step (a case's plan, a check's result) to `told` as it happens: a
+    run stopped later (Ctrl-C, a timeout, a lost worker) keeps what finished."""
+    global _told
+    _told = told
+
+
+def reporting() -> bool:
+    return _told is not None
+
+
+def report(kind: str, **data: Any) -> None:
+    """A step finished: 'plan' (a case set up: its inputs and the checks that apply) or
+    'check' (one check's result)."""
+    if _told is not None:
+        _told(kind, data)
+
+
 def enter(**fields: Any) -> None:
-    """The run moved on: a new target, case or check (the phase starts over)."""
-    _where.update(fields, phase="", call=0)
+    """The run moved on: a new target, case or check (the phase and the counts start over)."""
+    _where.update(fields, phase="", call=0, done=0, total=0)
+    _publish()
+
+
+def expect(evaluations: int) -> None:
+    """The current check will make about this many more evaluations (its mode is chosen: a
+    full Jacobian's columns and rows, a probe's directions): the progress line's time left is
+    the measured cost per evaluation times those left, and a stop says done/total."""
+    _where["total"] = int(_where["done"]) + max(0, int(evaluations))
     _publish()
 
 
@@ -32,9 +62,12 @@ class Calls(Counter):
     """Problem.calls: counts forward/backward evaluations and publishes the latest one."""
 
     def __setitem__(self, key: str, value: int) -> None:
+        grew = value - self.get(key, 0)
         super().__setitem__(key, value)
         if _sink is not None:
-            _where.update(phase=key, call=value)
+            done = _where["done"] + max(0, grew)
+            _where.update(phase=key, call=value, done=done,
+                          total=max(done, _where["total"]) if _where["total"] else 0)
             _publish()
 
 
@@ -45,13 +78,23 @@ def describe(state: dict[str, Any]) -> str:
         what += f", {state['case']}"
     detail = [f"{state['check']} check"] if state.get("check") else []
     if state.get("phase"):
-        detail.append(f"{state['phase']} call {state['call']}")
+        detail.append(f"{state['phase']} call {state['call']}{how_far(state)}")
     return what + (f" ({', '.join(detail)})" if detail else "")
 
 
 def place(state: dict[str, Any]) -> str:
-    """'gradient check (forward call 37)', or 'setup of Bad, case 0' before any check began."""
+    """'gradient check (forward call 1787; 1790/3220 evaluations, 56%)', or 'setup of Bad,
+    case 0' before any check began."""
     if not state.get("check"):
         return describe(state)
     text = f"{state['check']} check"
-    return text + (f" ({state['phase']} call {state['call']})" if state.get("phase") else "")
+    return text + (f" ({state['phase']} call {state['call']}{how_far(state)})"
+                   if state.get("phase") else "")
+
+
+def how_far(state: dict[str, Any]) -> str:
+    """'; 1790/3220 evaluations, 56%' once the check's total is known, else ''."""
+    done, total = state.get("done", 0), state.get("total", 0)
+    if not total:
+        return ""
+    return f"; {done}/{total} evaluations, {100 * done // max(1, total)}%"

@@ -7,12 +7,13 @@
 # tests/test_docs.py, so the list cannot rot silently.
 
 SLOW_FILES = {
-    "test_action.py", "test_conformance.py", "test_isolation.py", "test_lowprec_ops.py",
+    "test_action.py", "test_any_folder.py", "test_conformance.py", "test_isolation.py", "test_lowprec_ops.py",
     "test_python_versions.py",
-    "test_repro.py", "test_seeds.py", "test_trace.py", "test_trace_record.py",
+    "test_repro.py", "test_seeds.py", "test_trace.py", "test_trace_held.py", "test_trace_record.py",
     "test_triton_op.py",
 }
 SLOW_TESTS = {
+    "test_true_numbers.py": ("test_a_timeout_says_how_far_the_check_got",),
     "test_newuser.py": (
         "test_a_slow_check_piped_says_its_estimate_progress_and_how_far_it_got",
         "test_every_kind_of_reproduce_line_runs_as_printed",

@@ -315,8 +315,10 @@ def test_a_report_is_true_exactly_when_ok():
     assert not wrong.ok() and bool(gradtool.check(Cube, (x,), checks=("gradient",)))
 
 
-def test_a_function_given_as_apply_is_named_by_its_class_everywhere():
+def test_a_function_given_as_apply_is_named_by_its_class_everywhere(monkeypatch):
     import json
+
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")  # else reproduce: names this test, not the target
 
     from gradtool.render.json import render_json as render
 

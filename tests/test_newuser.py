@@ -73,7 +73,10 @@ def test_an_import_error_shows_the_users_own_frame(inside):
         text = str(info.value)
         assert "raised ValueError: no kernel config for this GPU" in text
         assert "fusedlib/broken.py:5 in configure" in text, text
-        assert "gradtool/" not in text and "importlib" not in text, text
+        # gradtool's own frames are left out: its package folder is named nowhere (a clone's
+        # own path may well hold "gradtool/": that says nothing)
+        assert str(Path(gradtool.__file__).parent) not in text, text
+        assert "importlib" not in text, text
 
 
 def test_a_module_that_is_nowhere_names_where_it_looked_and_what_to_pass(inside):

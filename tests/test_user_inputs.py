@@ -34,7 +34,8 @@ def failed_inputs(report) -> set[str]:
             for b in k.blocks if b.mismatched}
 
 
-def test_given_tensors_decide_pass_or_fail_and_stay_untouched(fx):
+def test_given_tensors_decide_pass_or_fail_and_stay_untouched(fx, monkeypatch):
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")  # outside a test, reproduce: is --inputs-from
     x = torch.rand(3, 4, dtype=torch.float64) + 0.5
     before = x.clone()
     assert gradtool.check(fx.SquareWrongWhenNegative, (x,)).ok()

@@ -64,6 +64,34 @@ def skipped(name: str, reason: str) -> CheckResult:
     return CheckResult(name, Outcome.SKIPPED, reason)
 
 
+def no_output(problem: Problem) -> str:
+    """Why a case has no output to check: forward raised (told under the first check), or it
+    returns no tensor."""
+    try:
+        problem.outputs(problem.inputs)
+    except Exception as exc:  # noqa: BLE001 - the user's forward failing is the answer
+        return f"not run: forward raised {type(exc).__name__} (reported under the first check)"
+    return "forward returns no tensor output"
+
+
+def expect_evaluations(problem: Problem, config: CheckConfig, mode: str, leaves: Any,
+                       outs: Any) -> None:
+    """Tell the heartbeat how many evaluations the chosen mode makes: full mode its plan's
+    forwards and backwards (else two forwards a column and a backward a row), probe mode its
+    directions' forwards and its cotangents' backwards."""
+    from .. import heartbeat
+
+    if not heartbeat.reporting():
+        return
+    plan = problem.cache.plan
+    if mode == "full":
+        n_in, n_out = sum(v.numel() for v in leaves), sum(o.numel() for o in outs)
+        total = plan.forwards + plan.backwards if plan is not None else 2 * n_in + n_out
+    else:
+        total = 4 * max(1, config.probes // 4) + min(config.probes, 2)
+    heartbeat.expect(total)
+
+
 def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 

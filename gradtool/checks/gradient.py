@@ -19,7 +19,7 @@ from ..numerics.sparse import in_place, masked_places
 from ..results import Block, CheckResult, Finding, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
-from ._common import Context, calls_since, error_result
+from ._common import Context, calls_since, error_result, expect_evaluations
 
 if TYPE_CHECKING:
     from ..diagnosis.block import Diagnosis
@@ -192,6 +192,7 @@ def reverse_mode(problem: Problem, config: CheckConfig, leaves: list[torch.Tenso
     if mode == "probe" and known_wrong and stop and _fits(problem, config):
         # A probe could only fail, then turn to full mode: straight to the stopping sweep.
         mode, reason = "full", f"{reason}; {known_wrong}"
+    expect_evaluations(problem, config, mode, leaves, outs)  # the progress line's time left
     if mode == "full":
         return check_full(problem, config, leaves, outs, reference, reason, stop, first)
     return check_probe(problem, config, leaves, outs, reference, reason, seed, stop, first)

@@ -18,7 +18,7 @@ from ..targets.cases import Case
 from ..targets.probe import both_nan, equal
 from ..tracebacks import calls_user_code, gradtool_frame, innermost_user_frame, raised_in_gradtool
 from .contract_rounding import MEASURED_SLACK, measured_noise
-from ._common import Context, calls_since
+from ._common import Context, calls_since, no_output
 
 NAME = "layout"
 # Same values in another layout may be summed in another order (a different kernel): that is
@@ -111,7 +111,7 @@ def run(case: Case, context: Context) -> CheckResult:
     against the contiguous result."""
     start, problem = time.perf_counter(), case.problem
     if not problem.output_names:  # a Python number, None: the contract's finding, not a pass
-        return CheckResult(NAME, Outcome.SKIPPED, "forward returns no tensor output")
+        return CheckResult(NAME, Outcome.SKIPPED, no_output(problem))
     before = dict(problem.calls)
     source = context.target.source
     # A stochastic forward's draws (rand_like) follow its input's memory layout: another

@@ -62,7 +62,10 @@ def run_check(options: CheckOptions) -> ExitCode:
                              "spec file or folder), or set paths in [tool.gradtool]")
     collect = collection(targets, config, options)
     if options.isolate:
-        report = supervised(collect, config, targets, options)
+        try:
+            report = supervised(collect, config, targets, options)
+        except WorkerBugs as bugs:
+            return _told_bugs(bugs, settings, options)
     else:
         from .worker import import_torch, quiet_expected_warnings
 
@@ -78,6 +81,20 @@ def run_check(options: CheckOptions) -> ExitCode:
     except BrokenPipeError:  # `gradtool check ... | head`: the verdict still decides the code
         silence_stdout()
     return verdict(report, config.strict)
+
+
+def _told_bugs(bugs: WorkerBugs, settings: Any, options: CheckOptions) -> ExitCode:
+    """The report, then each bug's traceback and how to report it: exit 3."""
+    try:
+        emit(bugs.report, settings, options)
+    except BrokenPipeError:
+        silence_stdout()
+    for text in bugs.tracebacks:
+        click.echo(text, err=True)
+    click.echo(f"gradtool: internal error (a bug in gradtool) on {len(bugs.tracebacks)} "
+               "target(s), shown as errors above; the other targets' verdicts stand — please "
+               "report it with the traceback above", err=True)
+    return ExitCode.INTERNAL
 
 
 def verdict(report: Report, strict: bool) -> ExitCode:
@@ -136,10 +153,22 @@ def supervised(collect: Any, config: CheckConfig, targets: list[str],
                                              live=sys.stderr.isatty())
     supervisor = Supervisor(collect, config, count, options.max_rss, _warm_renderers, watch)
     try:
-        return supervisor.run(targets)
+        report = supervisor.run(targets)
     finally:
         if watch is not None:
             watch.stop()
+    if supervisor.bugs:
+        raise WorkerBugs(report, tuple(supervisor.bugs))
+    return report
+
+
+class WorkerBugs(Exception):
+    """gradtool's own error on some targets in their workers: the report (the others'
+    verdicts, those targets as errors) is still shown, then the tracebacks, exit 3."""
+
+    def __init__(self, report: Report, tracebacks: tuple[str, ...]) -> None:
+        super().__init__(f"{len(tracebacks)} target(s) hit a bug in gradtool")
+        self.report, self.tracebacks = report, tracebacks
 
 
 def _warm_renderers() -> None:

@@ -58,7 +58,7 @@ def _checks_line(job: Job, case) -> str:
         return f"checks: cannot tell which apply: {type(exc).__name__}: {exc}"
     runs = [name for name, reason in plan if reason is None]
     text = f"checks: {', '.join(runs) or 'none'}"
-    cost = _cost(case, runs)
+    cost = _cost(case, runs, job.config.mode)
     by_reason: dict[str, list[str]] = {}  # one reason said once ("op_schema, op_fake: ...")
     for name, reason in plan:
         if reason is not None and not job.target.kind.applies(BY_NAME[name]):
@@ -68,9 +68,10 @@ def _checks_line(job: Job, case) -> str:
         (f"\n    {cost}" if cost else "")
 
 
-def _cost(case, checks: list[str]) -> str | None:
+def _cost(case, checks: list[str], mode: str = "auto") -> str | None:
     """The estimate from one timed forward at the case's inputs (progress.py); list runs no
-    backward (user code a check would run), so the backward's time is not counted."""
+    backward (user code a check would run), so the backward's time is not counted. In full
+    mode the Jacobian's columns count: two forwards each, at most."""
     import time
 
     from .progress import cost_text
@@ -82,4 +83,10 @@ def _cost(case, checks: list[str]) -> str | None:
         forward = time.perf_counter() - start
     except Exception:  # noqa: BLE001 - the checks will report it; list only estimates
         return None
-    return cost_text({"forward": forward}, checks)
+    full = None
+    if mode == "full":
+        outs = problem.outputs(problem.inputs)
+        n_in = sum(v.numel() for v in problem.inputs)
+        n_out = sum(o.numel() for o in outs if hasattr(o, "numel"))
+        full = {"gradient": 2 * n_in, "double_backward": 2 * (n_in + n_out)}
+    return cost_text({"forward": forward}, checks, full)

@@ -53,6 +53,35 @@ def main() -> None:
     """
 
 
+class Command(click.Command):
+    """A command whose "requires an argument" error names what the option takes (a bare
+    `--json` said only that, not that it wants a FILE)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # click's parser consumes the list it is given
+        try:
+            return super().parse_args(ctx, args)
+        except click.BadOptionUsage as exc:
+            option = next((p for p in self.params if exc.option_name in getattr(p, "opts", ())),
+                          None)
+            metavar = getattr(option, "metavar", None)
+            if metavar and _lacks_value(given, exc.option_name):
+                exc.message = (f"Option {exc.option_name!r} requires an argument: {metavar} "
+                               f"(e.g. {exc.option_name} report.{metavar_example(option)})")
+            raise
+
+
+def _lacks_value(args: list[str], option: str) -> bool:
+    """Whether an option is given last, or right before another option: no value follows."""
+    at = [k for k, a in enumerate(args) if a == option]
+    return bool(at) and (at[-1] == len(args) - 1 or args[at[-1] + 1].startswith("-"))
+
+
+def metavar_example(option: Any) -> str:
+    """The file extension an example names: a report format's own."""
+    return {"--json": "json", "--junit-xml": "xml", "--html": "html"}.get(option.opts[0], "out")
+
+
 def guarded(fn: Callable[..., ExitCode]) -> Callable[..., None]:
     """Map exceptions to exit codes: user mistakes -> 2 (short message), bugs -> 3."""
     def wrapper(**kwargs: Any) -> None:
@@ -142,7 +171,7 @@ def report_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--format", "fmt", type=click.Choice(["terminal", "json"]), default=None,
                      help="Report format on stdout [terminal]."),
         *(click.option(form.option, file_param(form.name), type=click.Path(dir_okay=False),
-                       default=None, help=f"Write {form.description} to this file.")
+                       default=None, metavar="FILE", help=f"Write {form.description} to this file.")
           for form in registry.FORMATS.values()),
         click.option("--annotations", type=click.Choice(["auto", "github", "none"]),
                      default=None,
@@ -179,7 +208,7 @@ def _workers(value: str | None) -> str | None:
 CHECK_EPILOG = "\b\nInputs:\n" + INPUT_HELP
 
 
-@main.command(context_settings=CONTEXT, epilog=CHECK_EPILOG)
+@main.command(cls=Command, context_settings=CONTEXT, epilog=CHECK_EPILOG)
 @click.argument("targets", nargs=-1)
 @check_options
 @click.option("--eps", type=float, default=None, help="Finite-difference step [dtype default].")
@@ -241,7 +270,7 @@ def check(**kw: Any) -> ExitCode:
     return run_check(CheckOptions.from_click(kw))
 
 
-@main.command(context_settings=CONTEXT, epilog=CHECK_EPILOG)
+@main.command(cls=Command, context_settings=CONTEXT, epilog=CHECK_EPILOG)
 @click.argument("target")
 @check_options
 @click.option("--format", "fmt", type=click.Choice(["tree", "dot", "mermaid", "json"]),
@@ -263,7 +292,7 @@ def graph(**kw: Any) -> ExitCode:
     return run_graph(GraphOptions.from_click(kw))
 
 
-@main.command("list", context_settings=CONTEXT, epilog=CHECK_EPILOG)
+@main.command("list", cls=Command, context_settings=CONTEXT, epilog=CHECK_EPILOG)
 @click.argument("targets", nargs=-1)
 @check_options
 @click.option("--rules", is_flag=True, default=False,

@@ -50,6 +50,15 @@ class Running:
     changed: float = 0.0
     intervals: dict[str, list[float]] = field(default_factory=dict)  # seconds a call took
     announced: bool = False
+    done: int = 0    # the current check's evaluations so far
+    total: int = 0   # ... and those its mode needs (0: not known yet)
+
+    def check_left(self, now: float) -> float | None:
+        """The current check's seconds left: its measured seconds per evaluation (all it took
+        so far over the evaluations it made) times the evaluations left; None until known."""
+        if not self.total or not self.done:
+            return None
+        return max(0, self.total - self.done) * (now - self.check_started) / self.done
 
     def per_call(self) -> dict[str, float] | None:
         """Seconds a call takes, by phase (forward, backward); None before any was timed."""
@@ -85,6 +94,7 @@ class Watch:
 
     def _follow(self, seen: Running, state: dict[str, Any], now: float, job: Any) -> None:
         check, call = state.get("check") or "", (state.get("phase") or "", state.get("call", 0))
+        seen.done, seen.total = state.get("done", 0), state.get("total", 0)
         if check and (not seen.checks or seen.checks[-1] != check):
             seen.checks.append(check)
             seen.check_started, seen.announced = now, False
@@ -99,6 +109,9 @@ class Watch:
         per_call = seen.per_call()
         if check and not seen.announced and per_call is not None:
             predicted = estimate_s(check, per_call)
+            measured = seen.check_left(now)
+            if measured is not None:  # the mode's evaluations at their measured cost
+                predicted = measured + now - seen.check_started
             if predicted > LONG_S:
                 seen.announced = True
                 calls = ", ".join(f"{t:.2g} s a {phase} call" for phase, t in per_call.items())
@@ -120,11 +133,14 @@ class Watch:
         lefts, per_check = [0.0], []
         for seen in self.running.values():
             per_call = seen.per_call()
-            if per_call is None:
+            measured = seen.check_left(now)
+            if per_call is None and measured is None:
                 return None
+            per_call = per_call or {}
             job = supervisor._job(seen.index)
             current = seen.checks[-1] if seen.checks else ""
-            left = max(0.0, estimate_s(current, per_call) - (now - seen.check_started))
+            left = measured if measured is not None else \
+                max(0.0, estimate_s(current, per_call) - (now - seen.check_started))
             # a check not begun counts only if it runs on most targets (CHECK_CALLS): the
             # others (forward_ad without a jvp, complex) are mostly skipped at once
             rest = [c for c in job.checks if c not in seen.checks and c in CHECK_CALLS]
@@ -196,12 +212,21 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def cost_text(per_call: dict[str, float], checks: list[str]) -> str:
-    """`gradtool list`'s estimate: the run's seconds and each long check's, from one call's time."""
+def cost_text(per_call: dict[str, float], checks: list[str],
+              full: dict[str, int] | None = None) -> str:
+    """`gradtool list`'s estimate: the run's seconds and each long check's, from one call's time;
+    `full`: the forwards a check makes in --mode full (a Jacobian's columns), where it is on."""
     each = {c: estimate_s(c, per_call) for c in checks}
+    for check, forwards in (full or {}).items():
+        if check in each:  # an upper bound: batched or coloured columns cost less
+            each[check] = max(each[check], forwards * per_call.get("forward", 0.0))
     total = sum(each.values()) + 2 * per_call.get("forward", 0.0)  # the probe phase's forwards
     if total < 1:
         return "estimated cost: under 1 s"
     long = [f"{c} ~{_duration(t)}" for c, t in each.items() if t >= 1]
     timed = ", ".join(f"{t:.2g} s a {phase}" for phase, t in per_call.items())
-    return f"estimated cost: ~{_duration(total)} ({timed}; {', '.join(long)})"
+    text = f"estimated cost: ~{_duration(total)} ({timed}; {', '.join(long)})"
+    if full and total > LONG_S:
+        text += ("; --mode full evaluates forward twice per input element (at most: batched "
+                 "columns cost less): --mode auto or probe, or a smaller -i, cut it")
+    return text

@@ -1,6 +1,7 @@
 """The messages between `gradtool check`'s supervisor and its workers: small frozen records.
 
-A worker sends Ready (what it collected) once, then Done per job index it is sent; Usage or
+A worker sends Ready (what it collected) once, then Steps as a job's checks finish and Done
+per job index it is sent; Usage or
 Internal ends it. The supervisor sends a job index, or None to stop. No torch: the supervisor
 describes a job it cannot import from its JobOutline alone."""
 
@@ -54,6 +55,16 @@ class Done:
 
 
 @dataclass(frozen=True)
+class Step:
+    """A step of the job at index finished, sent as it does (heartbeat.report): 'plan' (a case
+    set up: case, seed, inputs, the checks that apply) or 'check' (case, result)."""
+
+    index: int
+    kind: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Usage:
     """A usage error while collecting (exit 2), or nothing to check (exit 5)."""
 
@@ -68,7 +79,7 @@ class Internal:
     traceback: str
 
 
-Message = Union[Ready, Done, Usage, Internal]
+Message = Union[Ready, Done, Step, Usage, Internal]
 
 
 def outline(job: Any) -> JobOutline:

@@ -19,7 +19,7 @@ from .. import heartbeat
 from ..config.settings import CheckConfig
 from ..errors import GradtoolError, NothingToCheck
 from ..results import CaseResult, CheckResult, InputInfo, Outcome, Rejected, Report, TargetResult
-from .protocol import Done, JobOutline, Message, Ready, Usage
+from .protocol import Done, JobOutline, Message, Ready, Step, Usage
 from .worker import BEAT_BYTES, serve
 
 TICK_S = 0.1  # how often deadlines and signals are looked at while workers are busy
@@ -34,6 +34,7 @@ class Worker:
     started: float = 0.0
     ready: bool = False        # collection done
     begun: list[str] = field(default_factory=list)  # the checks its job has begun, in order
+    steps: list[Step] = field(default_factory=list)  # its job's cases set up, checks finished
 
     def state(self) -> dict[str, Any]:
         """What it was doing last (target, case, check, phase, call), as it published."""
@@ -60,6 +61,7 @@ class Supervisor:
         self.pending: deque[int] = deque()
         self.results: dict[int, TargetResult | Rejected] = {}
         self.stopped_by: str | None = None
+        self.bugs: list[str] = []  # tracebacks of gradtool's own errors in a job (exit 3)
 
     def run(self, arguments: list[str]) -> Report:
         start = time.perf_counter()
@@ -117,7 +119,7 @@ class Supervisor:
         for worker in self.workers:
             if worker.ready and worker.index is None and self.pending:
                 worker.index, worker.started = self.pending.popleft(), time.monotonic()
-                worker.begun = []
+                worker.begun, worker.steps = [], []
                 worker.conn.send(worker.index)
 
     def _read(self, worker: Worker) -> None:
@@ -133,11 +135,20 @@ class Supervisor:
                 self.collected = message
                 self.pending.extend(range(len(message.jobs)))
             worker.ready = True
+        elif isinstance(message, Step):
+            if message.index == worker.index:
+                worker.steps.append(message)
         elif isinstance(message, Done):
             self.results[message.index] = message.result
             worker.index = None
         elif isinstance(message, Usage):
             raise (NothingToCheck if message.nothing else GradtoolError)(message.message)
+        elif worker.index is not None:  # a bug in gradtool on one target: the others still run
+            self.bugs.append(message.traceback)
+            last = message.traceback.strip().splitlines()[-1]
+            self.results[worker.index] = self._error(
+                worker, f"a bug in gradtool ({last[:200]}) in", heartbeat.place)
+            worker.index, worker.ready = None, False  # it ends: a fresh one takes the rest
         else:
             raise RuntimeError(f"a gradtool worker hit a bug in gradtool:\n{message.traceback}")
 
@@ -191,26 +202,63 @@ class Supervisor:
 
     def _error(self, worker: Worker, cause: str, where: Callable[[dict[str, Any]], str]
                ) -> TargetResult:
-        """The target a worker was running when it died or overran: an `error` naming why."""
+        """The target a worker was running when it died, overran or was stopped: the checks
+        it had finished (sent as each did), then an `error` naming why and where, then the
+        checks that apply and were not begun."""
         job, state = self._job(worker.index), worker.state()
         if state.get("target") != job.name:
             state = {"target": job.name}
-        case = next((c for c in job.cases if c.label == state.get("case")), job.cases[0])
-        name = state.get("check") or job.checks[0]
-        ran = [c for c in worker.begun if c != name]
-        rest = [c for c in job.checks if c != name and c not in ran]
-        check = CheckResult(
+        plans = {s.data["case"]: s.data for s in worker.steps if s.kind == "plan"}
+        finished = [s.data for s in worker.steps if s.kind == "check"]
+        label = state.get("case") or (list(plans)[-1] if plans else job.cases[0].label)
+        outlined = {c.label: c for c in job.cases}
+        cases = []
+        for done_label in [*plans, *([label] if label not in plans else [])]:
+            checks = tuple(f["result"] for f in finished if f["case"] == done_label)
+            if done_label == label:
+                checks += (self._stop_check(worker, job, state, cause, where,
+                                            plans.get(label), checks),)
+            cases.append(self._case(job, outlined, done_label, plans.get(done_label), checks))
+        return TargetResult(job.name, job.kind, job.qualname, job.source, tuple(cases), job.spec)
+
+    def _stop_check(self, worker: Worker, job: JobOutline, state: dict[str, Any], cause: str,
+                    where: Callable[[dict[str, Any]], str], plan: dict[str, Any] | None,
+                    done: tuple[CheckResult, ...]) -> CheckResult:
+        applies = list(plan["checks"]) if plan else list(job.checks)
+        name = state.get("check") or (applies or list(job.checks))[0]
+        finished = {c.name for c in done}
+        rest = [c for c in applies if c != name and c not in finished]
+        return CheckResult(
             name, Outcome.ERROR, f"{cause} {where(state)}",
-            ("the worker process running this target was stopped; the other targets ran on "
-             "in fresh workers (rerun this one with --no-isolate to debug it in-process)",
-             *([f"checks it had finished (their results went with the worker): "
-                f"{', '.join(ran)}"] if ran else []),
+            (self._what_happened(),
+             *([f"checks finished before it: {', '.join(sorted(finished, key=applies.index))}"
+                " (their results are above)"] if finished and set(finished) <= set(applies)
+               else [f"checks finished before it: {', '.join(finished)}"] if finished else []),
              *([f"checks not begun: {', '.join(rest)}"] if rest else [])),
             source=job.source, duration_s=time.monotonic() - worker.started)
-        inputs = tuple(InputInfo(name, text, True) for name, text in case.inputs or ())
-        result = CaseResult(case.label, case.seed, inputs, (check,), case.inputs is None,
-                            reproduce=case.reproduce)
-        return TargetResult(job.name, job.kind, job.qualname, job.source, (result,), job.spec)
+
+    def _what_happened(self) -> str:
+        rerun = "rerun this target with --no-isolate to debug it in-process"
+        if self.bugs and not self.stopped_by:
+            return ("gradtool's own code failed on this target (its traceback is on stderr: "
+                    "please report it); the other targets were checked")
+        if self.stopped_by:
+            return (f"the run was stopped ({self.stopped_by}): the checks that had finished "
+                    f"are kept, the rest did not run ({rerun})")
+        fresh = "; a fresh worker runs the targets after it" if self.pending else ""
+        return f"the worker process running this target was stopped{fresh} ({rerun})"
+
+    @staticmethod
+    def _case(job: JobOutline, outlined: dict[str, Any], label: str, plan: dict[str, Any] | None,
+              checks: tuple[CheckResult, ...]) -> CaseResult:
+        outline = outlined.get(label) or next(
+            (c for c in job.cases if label.startswith(c.label)), job.cases[0])
+        if plan is not None:
+            inputs = tuple(plan["inputs"])
+        else:
+            inputs = tuple(InputInfo(n, text, True) for n, text in outline.inputs or ())
+        return CaseResult(label, plan["seed"] if plan else outline.seed, inputs, checks,
+                          outline.inputs is None, reproduce=outline.reproduce)
 
     def _shut_down(self) -> None:
         for worker in self.workers:

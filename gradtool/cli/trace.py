@@ -24,7 +24,7 @@ import click
 
 from ..errors import ExitCode, GradtoolError, NothingToCheck
 from ..results import Rejected, Report
-from ..run.trace_messages import Ended, Layouts, Recorded, Refused, TraceMessage
+from ..run.trace_messages import Checked, Ended, Layouts, Recorded, Refused, TraceMessage
 from .options import TraceOptions
 from .supervise import TICK_S, exit_cause
 
@@ -38,6 +38,7 @@ class Recording:
     entries: list[dict[str, Any]] = field(default_factory=list)
     grads: dict[int, list[str]] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
+    checked: dict[int, Any] = field(default_factory=dict)  # index -> result, checked in place
     ending: tuple[str, str] | None = None   # ("ok" | "raised" | "exit" | "died" | "timeout", ..)
     interrupted: str | None = None
 
@@ -53,7 +54,7 @@ def run_trace(options: TraceOptions) -> ExitCode:
     settings, _ = settings_from(options)
     config = config_from(settings)
     folder, temporary = _folder(options.save)
-    spec.update(out_dir=folder, max_calls=options.max_calls or 1000)
+    spec.update(out_dir=folder, max_calls=options.max_calls or 1000, config=config)
     keep = not temporary
     try:
         recording = record(spec, config.timeout)
@@ -152,6 +153,8 @@ def _handle(message: TraceMessage, recording: Recording) -> None:
         recording.entries.append(message.entry)
     elif isinstance(message, Layouts):
         recording.grads.setdefault(message.index, list(message.grads))
+    elif isinstance(message, Checked):
+        recording.checked[message.index] = message.result
     elif isinstance(message, Ended):
         recording.ending, recording.summary = tuple(message.status), message.summary
     elif isinstance(message, Refused):
@@ -231,7 +234,8 @@ def _check(recording: Recording, spec: dict[str, Any], config: Any, settings: di
 
     ending = _ending_text(recording, spec)
     usable = [e for e in recording.entries if e["target"]]
-    unusable = [Rejected(e["name"], e["problem"]) for e in recording.entries if not e["target"]]
+    unusable = [Rejected(e["name"], _unusable(e)) for e in recording.entries
+                if not e["target"] and e["index"] not in recording.checked]
     if recording.interrupted:
         report = Report((), config.effective, _versions(), tuple(unusable),
                         not_run=tuple(e["name"] for e in usable), interrupted=recording.interrupted)
@@ -244,6 +248,7 @@ def _check(recording: Recording, spec: dict[str, Any], config: Any, settings: di
         collect = partial(_jobs, usable, config, [*folders, os.getcwd()])
         report = supervised(collect, config, [e["name"] for e in usable], options) \
             if usable else Report((), config.effective, _versions(), (), 0.0)
+    report = _with_checked(report, recording, _rerun(spec))
     report = _annotated(report, recording, unusable, ending, spec)
     emit(report, settings, options)
     if ending and not recording.interrupted:
@@ -254,6 +259,47 @@ def _check(recording: Recording, spec: dict[str, Any], config: Any, settings: di
     if recording.failed or bad:
         return ExitCode.CHECKS_FAILED, True
     return (ExitCode.USAGE, True) if report.rejected else (ExitCode.OK, False)
+
+
+def _unusable(entry: dict[str, Any]) -> str:
+    """Why a call is not checked, and the other ways to check it."""
+    problem = entry["problem"] or "cannot be replayed"
+    if "saved and replayed" not in problem:
+        return problem
+    return (f"{problem}; check it from Python where those arguments live: "
+            f"gradtool.check({entry['label']}, inputs=(...)) or assert_gradients, or check the "
+            "module that calls it (gradtool check file.py:Model)")
+
+
+def _rerun(spec: dict[str, Any]) -> str:
+    """The command that records and checks again: the trace itself."""
+    from ..run.reproduce import shell_quote
+
+    what = f"-m {spec['module']}" if spec.get("module") else shell_quote(spec.get("path") or "")
+    args = " ".join(shell_quote(a) for a in spec.get("args") or ())
+    return f"gradtool trace {what}" + (f" -- {args}" if args else "")
+
+
+def _with_checked(report: Report, recording: Recording, rerun: str) -> Report:
+    """The calls checked in the recording process (arguments that cannot be saved), by their
+    recorded names, in the report beside the replayed ones; a Rejected one is rejected."""
+    names = {e["index"]: e["name"] for e in recording.entries}
+    targets, rejected = list(report.targets), list(report.rejected)
+    spent = 0.0  # their checks' and setup's seconds, in the run's duration (not 0.00s)
+    for index, result in sorted(recording.checked.items()):
+        name = names.get(index, getattr(result, "target", "?"))
+        if isinstance(result, Rejected):
+            rejected.append(Rejected(name, result.message))
+        else:
+            note = ("checked in the traced process, on the recorded arguments held as they "
+                    "were (a callable or an object no file can hold)")
+            cases = tuple(replace(c, notes=(*c.notes, note), reproduce=rerun)
+                          for c in result.cases)
+            targets.append(replace(result, target=name, cases=cases))
+            spent += sum(k.duration_s for c in result.cases for k in c.checks) + \
+                sum(c.setup_s for c in result.cases)
+    return replace(report, targets=tuple(targets), rejected=tuple(rejected),
+                   duration_s=report.duration_s + spent)
 
 
 def _jobs(entries: list[dict[str, Any]], config: Any, folders: list[str]) -> Any:

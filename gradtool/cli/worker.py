@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import heartbeat
 from ..errors import GradtoolError, InternalError, NothingToCheck
-from .protocol import Done, Internal, Ready, Usage, outline
+from .protocol import Done, Internal, Ready, Step, Usage, outline
 
 BEAT_BYTES = 4096
 
@@ -38,7 +38,10 @@ def serve(conn: Any, beat: Any, collect: Callable[[], tuple[list[Any], list[Any]
         limit_memory(max_rss)
     from ..run.runner import run_one
 
+    running = [0]  # the job index the steps belong to
+    heartbeat.install_reports(lambda kind, data: conn.send(Step(running[0], kind, data)))
     while (index := conn.recv()) is not None:
+        running[0] = index
         try:
             conn.send(Done(index, run_one(jobs[index])))
         except InternalError:  # a bug in gradtool: exit 3 with its traceback, as in-process

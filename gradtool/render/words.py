@@ -43,9 +43,22 @@ def check_body(check: CheckResult) -> list[str]:
     lines = [check.summary]
     if check.expected_failure and check.outcome is Outcome.XPASSED:
         lines.append(f"declared expected failure: {check.expected_failure}")
+    told: dict[str, int] = {}  # a diagnosis's kind (its numbers left out) -> its line
     for block in check.blocks:
-        if block.mismatched:
-            lines += block_lines(block, check.tolerance, other_label(check), mode=check.mode)
+        if not block.mismatched:
+            continue
+        more = block_lines(block, check.tolerance, other_label(check), mode=check.mode)
+        kind = diagnosis_kind(block.diagnosis)
+        if kind in told:  # the same diagnosis for another block: once, naming the blocks
+            more = [line for line in more if not line.startswith("diagnosis: ")]
+            first = told[kind]
+            lines[first] += (", and for " if "(the same for" in lines[first]
+                             else " (the same for ") + f"{block.input} -> {block.output}"
+        elif kind:
+            told[kind] = len(lines) + len(more) - 1
+        lines += more
+    lines = [line + ")" if line.startswith("diagnosis: ") and "(the same for" in line
+             else line for line in lines]
     lines += list(check.details)
     lines += finding_lines(check)
     if broken_rules(check):
@@ -85,6 +98,13 @@ def broken_rules(check: CheckResult) -> list[str]:
 def rules_text(check: CheckResult) -> str:
     """'rules broken: gradient.mismatch, gradient.factor' (the ids ignore: and CI filter by)."""
     return "rules broken: " + ", ".join(broken_rules(check))
+
+
+def diagnosis_kind(diagnosis: str | None) -> str:
+    """A diagnosis without its numbers: two blocks with the same kind say the same thing."""
+    import re
+
+    return re.sub(r"[-+]?\d[\d.,e+-]*", "#", diagnosis or "")
 
 
 def block_lines(block: Block, tolerance: dict[str, float], label: str = "numerical",
@@ -192,8 +212,12 @@ def literal_hint(case: CaseResult, check: CheckResult) -> list[str]:
     for info in case.inputs:
         match = re.fullmatch(r"\(?(\d+(?:, \d+)*),?\)?", info.description)
         kind = "tuple" if info.description.startswith("(") else "int"
-        if info.differentiable or not match or not re.search(
-                rf"'{kind}' object|type '{kind}'|found {kind}\b", check.summary):
+        # a tuple of sizes reaching a forward that raised a type error: the shape syntax was
+        # meant whatever the message says (a TypeError deep in user code names no 'tuple')
+        typed = kind == "tuple" and check.exception in ("builtins.TypeError",
+                                                        "builtins.AttributeError")
+        if info.differentiable or not match or not (typed or re.search(
+                rf"'{kind}' object|type '{kind}'|found {kind}\b", check.summary)):
             continue
         sizes = match.group(1).split(", ")
         shape = f"-i {'x'.join(sizes)}" if len(sizes) > 1 else f"-i '({sizes[0]},)'"

@@ -16,7 +16,7 @@ from ..numerics.problem import Problem, function_nodes, tensor_outputs
 from ..numerics.sparse import Encoding, is_sparse, rebuilding
 from ..numerics.tangent import projected_tensors
 from ..results import CheckResult, InputInfo, Outcome
-from ..targets.cases import Case, bind
+from ..targets.cases import Case, arg_name, bind
 from ..targets.inputs import InputSpec, LiteralSpec, TensorSpec
 from ..targets.load import Target
 from ..targets.resolve import make_target
@@ -163,14 +163,17 @@ def _is_torch(cls: type) -> bool:
 
 def case_from_values(target: Target, values: Sequence[Any], config: CheckConfig,
                      differentiable: Sequence[bool] | None = None,
-                     kwargs: dict[str, Any] | None = None, label: str = "captured") -> Case:
-    """A Case for a Function target from concrete values (default: tensors that require grad)."""
+                     kwargs: dict[str, Any] | None = None, label: str = "captured",
+                     aliases: dict[int, str] | None = None) -> Case:
+    """A Case for a Function target from concrete values (default: tensors that require grad);
+    `aliases`: names for positions forward does not name (its *args), the model's own."""
     if differentiable is None:
         differentiable = [isinstance(v, torch.Tensor) and v.requires_grad for v in values]
     args, names, diff, specs, infos = [], [], [], [], []
     encodings: dict[int, Encoding] = {}  # sparse inputs, held as strided values (as build_case)
     for position, (value, grad) in enumerate(zip(values, differentiable)):
-        name = target.arg_names[position] if position < len(target.arg_names) else f"arg{position}"
+        name = target.arg_names[position] if position < len(target.arg_names) else \
+            (aliases or {}).get(position) or arg_name(target, position)
         spec: InputSpec
         if isinstance(value, torch.Tensor):
             grad = grad and (value.is_floating_point() or value.is_complex())
@@ -239,7 +242,9 @@ def captured_case(app: Application, config: CheckConfig, freeze_seed: int | None
     target = make_target(app.cls, f"{app.cls.__module__}:{app.cls.__qualname__}")
     args, kwargs = _positional(target, app)
     own = _config_for(config, args)
-    case = case_from_values(target, args, own, kwargs=kwargs)
+    model = app.outer.input_names if app.outer is not None else []
+    aliases = {k: model[leaf] for k, leaf in app.anchors.items() if leaf < len(model)}
+    case = case_from_values(target, args, own, kwargs=kwargs, aliases=aliases)
     # What the model's run knew: whether it writes its inputs; a fixed RNG keeps dropout-like
     # masks fixed.
     changes: dict[str, Any] = {"facts": case.problem.facts.with_(mutates=app.mutates,

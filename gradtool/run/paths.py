@@ -72,7 +72,9 @@ def named_whole(result: CheckResult, problem: Problem, app: Any) -> CheckResult:
     names = problem.input_names
     failing = failing_inputs(result)
     target = make_target(app.cls, f"{app.cls.__module__}:{app.cls.__qualname__}")
-    wrong = [target.arg_names[k] if k < len(target.arg_names) else f"arg{k}"
+    # by forward's own argument name; one of its *args has none: the model's name for it,
+    # as the model's blocks name it (not argN)
+    wrong = [target.arg_names[k] if k < len(target.arg_names) else names[leaf]
              for k, leaf in sorted(app.anchors.items()) if names[leaf] in failing]
     causes = [b.diagnosis for b in result.blocks if b.mismatched and b.diagnosis]
     verdict = "is wrong"

@@ -48,13 +48,26 @@ def loadable_location(module_name: str) -> str:
 
 
 def pin_flags(specs: Sequence[InputSpec], config: CheckConfig) -> str:
-    """'-i 3x4 -i 2.5': the flags that give these inputs explicitly."""
-    return " ".join(f"-i {shell_quote(_cli_input(spec, config))}" for spec in specs)
+    """'-i 3x4 -i 2.5': the flags that give these inputs explicitly. Trailing literals that no
+    --input can write (a default such as torch.tanh: its repr is '<built-in ...>') are left
+    out: forward's own default gives them."""
+    texts = [_cli_input(spec, config) for spec in specs]
+    while texts and _unwritable(specs[len(texts) - 1], texts[-1]):
+        texts.pop()
+    return " ".join(f"-i {shell_quote(text)}" for text in texts)
+
+
+def _unwritable(spec: Any, text: str) -> bool:
+    from ..targets.inputs import LiteralSpec
+
+    return isinstance(spec, LiteralSpec) and text.startswith("<")
 
 
 def reproduce_command(target: Target, specs: Sequence[InputSpec], config: CheckConfig,
                       seed: int, origin: str | None = None) -> str:
     """The one-line command that re-runs this case exactly (given values: from a .pt file)."""
+    if not origin and has_given_values(specs) and (caller := values_caller()):
+        return caller  # the values live in the caller: rerun it, not a file that is not there
     parts = ["gradtool", "check", shell_quote(target.name)]
     if origin or has_given_values(specs):
         # Given values cannot be written as --input: they are replayed from a saved file.
@@ -71,6 +84,28 @@ def reproduce_command(target: Target, specs: Sequence[InputSpec], config: CheckC
     if config.masked:
         parts.append("--masked")
     return " ".join(parts)
+
+
+def values_caller() -> str | None:
+    """What reruns a check whose inputs were given as values from Python: the pytest test
+    that gave them (PYTEST_CURRENT_TEST), or the script that is running; None in a session
+    with no file (a notebook, python -c), where only a saved file can replay them."""
+    import os
+    import sys
+    from pathlib import Path
+
+    from ..targets.load import display_path
+
+    node = os.environ.get("PYTEST_CURRENT_TEST", "").rpartition(" (")[0]
+    if node:
+        return f"pytest {shell_quote(node)}"
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not main or not main.endswith(".py") or not Path(main).is_file():
+        return None
+    own, parents = Path(__file__).resolve().parents[1], Path(main).resolve().parents
+    if own in parents or any(p.name in ("site-packages", "dist-packages") for p in parents):
+        return None  # gradtool's own __main__, or a tool's (python -m pytest)
+    return f"python {shell_quote(display_path(main))}"
 
 
 SETTING_FLAGS = ("dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode", "probes",

@@ -16,6 +16,7 @@ from ..results import (CaseResult, CheckResult, Finding, Outcome, Rejected, Repo
 from ..targets.inputs import InputSpec
 from ..targets.load import Target
 from .reproduce import has_given_values, left_unchecked, pin_flags, reproduce_for
+from .told import kept_notes, report_plan
 
 if TYPE_CHECKING:  # the runner imports torch only when it runs
     from ..checks._common import Context
@@ -87,9 +88,7 @@ def run_one(job: Job) -> TargetResult | Rejected:
 
 
 def run_job(job: Job) -> TargetResult:
-    cases = []
-    for spec in job.cases:
-        cases.append(_run_case_with_resample(job, spec))
+    cases = [_run_case_with_resample(job, spec) for spec in job.cases]
     t = job.target
     return TargetResult(t.name, str(t.kind), t.qualname, t.source, tuple(cases), job.spec)
 
@@ -138,6 +137,7 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
         case = case_for(job, spec)
         _probe(case, config)
         reproduce = reproduce_for(job, case.specs, spec.seed, spec.origin)
+        report_plan(job, case, spec, applicable)
     # The default run reports the faces a target has; a check asked for by name that does not
     # apply is reported skipped, with the reason.
     checks: list[CheckResult] = []
@@ -155,13 +155,14 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
         errors.append(_error_id(result))
         result = _once(result, checks, case.problem)
         checks.append(replace(result, duration_s=time.perf_counter() - start))
+        heartbeat.report("check", case=spec.label, result=checks[-1])
     begun = time.perf_counter()
     checks = _repeats_told(checks, errors)
     if job.target.kind.composite and case.problem.cache.first_order is Outcome.PASSED:
         from .inner import inner_algebra_waived
 
         checks = [inner_algebra_waived(c) for c in checks]
-    notes = list(case.notes)
+    notes = kept_notes(case, checks)
     if case.alternative is not None:
         notes.append("0-d inputs ran forward and backward where these did not; if the target "
                      f"takes only scalars, pin them: {pin_flags(case.alternative, config)}")

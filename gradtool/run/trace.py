@@ -25,7 +25,7 @@ from ..targets.kinds import named
 from ..targets.load import display_path
 from ..tracebacks import trim
 from .sites import user_site
-from .trace_messages import Crashed, Ended, Layouts, Recorded, Refused, TraceMessage
+from .trace_messages import Checked, Crashed, Ended, Layouts, Recorded, Refused, TraceMessage
 
 Sink = Callable[[TraceMessage], None]
 _PLAIN = (torch.Tensor, int, float, complex, bool, str, type(None), torch.dtype)
@@ -46,6 +46,9 @@ class Recorder:
         self.recorded = 0
         self.owners: dict[int, Any] = {}  # index -> the Function class or op name (in-process use)
         self.repeats: dict[int, int] = {}
+        # index -> (Function class, args, kwargs) of calls whose arguments cannot be saved:
+        # checked here once the script ends, on the arguments held as they were
+        self.held: dict[int, tuple[Any, tuple[Any, ...], dict[str, Any]]] = {}
         self.dropped = 0        # distinct calls past --max-calls
         self.no_grad = 0        # calls whose backward cannot run (grad mode off, nothing requires grad)
         self.pid = os.getpid()  # a forked child (a DataLoader worker) records nothing
@@ -130,6 +133,9 @@ class Recorder:
             facts["target"], facts["problem"] = None, (
                 f"{label} takes a {type(odd).__qualname__} argument: only tensors, numbers, "
                 "strings and tuples/lists/dicts of them can be saved and replayed")
+            if named(kind).function_class:  # checked in this process once the script ends
+                self.held[index] = (owner, tuple(_copy(a) for a in args),
+                                    {k: _copy(v) for k, v in kwargs.items()})
             return facts
         try:
             torch.save((tuple(_copy(a) for a in args), {k: _copy(v) for k, v in kwargs.items()}),
@@ -327,12 +333,34 @@ def serve(conn: Any, spec: dict[str, Any]) -> None:
         recorder = Recorder(spec["out_dir"], spec["max_calls"], spec.get("path") or
                             spec.get("module") or "", conn.send)
         status = run_script(spec, recorder)
+        for index, result in check_held(recorder, spec.get("config")):
+            conn.send(Checked(index, result))
         conn.send(Ended(status, recorder.summary()))
         import atexit
 
         atexit._run_exitfuncs()  # the script's own (a worker process exits without them)
     except BaseException:  # noqa: BLE001 - a bug here is gradtool's; say so, do not hang
         conn.send(Crashed(traceback.format_exc()))
+
+
+def check_held(recorder: Recorder, config: Any) -> Iterator[tuple[int, Any]]:
+    """Each held call (arguments that cannot be saved: a callable, an options object) checked
+    here, where those arguments still live, as gradtool.check would on them."""
+    from ..targets.inputs import parse_input
+    from ..targets.values import given_specs
+    from .collect import Run, Sources
+
+    if config is None:
+        return
+    for index, (owner, args, kwargs) in recorder.held.items():
+        specs = given_specs(list(args), kwargs or None, parse_input)
+        dtypes = {str(v.dtype).removeprefix("torch.") for v in _leaves((args, kwargs))
+                  if isinstance(v, torch.Tensor) and v.is_floating_point()}
+        own = config.with_(dtype=dtypes.pop()) if len(dtypes) == 1 else config  # its tolerances
+        report = Run((owner,), own, Sources(given=tuple(specs)), empty_ok=True).report()
+        found = report.targets or report.rejected
+        if found:
+            yield index, found[0]
 
 
 def _find(module: str) -> Any:

@@ -32,6 +32,16 @@ class Ended:
 
 
 @dataclass(frozen=True)
+class Checked:
+    """A call whose arguments cannot be saved (a Python callable, an options object), checked
+    in the recording process itself on its arguments held as they were: its TargetResult or
+    Rejected (results.py records: no torch)."""
+
+    index: int
+    result: Any
+
+
+@dataclass(frozen=True)
 class Refused:
     """A usage error before the script ran (exit 2): what is wrong and the fix."""
 
@@ -46,7 +56,7 @@ class Crashed:
     traceback: str
 
 
-TraceMessage = Union[Recorded, Layouts, Ended, Refused, Crashed]
+TraceMessage = Union[Recorded, Layouts, Checked, Ended, Refused, Crashed]
 
 
 def recorded(messages: list[Any]) -> list[dict[str, Any]]:

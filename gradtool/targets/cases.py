@@ -89,7 +89,7 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
     symmetric: list[int] = []  # flat positions perturbed and compared as symmetric matrices
     encodings: dict[int, Encoding] = {}  # flat positions of sparse inputs, held dense
     subclassed: list[str] = []  # notes: wrapper-subclass values, held as plain tensors
-    named = [(spec_name(s) or _arg_name(target, i), s) for i, s in enumerate(positional)]
+    named = [(spec_name(s) or arg_name(target, i), s) for i, s in enumerate(positional)]
     for base, top in named + [(k.name, k.spec) for k in keywords]:
         top = unwrap(top)
         for path, spec in leaves(top):
@@ -205,9 +205,15 @@ def _check_arity(target: Target, n_positional: int, keywords: list[str]) -> None
                          "as -i NAME=SPEC, a tuple argument as -i '(2x4, 2x4)'") from None
 
 
-def _arg_name(target: Target, position: int) -> str:
+def arg_name(target: Target, position: int) -> str:
+    """forward's name for a position; past its named ones, the *args parameter's, indexed
+    (adjoint_params[0]), else argN."""
     names = target.arg_names
-    return names[position] if position < len(names) else f"arg{position}"
+    if position < len(names):
+        return names[position]
+    params = target.signature.parameters.values() if target.signature else ()
+    star = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), None)
+    return f"{star}[{position - len(names)}]" if star else f"arg{position}"
 
 
 Scope = Callable[[Sequence[Any]], contextlib.AbstractContextManager[None]]

@@ -21,6 +21,7 @@ from .load import Target
 SAME_SHAPES = [(3, 4), (5,), (4, 4), (2, 3, 4)]
 MIXED_SHAPES = [(3, 4), (5, 4), (5,), (4, 5), (4,), (3,), (4, 4), (2, 3, 4)]
 MAX_ATTEMPTS = 400
+PASSED_OVER = "inference passed over"  # a note's start: dropped from a case that passed
 BATCH_LOOKAHEAD = 64  # candidates tried for a batched input after an all-1-D one was accepted
 NUMBER_GUESS = {int: 2, float: 2.5, bool: True}
 
@@ -34,6 +35,7 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
         if not target.obj._schema.returns:  # writes in place, returns nothing: the schema's
             specs = next(_candidates(_slots(target), []))  # first candidate is the case
             return build_case(target, specs, config, seed, inferred=True)
+    _refuse_non_tensors(target)
     slots = _slots(target)
     hinted = _parameter_shapes(target, seed)
     tried = 0
@@ -76,7 +78,7 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
                                   "exercises layouts")
             return _prefer_literals(target, _noted(case, dropped), config, seed)
         if len(dropped) < 3 and flat is None:
-            dropped.append(f"inference passed over {_shapes(specs)}, where backward {why} "
+            dropped.append(f"{PASSED_OVER} {_shapes(specs)}, where backward {why} "
                            "(a shape the target need not support: not a failure)")
         fallback = fallback or case
     if flat is not None:
@@ -92,6 +94,27 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
            if last_error else ""),
         f"pass them with --input, one per argument, e.g. {slot_hint(slots)}  "
         "(a keyword as -i NAME=SPEC; see gradtool check --help)" + _integer_hint(last_error))
+
+
+def _refuse_non_tensors(target: Target) -> None:
+    """Arguments forward uses as a callable, a dict or a string, with no default: inference
+    samples tensors only, so it says which ones to give and how, instead of trying shapes."""
+    from .roles import argument_roles, role_hint
+
+    roles = argument_roles(target)
+    params = list(target.signature.parameters.values()) if target.signature else []
+    needed = [p.name for p in params if p.name in roles and p.default is inspect.Parameter.empty
+              and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if not needed:
+        return
+    tensors = [p.name for p in params if p.name not in roles and p.default is
+               inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    raise InputError(
+        f"could not infer inputs for {target.name}: forward({', '.join(target.arg_names)}) "
+        "takes " + ", ".join(f"{n} ({roles[n]})" for n in needed)
+        + ", which inference does not guess (it samples tensors)",
+        "; ".join([role_hint(n, roles[n]) for n in needed]
+                  + ([f"{', '.join(tensors)}: tensors, e.g. -i 3x4"] if tensors else [])))
 
 
 def _integer_hint(error: BaseException | None) -> str:
@@ -171,6 +194,8 @@ def _parameter_shapes(target: Target, seed: int) -> list[tuple[int, ...]]:
     shapes: list[tuple[int, ...]] = []
     for p in instantiate(target, seed).parameters():
         shape = tuple(p.shape)
+        if not shape:  # a 0-d parameter (a learnable scale) suggests no input shape
+            continue
         for guess in ([shape] if len(shape) == 1 else [(3, shape[-1]), shape]):
             if guess not in shapes:
                 shapes.append(guess)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import ast
+import inspect
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.settings import DTYPES
@@ -84,6 +85,7 @@ class LiteralSpec:
 
     value: Any
     name: str | None = None
+    explicit: bool = field(default=False, compare=False)  # typed as -i =VALUE: meant as is
 
     def describe(self, default_dtype: str = "float64") -> str:
         return repr(self.value)
@@ -188,7 +190,7 @@ def _split_top(inner: str, sep: str) -> list[str]:
 
 def _parse_leaf(raw: str, text: str) -> InputSpec:
     if raw.startswith("="):
-        return LiteralSpec(_literal(raw[1:], text))
+        return LiteralSpec(_literal(raw[1:], text), explicit=True)
     head, *options = _split_options(raw)
     if _TRAILING_X.match(head):
         sizes = head[:-1].split("x")
@@ -359,16 +361,36 @@ def refuse_shape_literals(target: Any, specs: list[Any] | None) -> None:
     pairs = [(params[k] if k < len(params) else None, s) for k, s in enumerate(positional)]
     pairs += [(by_name.get(s.name), s.spec) for s in specs if isinstance(s, Keyword)]
     for param, spec in pairs:
-        if param is None or not isinstance(spec, LiteralSpec) or not _wants_tensor(param):
+        if param is None or not isinstance(spec, LiteralSpec):
             continue
         sizes = _shape_like(spec.value)
-        if sizes is not None:
-            shape = f"-i {'x'.join(map(str, sizes))} or -i '({','.join(map(str, sizes))})'" \
-                if len(sizes) > 1 else f"-i '({sizes[0]},)'"
+        if sizes is None:
+            continue
+        shape = f"-i {'x'.join(map(str, sizes))} or -i '({','.join(map(str, sizes))})'" \
+            if len(sizes) > 1 else f"-i '({sizes[0]},)'"
+        if _wants_tensor(param):
             raise InputError(
                 f"--input {spec.value!r} gives {param.name!r} of {target.name} the "
                 f"{type(spec.value).__name__} {spec.value!r}, where its signature takes a tensor",
                 f"a tensor of that shape is {shape} (the shape syntax: gradtool check --help)")
+        if len(sizes) > 1 and not spec.explicit and not _takes_literal(param):
+            # -i 3,4 is the usual slip for 3x4; a tuple is taken only where the signature
+            # says the argument is not a tensor (an annotation or a default)
+            raise InputError(
+                f"--input {','.join(map(str, sizes))} gives {param.name!r} of {target.name} "
+                f"the {type(spec.value).__name__} {spec.value!r}, and nothing in its signature "
+                "says it takes one",
+                f"a tensor of that shape is {shape} (the shape syntax: gradtool check --help); "
+                f"the tuple itself is -i '={spec.value!r}'")
+
+
+def _takes_literal(param: Any) -> bool:
+    """Whether the signature says an argument is not a tensor: annotated otherwise, or a
+    non-tensor default."""
+    if param.annotation is not inspect.Parameter.empty:
+        return True
+    return param.default is not inspect.Parameter.empty and param.default is not None \
+        and type(param.default).__name__ != "Tensor"
 
 
 def _wants_tensor(param: Any) -> bool:

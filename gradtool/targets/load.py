@@ -37,7 +37,11 @@ class Target:
 
 
 def split_target(text: str) -> tuple[str, str | None]:
-    """'a/b.py:Name' -> ('a/b.py', 'Name'); 'pkg.mod' -> ('pkg.mod', None)."""
+    """'a/b.py:Name' -> ('a/b.py', 'Name'); 'pkg.mod' -> ('pkg.mod', None). pytest's separator
+    is taken too ('a/b.py::Name', 'a/b.py::Outer::Inner'): it is what a test id writes."""
+    if ".py::" in text:  # not an op's ns::name: those name no file
+        path, _, rest = text.partition(".py::")
+        text = f"{path}.py:{rest.replace('::', '.')}"
     head, sep, tail = text.rpartition(":")
     if sep and tail and all(part.isidentifier() for part in tail.split(".")):
         return head, tail

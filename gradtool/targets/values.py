@@ -28,7 +28,8 @@ class ValueSpec:
 
         v = self.value
         if not isinstance(v, torch.Tensor):
-            return repr(v)
+            text = repr(v)  # a module's repr spans lines: its type on the one inputs line
+            return text if "\n" not in text else f"{type(v).__qualname__}(...)"
         shape = "x".join(map(str, v.shape)) if v.dim() else "()"
         if v.dim() == 1:
             shape = f"({v.shape[0]},)"
@@ -159,6 +160,12 @@ def given_specs(args: Any, kwargs: dict[str, Any] | None = None,
             return ValueSpec(value, grad)
         if isinstance(value, str) and parse is not None:
             return parse(value)
+        if parse is None and isinstance(value, (dict, tuple, list)) and not any(
+                isinstance(v, torch.Tensor) or _is_spec(v) for _, v in leaves([value])):
+            # an options dict, a tuple of sizes: one argument passed as is, as forward takes
+            # it (flattened, its items read as arguments of their own: a backward returning
+            # one gradient per argument was counted short)
+            return ValueSpec(value)
         if isinstance(value, dict):
             return {k: convert(v) for k, v in value.items()}
         if isinstance(value, (tuple, list)):

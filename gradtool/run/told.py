@@ -1,0 +1,33 @@
+"""What a case tells beside its checks' results: its plan, sent to a supervisor as soon as
+it is set up (a stop later keeps what finished and lists only the checks that apply), and the
+notes its result keeps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import heartbeat
+from ..results import CheckResult, Outcome
+
+
+def report_plan(job: Any, case: Any, spec: Any,
+                applicable: Callable[[Any, Any], list[tuple[str, str | None]]]) -> None:
+    """To a supervisor: the case's inputs and the checks that apply to it."""
+    if not heartbeat.reporting():
+        return
+    try:
+        checks = [name for name, why in applicable(job, case) if why is None]
+    except (Exception, SystemExit):  # noqa: BLE001 - applies() ran user code that failed:
+        checks = list(job.config.checks)  # the checks report it; assume every one applies
+    heartbeat.report("plan", case=spec.label, seed=spec.seed, inputs=tuple(case.infos),
+                     checks=tuple(checks))
+
+
+def kept_notes(case: Any, checks: Sequence[CheckResult]) -> list[str]:
+    """The case's notes; on a case that passed, none about shapes inference passed over (they
+    explain a choice only when a check fails on the shape chosen)."""
+    from ..targets.infer import PASSED_OVER
+
+    passed = all(c.outcome in (Outcome.PASSED, Outcome.SKIPPED) for c in checks)
+    return [n for n in case.notes if not (passed and n.startswith(PASSED_OVER))]
