@@ -60,8 +60,8 @@ def test_second_order_of_a_backward_wrong_at_first_order_stops_at_its_first_fail
     assert result(both, "gradient").outcome.value == "failed"
     stopped = result(both, "double_backward")
     assert stopped.outcome.value == "failed"
-    assert any(d.startswith("not checked: input(s) 'arg0', 'grad_output' and 'grad of arg1' "
-                            "w.r.t. 'arg1', for cost: backward is already wrong at first "
+    assert any(d.startswith("not checked: input(s) 'args[0]', 'grad_output' and "
+                            "'grad of args[1]' w.r.t. 'args[1]', for cost: backward is already wrong at first "
                             "order") for d in stopped.details)
     assert {f.rule for f in stopped.findings} == {"double_backward.mismatch",
                                                   "double_backward.no_pattern"}
@@ -71,7 +71,7 @@ def test_second_order_of_a_backward_wrong_at_first_order_stops_at_its_first_fail
     assert not any(d.startswith("not checked") for d in alone.details)
     # the blocks it did check say the same as the whole run
     seen = [(b.input, b.output, b.mismatched) for b in stopped.blocks if b.checked]
-    assert seen == [("arg1", "grad of arg0", 512)]
+    assert seen == [("args[1]", "grad of args[0]", 512)]
     assert seen[0] in [(b.input, b.output, b.mismatched) for b in alone.blocks]
     # At the Function: G's 64 W columns (a backward each, through the forwards the gradient
     # check's sweep ran at the same points, but the first) and only grad of x's 8 analytical
@@ -109,7 +109,7 @@ def test_second_order_stops_at_its_first_input_when_that_input_fails_first_order
     stopped = result(both, "double_backward")
     assert stopped.outcome.value == "failed"
     seen = [(b.input, b.output, b.mismatched) for b in stopped.blocks if b.checked]
-    assert seen == [("arg0", "grad of arg0", 64)]  # the whole run's count there too
+    assert seen == [("args[0]", "grad of args[0]", 64)]  # the whole run's count there too
     assert {f.rule for f in stopped.findings} <= {"double_backward.mismatch",
                                                   "double_backward.no_pattern"}
     # the 64 analytical rows of grad of W are never computed (before: 172 / 105)
@@ -131,7 +131,7 @@ def test_a_second_order_failure_is_still_found_when_the_first_order_passes():
     assert result(report, "gradient").outcome.value == "passed"
     second = result(report, "double_backward")
     assert second.outcome.value == "failed"
-    assert any(d.startswith("not checked: input(s) 'arg0', 'arg1', for cost: backward's "
+    assert any(d.startswith("not checked: input(s) 'args[0]', 'args[1]', for cost: backward's "
                             "gradients carry no graph") for d in second.details)
     assert {b.input for b in second.blocks if b.checked} == {"grad_output"}
     # the blocks left are not reported as swept whole (JSON's `exhaustive`)
