@@ -61,8 +61,8 @@ def test_second_order_of_a_backward_wrong_at_first_order_stops_at_its_first_fail
     stopped = result(both, "double_backward")
     assert stopped.outcome.value == "failed"
     assert any(d.startswith("not checked: input(s) 'args[0]', 'grad_output' and "
-                            "'grad of args[1]' w.r.t. 'args[1]', for cost: backward is already wrong at first "
-                            "order") for d in stopped.details)
+                            "'grad of args[1]' w.r.t. 'args[1]', for cost: backward is already "
+                            "wrong at first order") for d in stopped.details)
     assert {f.rule for f in stopped.findings} == {"double_backward.mismatch",
                                                   "double_backward.no_pattern"}
     alone = result(gradtool.check(_counted(cls, Counter()), inputs,
