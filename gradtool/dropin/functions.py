@@ -20,7 +20,10 @@ Verdict policy (docs/library-and-pytest.md says it for users):
   Every other test gradcheck runs beside it is run as gradcheck runs it: the inputs' and outputs'
   validation, reentrancy within nondet_tol, check_grad_dtypes, check_undefined_grad,
   check_batched_grad, check_batched_forward_grad, backward's multiplication by grad_output
-  (torch_tests.py), and forward mode of complex values, which gradtool does not check itself.
+  (torch_tests.py, batched.py: gradtool's own code on torch's public API), and forward mode of
+  complex values, which gradtool does not check itself (torch's public gradcheck runs it).
+  gradtool evaluates the function on copies it owns, laid out as the tensors given where one is
+  not compact (given.py: an as_strided over a partial view reads the storage it would read).
   So gradtool never passes what torch's function fails for a defect; where
   torch's own finite differences fail a correct function (a step across a kink, rounding its
   fixed tolerance cannot absorb), gradtool's verdict (inconclusive is not a failure) stands.
@@ -43,6 +46,7 @@ from typing import Any
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
+from .given import laid_out
 from .lean import passes as lean_pass
 from .torch_tests import (check_inputs, check_outputs, differentiable_outputs, forward_mode,
                           no_differentiable_outputs, reentrant)
@@ -84,16 +88,17 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
         outputs = differentiable_outputs(out)
         check_outputs(outputs)
         if not outputs:  # torch's test: finite differences find every output constant
-            no_differentiable_outputs(func, args, out, eps)
+            no_differentiable_outputs(func, args, eps, fast_mode, nondet_tol)
         settings = _settings(args, eps, atol, rtol, nondet_tol, fast_mode, masked)
+        judged = laid_out(func, args)  # gradtool's copies laid out as the tensors given
         complex_values = any(t.is_complex() for t in (*_tensors(args), *outputs))
         # torch's order, so the first failure is the one torch's gradcheck would raise
         if outputs and check_backward_ad:
             # a plain float64 call's clean pass needs no pipeline; anything else gets its report
             passed = None if extra_checks or complex_values else \
-                lean_pass(func, args, out, settings)
+                lean_pass(judged, args, out, settings)
             if passed is None:
-                _judge(func, args, settings, backward=True, extra=extra_checks,
+                _judge(judged, args, settings, backward=True, extra=extra_checks,
                        complex_values=complex_values)
             reentrant(args, outputs, nondet_tol, check_grad_dtypes, passed)
         if outputs and check_forward_ad and complex_values:
@@ -102,7 +107,7 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
                                      check_undefined_grad=check_undefined_grad,
                                      fast_mode=fast_mode, masked=masked)
         elif outputs and check_forward_ad:
-            _judge(func, args, settings, backward=False, extra=extra_checks and
+            _judge(judged, args, settings, backward=False, extra=extra_checks and
                    not check_backward_ad)
         torch_runs(func, args, outputs, check_undefined_grad=check_undefined_grad,
                         undefined_forward=not complex_values,  # else torch's ran it above
