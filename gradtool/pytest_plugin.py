@@ -69,6 +69,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "reports)")
     parser.addini("gradtool_gradcheck", type="bool", default=False,
                   help="route torch's gradcheck calls to gradtool (like --gradtool-gradcheck)")
+    group.addoption("--gradtool-save-inputs", metavar="DIR", default=None,
+                    help="with --gradtool-gradcheck: save each failing call's inputs in DIR "
+                         "(torch.save of (args, kwargs)), named in its report's reproduce: line "
+                         "(the environment variable GRADTOOL_SAVE_INPUTS does the same)")
 
 
 def enabled(config: pytest.Config) -> bool:
@@ -92,6 +96,9 @@ def pytest_configure(config: pytest.Config) -> None:
         project_settings(config)
     if gradcheck_enabled(config):
         config.stash[_worker_calls_key] = []
+        folder = config.getoption("gradtool_save_inputs", None)
+        if folder:  # read by the drop-in on a failure (dropin/saved.py), in xdist workers too
+            os.environ["GRADTOOL_SAVE_INPUTS"] = str(Path(folder).resolve())
         if not _xdist_controller(config):  # the controller runs no test: no torch there
             config.stash[SWAP_KEY] = _routed_swap()
 
@@ -150,12 +157,16 @@ def gradcheck_summary(calls: list[Any]) -> str:
     if not calls:
         return ("no torch.autograd.gradcheck or gradgradcheck call was made "
                 "(nothing ran through gradtool)")
-    count = {o: sum(c.outcome == o for c in calls) for o in ("passed", "failed", "raised")}
+    count = {o: sum(c.outcome == o for c in calls)
+             for o in ("passed", "failed", "raised", "internal")}
     second = sum(c.name == "gradgradcheck" for c in calls)
     kinds = f" ({len(calls) - second} gradcheck, {second} gradgradcheck)" if second else ""
     return (f"{len(calls)} gradcheck calls{kinds} ran through gradtool in "
             f"{sum(c.seconds for c in calls):.2f} s: {count['passed']} passed, "
-            f"{count['failed']} failed, {count['raised']} raised another exception")
+            f"{count['failed']} failed, {count['raised']} raised another exception"
+            + (f"; {count['internal']} stopped by an internal error of gradtool (a bug in "
+               "gradtool, not in the code checked: please report it with its traceback)"
+               if count["internal"] else ""))
 
 
 def project_settings(config: pytest.Config) -> dict[str, Any]:

@@ -174,3 +174,37 @@ def test_no_private_helper_of_torchs_gradcheck_is_called():
         for line in text.splitlines():
             if "from torch.autograd.gradcheck import" in line:
                 assert line.split("import")[1].strip() == "GradcheckError", (path, line)
+
+
+def test_an_exception_in_gradtools_own_code_is_its_internal_error(monkeypatch):
+    """Never re-raised as if the checked code raised it; it says it is gradtool's."""
+    from gradtool.dropin import functions
+    from gradtool.errors import InternalError
+
+    monkeypatch.setattr(functions, "_settings", lambda *args: {})  # gradtool then fails
+    with pytest.raises(InternalError, match="bug in gradtool.*KeyError.*\n.*report it"):
+        gradtool.gradcheck(torch.sin, (_x(3),))
+
+
+class BackwardRaises(Doubled):
+    @staticmethod
+    def backward(ctx, g):
+        raise ValueError("the user's backward")
+
+
+@pytest.mark.parametrize("func, inputs, error", [
+    (lambda x: x.reshape(7), lambda: (_x(3),), RuntimeError),  # a torch op of the user's
+    (torch.mm, lambda: (_x(2, 3), _x(2, 3)), RuntimeError),  # a builtin as forward
+    (BackwardRaises.apply, lambda: (_x(3),), ValueError),  # the user's backward
+])
+@pytest.mark.parametrize("keywords", [{}, FAST], ids=["slow", "fast"])
+def test_the_checked_codes_exceptions_propagate_unchanged(func, inputs, error, keywords):
+    from gradtool.errors import InternalError
+
+    args = inputs()
+    with pytest.raises(error) as theirs:
+        torch.autograd.gradcheck(func, args, **keywords)
+    with pytest.raises(error) as ours:
+        gradtool.gradcheck(func, args, **keywords)
+    assert not isinstance(ours.value, InternalError)
+    assert type(ours.value) is type(theirs.value)

@@ -13,6 +13,7 @@ import torch
 from torch.autograd.gradcheck import GradcheckError
 
 from ..numerics.batching import quiet_batching
+from .calls import call, grad
 
 HOW_TO = ("gradcheck or gradgradcheck failed while testing batched gradient computation: "
           "{what}. If the function is not meant to be batched, call gradcheck/gradgradcheck "
@@ -31,8 +32,8 @@ def batched_backward(args: Sequence[Any], output: torch.Tensor, k: int) -> None:
     diff = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
 
     def vjp(v: torch.Tensor, batched: bool = False) -> list[torch.Tensor]:
-        grads = torch.autograd.grad(output, diff, v, retain_graph=True, allow_unused=True,
-                                    is_grads_batched=batched)
+        grads = grad(output, diff, v, retain_graph=True, allow_unused=True,
+                      is_grads_batched=batched)
         lead = tuple(v.shape[:1]) if batched else ()
         return [g if g is not None else _zeros(x, lead) for g, x in zip(grads, diff)]
 
@@ -63,7 +64,7 @@ def batched_forward(func: Callable[..., Any], args: tuple[Any, ...]) -> None:
                 duals = [fwAD.make_dual(x.detach(), tangent) if j == k else
                          a.detach() if isinstance(a, torch.Tensor) else a
                          for j, a in enumerate(args)]
-                out = func(*duals)
+                out = call(func, *duals)
                 outs = out if isinstance(out, (tuple, list)) else (out,)
                 return tuple(_tangent(o) for o in outs if o is not None)
 

@@ -22,6 +22,7 @@ import torch
 from torch.autograd.gradcheck import GradcheckError
 
 from .batched import batched_backward, batched_forward
+from .calls import call, grad
 
 __all__ = ["check_inputs", "check_outputs", "differentiable_outputs", "forward_mode",
            "no_differentiable_outputs", "reentrant", "run"]
@@ -124,9 +125,9 @@ def _central(func: Callable[..., Any], args: tuple[Any, ...], k: int, step: torc
     try:
         with torch.no_grad():
             data.copy_(orig - step)
-            minus = _floats(func(*args))
+            minus = _floats(call(func, *args))
             data.copy_(orig + step)
-            plus = _floats(func(*args))
+            plus = _floats(call(func, *args))
     finally:
         data.copy_(orig)
     return [((p - m) / (2 * eps)).detach().reshape(-1) for p, m in zip(plus, minus)]
@@ -143,7 +144,7 @@ def forward_mode(func: Any, args: tuple[Any, ...], **keywords: Any) -> None:
     (its public function) of forward mode alone, its undefined-tangent test included."""
     from torch.autograd import gradcheck
 
-    gradcheck(func, args, check_forward_ad=True, check_backward_ad=False, **keywords)
+    call(gradcheck, func, args, check_forward_ad=True, check_backward_ad=False, **keywords)
 
 
 def run(func: Any, args: tuple[Any, ...], outputs: tuple[torch.Tensor, ...], *,
@@ -180,7 +181,7 @@ def mul_by_grad_output(outputs: Sequence[torch.Tensor], args: Sequence[Any],
     diff = _diff(args)
     zeros = [torch.zeros_like(o, memory_format=torch.legacy_contiguous_format)
              for o in outputs]
-    grads = torch.autograd.grad(outputs, diff, zeros, allow_unused=True)
+    grads = grad(outputs, diff, zeros, allow_unused=True)
     for g, x in zip(grads, diff):
         if g is None:
             continue
@@ -230,17 +231,17 @@ def undefined_grad_outputs(func: Callable[..., Any], args: tuple[Any, ...]) -> N
     """Backward with every grad_output undefined (then, with several outputs, each alone) runs
     and gives undefined or zero gradients: torch's test, on fresh forwards."""
     diff = _diff(args)
-    outs = differentiable_outputs(func(*args))
+    outs = differentiable_outputs(call(func, *args))
     cases = [[_Undefined.apply(o) for o in outs]]
     if len(outs) > 1:
         for k in range(len(outs)):
-            fresh = differentiable_outputs(func(*args))
+            fresh = differentiable_outputs(call(func, *args))
             cases.append([_Undefined.apply(o) if j == k else o for j, o in enumerate(fresh)])
     for case in cases:
         zeros = [torch.zeros_like(o, memory_format=torch.legacy_contiguous_format)
                  for o in case]
         try:
-            grads = torch.autograd.grad(case, diff, zeros, allow_unused=True)
+            grads = grad(case, diff, zeros, allow_unused=True)
         except RuntimeError as exc:
             raise GradcheckError("Expected backward function to handle undefined output "
                                  f"grads. {UNDEFINED_NOTE}") from exc
@@ -267,9 +268,9 @@ def undefined_tangents(func: Callable[..., Any], args: tuple[Any, ...]) -> None:
         for k in wanted:
             kept = duals[k]
             duals[k] = fwAD.make_dual(args[k].detach(), torch.zeros_like(args[k]))
-            zero = _tangents(func(*duals))
+            zero = _tangents(call(func, *duals))
             duals[k] = args[k].detach()
-            absent = _tangents(func(*duals))
+            absent = _tangents(call(func, *duals))
             duals[k] = kept
             for a, b in zip(zero, absent):
                 if a is not None and b is not None and not torch.allclose(a, b):
@@ -299,7 +300,7 @@ def reentrant(args: tuple[Any, ...], outputs: tuple[torch.Tensor, ...], nondet_t
     for k, output in enumerate(outputs):
         v = torch.randn_like(output) if output.is_floating_point() or output.is_complex() \
             else torch.ones_like(output)
-        once = torch.autograd.grad(output, diff, v, retain_graph=True, allow_unused=True)
+        once = grad(output, diff, v, retain_graph=True, allow_unused=True)
         _same_twice(output, diff, v, once, k, nondet_tol, check_grad_dtypes)
 
 
@@ -323,7 +324,7 @@ def _same_twice(output: torch.Tensor, diff: list[torch.Tensor], v: torch.Tensor,
     """Backward at v again (or `second`, already made) gives `first` (within nondet_tol), in
     each input's size, dtype and device when check_grad_dtypes asks: GradcheckError otherwise."""
     if second is None:
-        second = torch.autograd.grad(output, diff, v, retain_graph=True, allow_unused=True)
+        second = grad(output, diff, v, retain_graph=True, allow_unused=True)
     for j, (a, b, x) in enumerate(zip(first, second, diff)):
         if a is None or b is None:
             continue

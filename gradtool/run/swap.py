@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InternalError
+
 NAMES = ("gradcheck", "gradgradcheck")
 _TORCH_MODULES = ("torch.autograd", "torch.autograd.gradcheck")
 # gradtool's own modules keep torch's functions: the drop-in may call them.
@@ -34,7 +36,8 @@ class Call:
     """One routed call: which function, how it ended, how long it took, and where it was made."""
 
     name: str        # gradcheck or gradgradcheck
-    outcome: str     # passed, failed (False or GradcheckError), raised (any other exception)
+    outcome: str     # passed, failed (False or GradcheckError), internal (gradtool's
+    # InternalError: a bug in gradtool), raised (any other exception: the checked code's)
     seconds: float
     where: str = ""  # the caller's label (the pytest plugin: the test's node id)
     error: str = ""  # the exception's type and first line, for failed and raised
@@ -98,7 +101,8 @@ class Swap:
                 outcome = "passed" if result else "failed"
                 return result
             except BaseException as exc:
-                outcome = "failed" if isinstance(exc, self._failure) else "raised"
+                outcome = "failed" if isinstance(exc, self._failure) else \
+                    "internal" if isinstance(exc, InternalError) else "raised"
                 error = _first_line(exc)
                 raise
             finally:
