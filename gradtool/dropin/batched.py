@@ -24,7 +24,7 @@ HOW_TO = ("gradcheck or gradgradcheck failed while testing batched gradient comp
 
 def _zeros(x: torch.Tensor, lead: tuple[int, ...] = ()) -> torch.Tensor:
     """A missing gradient as torch's test reads it: zeros of x's (batched) shape."""
-    return torch.zeros([], dtype=x.dtype, device=x.device).expand(*lead, *x.shape)
+    return torch.zeros([], dtype=x.dtype, device=x.device).expand((*lead, *x.shape))
 
 
 def batched_backward(args: Sequence[Any], output: torch.Tensor, k: int) -> None:

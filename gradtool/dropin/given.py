@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from ..tracebacks import calls_user_code
+
 
 def compact(t: torch.Tensor) -> bool:
     """Whether t alone fills its storage from offset 0, contiguous: a copy gradtool makes
@@ -38,6 +40,7 @@ def laid_out(func: Callable[..., Any], args: tuple[Any, ...]) -> Callable[..., A
         return func
 
     @functools.wraps(func)
+    @calls_user_code  # what func raises is the user's (a _like of gradtool's raises below it)
     def on_given_layout(*values: Any) -> Any:
         return func(*[_like(v, templates[k]) if k in templates and isinstance(v, torch.Tensor)
                       else v for k, v in enumerate(values)])

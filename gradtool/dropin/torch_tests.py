@@ -346,9 +346,11 @@ def _same_twice(output: torch.Tensor, diff: list[torch.Tensor], v: torch.Tensor,
 
 
 def _difference(a: torch.Tensor, b: torch.Tensor) -> float:
-    """The largest elementwise difference of two gradients (sparse ones densified)."""
-    a = a.to_dense() if a.layout != torch.strided else a
-    b = b.to_dense() if b.layout != torch.strided else b
+    """The largest elementwise difference of two gradients (sparse ones densified, complex32
+    ones, which have no comparison kernels, read as complex64)."""
+    from ..targets.probe import comparable
+
+    a, b = comparable(a), comparable(b)
     if a.shape == b.shape and torch.equal(a, b):  # the usual answer, in one operation
         return 0.0
     if a.shape != b.shape:
