@@ -94,6 +94,8 @@ CALLS = {
                                  lambda: (_x(2, 3),), {}),
     "no differentiable output, fast": ("gradcheck", lambda x: (x > 0).double(),
                                        lambda: (_x(2, 3),), {"fast_mode": True}),
+    "no differentiable output, empty input": ("gradcheck", lambda x: (x > 0).double(),
+                                              lambda: (_x(0, 3),), {}),
     "no differentiable output, complex": ("gradcheck", lambda z: (z.abs() > 0).to(C),
                                           lambda: (_x(2, 3, dtype=C),), {}),
     # broken twins: torch fails each, and so must the drop-in

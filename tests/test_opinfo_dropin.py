@@ -6,8 +6,8 @@ float64 and complex128 -- made with torch's function and with gradtool's on the 
 
 Every outcome must be torch's (passed, failed, or the same exception type) and gradtool must
 never stop on an internal error; the calls where gradtool's verdict differs are examined and
-listed in KNOWN with their cause. A sample of ops runs in the quick tier; every 10th op by sorted
-name (every 24th in slow mode, whose calls cost torch ~10x) in both dtypes is marked slow
+listed in KNOWN with their cause. A sample of ops runs in the quick tier; every 16th op by sorted
+name (every 32nd in slow mode, whose calls cost torch ~10x) in both dtypes is marked slow
 (benchmarks/conformance.py --dropin runs every 4th and 16th).
 """
 
@@ -22,8 +22,8 @@ if REASON is None:
     import opinfo_dropin as od
 
 MODES = ("fast", "slow")
-STRIDE = {"fast": (10, 3), "slow": (24, 5)}  # every k-th op by sorted name, from an offset
-SMALL = {"fast": 400, "slow": 40}  # the slow tier's calls: at most this many input elements
+STRIDE = {"fast": (16, 3), "slow": (32, 5)}  # every k-th op by sorted name, from an offset
+SMALL = {"fast": 400, "slow": 24}  # the slow tier's calls: at most this many input elements
 # Ops whose calls hit what issue 56 found (0-d inputs in fast mode, complex __rmatmul__, an
 # as_strided over a partial view, complex gradgradcheck of repeat/zero_/tile, outputs that do not
 # require grad, in-place variants) and a few plain ones.
@@ -110,4 +110,4 @@ def test_the_drop_in_gives_torchs_outcome_on_opinfo_calls(dtype, mode, name):
 def test_the_drop_in_gives_torchs_outcome_on_a_sample_of_the_database(dtype, mode, name):
     # the slow tier's budget: torch's slow mode costs the square of the elements (sort's first
     # sample took 290 s of torch's time at load 9); benchmarks/conformance.py --dropin runs all
-    agree(dtype, mode, name, limit=2, elements=SMALL[mode])
+    agree(dtype, mode, name, limit=2 if mode == "fast" else 1, elements=SMALL[mode])

@@ -103,7 +103,9 @@ def no_differentiable_outputs(func: Callable[..., Any], args: tuple[Any, ...], e
 
 def _directions(x: torch.Tensor, fast_mode: bool) -> list[torch.Tensor]:
     """The directions torch moves x along: a random unit vector (and an imaginary one for a
-    complex x) in fast mode, each element's unit (and i) in slow mode."""
+    complex x) in fast mode, each element's unit (and i) in slow mode; none for an empty x."""
+    if not x.numel():
+        return []
     if fast_mode:
         g = torch.Generator()  # torch's own: the user's RNG is left alone
         real = x.real if x.is_complex() else x
