@@ -139,6 +139,8 @@ def test_the_function_runs_on_the_given_layout_only_where_it_differs():
         return t * 2
 
     assert laid_out(f, (_x(3),)) is f
+    overlapping = torch.randn(10, dtype=D).as_strided((4, 3), (1, 1)).requires_grad_()
+    assert laid_out(f, (overlapping,)) is f  # independent values cannot share its places
     view = _partial()
     wrapped = laid_out(f, (view,))
     assert wrapped is not f and wrapped.__name__ == "f"

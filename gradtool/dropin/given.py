@@ -8,7 +8,8 @@ passed. Where a tensor argument is not compact (an offset, a storage larger than
 strides other than contiguous ones), the function gradtool judges receives each value laid out
 as the given tensor: a copy of the given storage with the value written where the given view
 sits, differentiably (as_strided_scatter), viewed with the given size, strides and offset.
-Compact arguments, the usual case, cost nothing: the function is judged as it is.
+Compact arguments, the usual case, cost nothing: the function is judged as it is; overlapping
+ones (several elements in one place) are perturbed as compact copies, as before.
 """
 
 from __future__ import annotations
@@ -31,11 +32,24 @@ def compact(t: torch.Tensor) -> bool:
             and t.untyped_storage().nbytes() == t.numel() * t.element_size())
 
 
+def separate(t: torch.Tensor) -> bool:
+    """Whether t's elements sit at distinct places of its storage (its dimensions, by stride,
+    each past the extent of the ones below): a copy laid out as t holds independent values. An
+    overlapping view's elements share memory (as_strided with a small stride): gradtool keeps
+    perturbing compact copies of it, where torch's finite differences move several at once."""
+    extent = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.size()) if sz > 1):
+        if stride < extent:
+            return False
+        extent = stride * size
+    return True
+
+
 def laid_out(func: Callable[..., Any], args: tuple[Any, ...]) -> Callable[..., Any]:
     """func, or where an argument is not compact, func called on each value laid out as that
     argument (its storage's other elements as given)."""
     templates = {k: a.detach() for k, a in enumerate(args)
-                 if isinstance(a, torch.Tensor) and not compact(a)}
+                 if isinstance(a, torch.Tensor) and not compact(a) and separate(a)}
     if not templates:
         return func
 

@@ -111,7 +111,7 @@ def _directions(x: torch.Tensor, fast_mode: bool) -> list[torch.Tensor]:
         real = x.real if x.is_complex() else x
         units = []
         for _ in range(2 if x.is_complex() else 1):
-            u = torch.rand(x.numel(), generator=g, dtype=real.dtype)
+            u = torch.rand(x.numel(), generator=g, dtype=real.dtype, device="cpu")
             units.append((u / u.norm()).reshape(x.shape).to(x.device))
         return [units[0]] + ([units[1] * 1j] if x.is_complex() else [])
     eye = torch.eye(x.numel(), dtype=x.dtype, device=x.device).reshape(-1, *x.shape)
@@ -263,8 +263,8 @@ def undefined_tangents(func: Callable[..., Any], args: tuple[Any, ...]) -> None:
         duals = list(args)
         for k in wanted:
             x = args[k]
-            u = torch.rand(x.numel(), generator=g).to(x.real.dtype if x.is_complex()
-                                                      else x.dtype)
+            u = torch.rand(x.numel(), generator=g, device="cpu")  # the generator's
+            u = u.to(x.real.dtype if x.is_complex() else x.dtype)
             duals[k] = fwAD.make_dual(x.detach(), (u / u.norm()).reshape(x.shape)
                                       .to(dtype=x.dtype, device=x.device))
         for k in wanted:
