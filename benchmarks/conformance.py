@@ -2,6 +2,13 @@
 
 #     python benchmarks/conformance.py [--ops N] [--mutant-ops N] [--no-assert]
 #     python benchmarks/conformance.py --dtype float16|bfloat16 [--only OPS]
+#     python benchmarks/conformance.py --dropin [--dropin-stride 4,16] [--dropin-samples 2]
+#
+# --dropin: PyTorch's OpInfo gradient tests (TestBwdGradients, TestFwdGradients) call by call
+# through torch's gradcheck and gradtool's drop-in (tests/opinfo_dropin.py): the agreement and
+# time table of benchmarks/README.md ("The drop-in on PyTorch's OpInfo tests"); writes
+# results/conformance_dropin.json; exit 1 on an internal error or a disagreement outside a test
+# PyTorch marks as an expected failure.
 #
 # --dtype D (the low-precision table): every autograd OpInfo whose backward supports D on CPU,
 # at its first sample rounded to D (its other floating tensors too), gradtool's default checks
@@ -242,6 +249,59 @@ def low_precision_table(names: list[str], dtype: str) -> dict[str, Any]:
             "rows": rows}
 
 
+def dropin_table(stride: dict[str, int], limit: int | None) -> dict[str, Any]:
+    """--dropin: PyTorch's OpInfo gradient tests' calls (tests/opinfo_dropin.py) made with
+    torch's gradcheck/gradgradcheck and gradtool's drop-in on the same values, every k-th op by
+    sorted name per mode, both dtypes: agreement, internal errors and time per mode and dtype
+    (time summed over the calls both passed, and over all)."""
+    import opinfo_dropin as od
+
+    rows = []
+    for mode, k in stride.items():
+        for dtype in od.DTYPES:
+            row: dict[str, Any] = {"mode": mode, "dtype": dtype, "ops": 0, "calls": 0,
+                                   "agree": 0, "internal": 0, "torch_s": 0.0, "gradtool_s": 0.0,
+                                   "both_passed_torch_s": 0.0, "both_passed_gradtool_s": 0.0,
+                                   "disagreements": []}
+            for name in od.every_kth(list(od.ops(dtype)), k):
+                op = od.ops(dtype)[name]
+                row["ops"] += 1
+                for kind in od.TESTS:
+                    if od.runs(op, dtype, kind):
+                        continue
+                    for call in od.calls(op, dtype, kind, mode == "fast", limit):
+                        _dropin_call(row, call, od.expected_failure(op, dtype, kind))
+            rows.append(row)
+            print(_dropin_line(row), flush=True)
+    return {"stride": stride, "samples": limit, "rows": rows}
+
+
+def _dropin_call(row: dict[str, Any], call: Any, xfail: bool) -> None:
+    import opinfo_dropin as od
+
+    theirs, t_torch, e_torch = od.outcome(call, "torch")
+    ours, t_ours, e_ours = od.outcome(call, "gradtool")
+    row["calls"] += 1
+    row["agree"] += theirs == ours
+    row["internal"] += ours == "internal"
+    row["torch_s"] += t_torch
+    row["gradtool_s"] += t_ours
+    if theirs == ours == "passed":
+        row["both_passed_torch_s"] += t_torch
+        row["both_passed_gradtool_s"] += t_ours
+    if theirs != ours:
+        row["disagreements"].append({"call": call.label, "xfail": xfail, "torch": e_torch or
+                                     theirs, "gradtool": e_ours or ours})
+
+
+def _dropin_line(row: dict[str, Any]) -> str:
+    ratio = row["both_passed_gradtool_s"] / max(row["both_passed_torch_s"], 1e-9)
+    xfail = sum(d["xfail"] for d in row["disagreements"])
+    return (f"| {row['mode']} | {row['dtype']} | {row['ops']} | {row['calls']} | "
+            f"{row['agree']} | {row['internal']} | {len(row['disagreements'])} ({xfail} on "
+            f"xfail tests) | {row['torch_s']:.1f} | {row['gradtool_s']:.1f} | {ratio:.2f}x |")
+
+
 def every_kth(names: list[str], n: int | None) -> list[str]:
     if not n or n >= len(names):
         return names
@@ -260,6 +320,13 @@ def main() -> int:
     parser.add_argument("--no-assert", action="store_true")
     parser.add_argument("--dtype", choices=("float16", "bfloat16"),
                         help="the low-precision table in this dtype instead of parts 1 and 2")
+    parser.add_argument("--dropin", action="store_true",
+                        help="PyTorch's OpInfo gradient tests' calls through torch's gradcheck "
+                             "and gradtool's drop-in: agreement and time per mode and dtype")
+    parser.add_argument("--dropin-stride", default="4,16",
+                        help="--dropin: every k-th op in fast mode, in slow mode")
+    parser.add_argument("--dropin-samples", type=int, default=2,
+                        help="--dropin: each op's first N samples (0: all, as PyTorch runs)")
     parser.add_argument("--diagnosis-only", action="store_true",
                         help="first-order mutants only, without the gradcheck baseline: how "
                              "often the diagnosis names the mistake")
@@ -271,6 +338,18 @@ def main() -> int:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     names = sorted(oo.autograd_ops())
+    if args.dropin:
+        fast, slow = (int(k) for k in args.dropin_stride.split(","))
+        print(f"torch {torch.__version__}, load {os.getloadavg()[0]:.1f}\n| mode | dtype | ops | "
+              "calls | agree | internal | disagree | torch s | gradtool s | both-pass ratio |")
+        table = dropin_table({"fast": fast, "slow": slow}, args.dropin_samples or None)
+        table["torch"], table["load_after"] = torch.__version__, os.getloadavg()
+        (RESULTS / "conformance_dropin.json").write_text(json.dumps(table, indent=1))
+        internal = sum(r["internal"] for r in table["rows"])
+        unexplained = [d for r in table["rows"] for d in r["disagreements"] if not d["xfail"]]
+        for d in unexplained:
+            print("disagreement:", d)
+        return 0 if args.no_assert or not (internal or unexplained) else 1
     if args.dtype:
         table = low_precision_table(args.only.split(",") if args.only else names, args.dtype)
         if not args.only:  # a few ops for a look leave the whole table's results be

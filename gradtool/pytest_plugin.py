@@ -42,6 +42,7 @@ _settings_key = pytest.StashKey[dict[str, Any]]()
 # The run/swap.py Swap routing this process's calls (benchmarks/drop_in.py reads its calls).
 SWAP_KEY = pytest.StashKey[Any]()
 _worker_calls_key = pytest.StashKey[list[Any]]()  # the controller's: its workers' calls
+_xpassed_key = pytest.StashKey[list[str]]()  # tests marked as expected failures that passed
 GRADCHECK_OUTPUT = "gradtool_gradcheck"  # a worker's routed calls, in its workeroutput
 
 
@@ -69,6 +70,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "reports)")
     parser.addini("gradtool_gradcheck", type="bool", default=False,
                   help="route torch's gradcheck calls to gradtool (like --gradtool-gradcheck)")
+    group.addoption("--gradtool-save-inputs", metavar="DIR", default=None,
+                    help="with --gradtool-gradcheck: save each failing call's inputs in DIR "
+                         "(torch.save of (args, kwargs)), named in its report's reproduce: line "
+                         "(the environment variable GRADTOOL_SAVE_INPUTS does the same)")
 
 
 def enabled(config: pytest.Config) -> bool:
@@ -92,8 +97,16 @@ def pytest_configure(config: pytest.Config) -> None:
         project_settings(config)
     if gradcheck_enabled(config):
         config.stash[_worker_calls_key] = []
+        folder = config.getoption("gradtool_save_inputs", None)
+        if folder:  # read by the drop-in on a failure (dropin/saved.py), in xdist workers too
+            os.environ["GRADTOOL_SAVE_INPUTS"] = str(Path(folder).resolve())
         if not _xdist_controller(config):  # the controller runs no test: no torch there
             config.stash[SWAP_KEY] = _routed_swap()
+        os.environ["GRADTOOL_GRADCHECK"] = "1"  # a suite's marks may ask (docs: xfail)
+        from gradtool.run.swap import Xpassed
+
+        config.stash[_xpassed_key] = []
+        config.pluginmanager.register(Xpassed(config.stash[_xpassed_key]), "gradtool-xpassed")
 
 
 def _xdist_controller(config: pytest.Config) -> bool:
@@ -118,6 +131,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     swap = config.stash.get(SWAP_KEY, None)
     if swap is not None:
         swap.restore()
+    if _xpassed_key in config.stash:  # set by this session's pytest_configure
+        os.environ.pop("GRADTOOL_GRADCHECK", None)
+        if config.getoption("gradtool_save_inputs", None):
+            os.environ.pop("GRADTOOL_SAVE_INPUTS", None)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -143,6 +160,11 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     calls = (swap.calls if swap else []) + [Call(*row) for row in config.stash[_worker_calls_key]]
     terminalreporter.write_sep("-", "gradtool --gradtool-gradcheck")
     terminalreporter.write_line(gradcheck_summary(calls))
+    from gradtool.run.swap import expected_failures_passed
+
+    line = expected_failures_passed(calls, config.stash.get(_xpassed_key, []))
+    if line:
+        terminalreporter.write_line(line)
 
 
 def gradcheck_summary(calls: list[Any]) -> str:
@@ -150,12 +172,16 @@ def gradcheck_summary(calls: list[Any]) -> str:
     if not calls:
         return ("no torch.autograd.gradcheck or gradgradcheck call was made "
                 "(nothing ran through gradtool)")
-    count = {o: sum(c.outcome == o for c in calls) for o in ("passed", "failed", "raised")}
+    count = {o: sum(c.outcome == o for c in calls)
+             for o in ("passed", "failed", "raised", "internal")}
     second = sum(c.name == "gradgradcheck" for c in calls)
     kinds = f" ({len(calls) - second} gradcheck, {second} gradgradcheck)" if second else ""
     return (f"{len(calls)} gradcheck calls{kinds} ran through gradtool in "
             f"{sum(c.seconds for c in calls):.2f} s: {count['passed']} passed, "
-            f"{count['failed']} failed, {count['raised']} raised another exception")
+            f"{count['failed']} failed, {count['raised']} raised another exception"
+            + (f"; {count['internal']} stopped by an internal error of gradtool (a bug in "
+               "gradtool, not in the code checked: please report it with its traceback)"
+               if count["internal"] else ""))
 
 
 def project_settings(config: pytest.Config) -> dict[str, Any]:

@@ -65,9 +65,9 @@ def declared(op: Any) -> Declared:
     return Declared(gradient, double, "; ".join(w for w in (why_g, why_d) if w))
 
 
-def _status(op: Any, test: tuple[str, str]) -> tuple[str, str]:
+def _status(op: Any, test: tuple[str, str], dtype: torch.dtype = DTYPE) -> tuple[str, str]:
     """'skip', 'xfail' or 'run' for one of PyTorch's tests, read off its active decorators."""
-    for decorator in op.get_decorators(*test[:1], test[1], "cpu", DTYPE, {}):
+    for decorator in op.get_decorators(*test[:1], test[1], "cpu", dtype, {}):
         marked = _apply(decorator)
         if getattr(marked, "__unittest_skip__", False):
             return "skip", f"{test[1]}: skipped ({marked.__unittest_skip_why__})"
@@ -115,7 +115,8 @@ def is_empty(fn: Callable[..., Any], values: Sequence[torch.Tensor]) -> bool:
         return not any(o.numel() for o in tensor_outputs(fn(*values)))
 
 
-def _as_gradcheck_sees_it(op: Any, sample: Any, rounded: torch.dtype | None = None
+def _as_gradcheck_sees_it(op: Any, sample: Any, rounded: torch.dtype | None = None,
+                          variant: Callable[..., Any] | None = None
                           ) -> tuple[Callable[..., Any], list[torch.Tensor]]:
     """(fn, values): fn of the sample's tensors that require grad, as PyTorch's gradcheck sees it.
 
@@ -126,7 +127,7 @@ def _as_gradcheck_sees_it(op: Any, sample: Any, rounded: torch.dtype | None = No
     parts = [sample.input, *sample.args, *sample.kwargs.values()]
     flat = [t for p in parts for t in (p if _tensor_list(p) else [p])]
     values = [x for x in flat if isinstance(x, torch.Tensor) and x.requires_grad]
-    variant = op.get_op()
+    variant = variant or op.get_op()  # or another variant of the op (an in-place one)
 
     def fn(*inputs: torch.Tensor) -> Any:
         feed = iter(inputs)

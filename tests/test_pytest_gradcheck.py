@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -151,3 +152,83 @@ def test_the_plugin_still_imports_no_torch_with_the_switch_named():
     code = ("import sys, gradtool.pytest_plugin, gradtool.run.swap; "
             "assert not {'torch', 'numpy'} & set(sys.modules), 'heavy import'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_failure_shows_the_tests_line_and_the_report_without_gradtools_source(suite, tmp_path):
+    saved = tmp_path / "saved"
+    routed = run_pytest(suite, "--gradtool-gradcheck", "-k", "test_wrong_function_fails",
+                        "--gradtool-save-inputs", str(saved))
+    (text,) = failure_texts(routed)
+    assert "gradtool found gradient problems" in text and "def test_wrong_function_fails" in text
+    assert "def _judge" not in text and "gradtool/dropin/" not in text, text  # no frame of it
+    assert "--save-inputs INPUTS.pt" not in text  # the CLI's option: pytest refuses it
+    (path,) = saved.glob("*.pt")
+    assert f"--inputs-from {path}" in text and f"inputs saved: {path}" in text
+    args, kwargs = torch.load(path, weights_only=True)
+    assert kwargs == {} and isinstance(args[0], torch.Tensor)
+
+
+def test_without_saving_the_hint_says_the_pytest_way(suite, monkeypatch):
+    monkeypatch.delenv("GRADTOOL_SAVE_INPUTS", raising=False)
+    routed = run_pytest(suite, "--gradtool-gradcheck", "-k", "test_wrong_function_fails")
+    (text,) = failure_texts(routed)
+    assert "--save-inputs INPUTS.pt" not in text and "--gradtool-save-inputs DIR" in text
+
+
+def test_gradtools_internal_errors_are_counted_apart_from_the_checked_codes():
+    from gradtool.errors import InternalError
+
+    def broken(*args, **kwargs):
+        raise InternalError(TypeError("a bug"), "gradtool/x.py:1")
+
+    x = torch.randn(2, dtype=torch.float64, requires_grad=True)
+    swap = Swap({"gradcheck": broken, "gradgradcheck": broken}, lambda: "here")
+    swap.install()
+    try:
+        with pytest.raises(InternalError):
+            torch.autograd.gradcheck(torch.sin, (x,))
+    finally:
+        swap.restore()
+    assert [c.outcome for c in swap.calls] == ["internal"]
+    summary = gradcheck_summary([*swap.calls, Call("gradcheck", "raised", 1.0)])
+    assert "1 raised another exception; 1 stopped by an internal error of gradtool" in summary
+
+
+XFAIL_SUITE = '''
+import os
+import unittest
+
+import pytest
+import torch
+
+def _kink_test():  # torch's step of 1e-6 straddles abs's kink at 1e-7: its verdict is noise
+    x = torch.tensor([1e-7, 0.5, -0.7], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(torch.abs, (x,))
+
+@pytest.mark.xfail(reason="torch's finite differences straddle a kink")
+def test_marked():
+    _kink_test()
+
+@pytest.mark.xfail(os.environ.get("GRADTOOL_GRADCHECK") != "1", reason="torch's noise")
+def test_marked_for_torch_only():
+    _kink_test()
+
+class Case(unittest.TestCase):
+    @unittest.expectedFailure
+    def test_unittest_marked(self):
+        _kink_test()
+'''
+
+
+def test_expected_failures_gradtool_passes_are_listed_with_the_way_out(pytester):
+    pytester.makepyfile(test_xfail=XFAIL_SUITE)
+    plain = run_pytest(pytester)
+    plain.assert_outcomes(xfailed=3)  # torch fails all three; the second is marked for it only
+    routed = run_pytest(pytester, "--gradtool-gradcheck")
+    routed.assert_outcomes(xpassed=1, failed=1, passed=1)  # unittest's unexpected success fails
+    assert "Unexpected success" in routed.stdout.str()
+    routed.stdout.fnmatch_lines([
+        "2 test(s) marked as expected failures passed: gradtool passed every gradcheck call*",
+        "  test_xfail.py::test_marked", "  test_xfail.py::Case::test_unittest_marked",
+        "make the mark conditional on GRADTOOL_GRADCHECK != '1'*"])
+    assert os.environ.get("GRADTOOL_GRADCHECK") is None  # put back at the session's end

@@ -20,7 +20,10 @@ Verdict policy (docs/library-and-pytest.md says it for users):
   Every other test gradcheck runs beside it is run as gradcheck runs it: the inputs' and outputs'
   validation, reentrancy within nondet_tol, check_grad_dtypes, check_undefined_grad,
   check_batched_grad, check_batched_forward_grad, backward's multiplication by grad_output
-  (torch_tests.py), and forward mode of complex values, which gradtool does not check itself.
+  (torch_tests.py, batched.py: gradtool's own code on torch's public API), and forward mode of
+  complex values, which gradtool does not check itself (torch's public gradcheck runs it).
+  gradtool evaluates the function on copies it owns, laid out as the tensors given where one is
+  not compact (given.py: an as_strided over a partial view reads the storage it would read).
   So gradtool never passes what torch's function fails for a defect; where
   torch's own finite differences fail a correct function (a step across a kink, rounding its
   fixed tolerance cannot absorb), gradtool's verdict (inconclusive is not a failure) stands.
@@ -43,6 +46,9 @@ from typing import Any
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
+from .calls import call, owned
+from .given import laid_out
+from .saved import plain_report, with_saved_inputs
 from .lean import passes as lean_pass
 from .torch_tests import (check_inputs, check_outputs, differentiable_outputs, forward_mode,
                           no_differentiable_outputs, reentrant)
@@ -75,48 +81,68 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
     """torch.autograd.gradcheck's contract, judged by gradtool (see the module docstring).
 
     extra_checks=True adds gradtool's default checks (contract, layout, double backward, ...)."""
+    __tracebackhide__ = True  # pytest shows the test's line and the report, not gradtool's
     _keywords(check_forward_ad, check_backward_ad, check_batched_grad,
               check_batched_forward_grad)
     args = _as_tuple(inputs)
     try:
-        check_inputs(args)
-        out = func(*args)
+        check_inputs(args)  # torch's refusals, in its words (ValueError, RuntimeError)
+        out = call(func, *args)
         outputs = differentiable_outputs(out)
         check_outputs(outputs)
-        if not outputs:  # torch's test: finite differences find every output constant
-            no_differentiable_outputs(func, args, out, eps)
-        settings = _settings(args, eps, atol, rtol, nondet_tol, fast_mode, masked)
-        complex_values = any(t.is_complex() for t in (*_tensors(args), *outputs))
-        # torch's order, so the first failure is the one torch's gradcheck would raise
-        if outputs and check_backward_ad:
-            # a plain float64 call's clean pass needs no pipeline; anything else gets its report
-            passed = None if extra_checks or complex_values else \
-                lean_pass(func, args, out, settings)
-            if passed is None:
-                _judge(func, args, settings, backward=True, extra=extra_checks,
-                       complex_values=complex_values)
-            reentrant(args, outputs, nondet_tol, check_grad_dtypes, passed)
-        if outputs and check_forward_ad and complex_values:
-            # gradtool checks no forward mode of complex values: torch's own check runs
-            forward_mode(func, args, eps=eps, atol=atol, rtol=rtol,
-                                     check_undefined_grad=check_undefined_grad,
-                                     fast_mode=fast_mode, masked=masked)
-        elif outputs and check_forward_ad:
-            _judge(func, args, settings, backward=False, extra=extra_checks and
-                   not check_backward_ad)
-        torch_runs(func, args, outputs, check_undefined_grad=check_undefined_grad,
-                        undefined_forward=not complex_values,  # else torch's ran it above
-                        check_batched_grad=check_batched_grad,
-                        check_batched_forward_grad=check_batched_forward_grad,
-                        check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
-                        masked=bool(masked))
+        with owned((GradcheckError,)):
+            _tests(func, args, out, outputs, _settings(args, eps, atol, rtol, nondet_tol,
+                                                       fast_mode, masked),
+                   check_undefined_grad=check_undefined_grad,
+                   check_grad_dtypes=check_grad_dtypes, check_batched_grad=check_batched_grad,
+                   check_batched_forward_grad=check_batched_forward_grad,
+                   check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
+                   extra_checks=extra_checks)
     except GradcheckError as exc:
         if raise_exception:
-            if isinstance(exc, GradcheckFailure):
-                raise
-            raise GradcheckFailure(f"{_name(func)}: {exc}") from exc
+            failure = exc if isinstance(exc, GradcheckFailure) else \
+                GradcheckFailure(f"{_name(func)}: {exc}")
+            # raised from here, without gradtool's frames below: the message is the report
+            raise with_saved_inputs(failure, _name(func), args).with_traceback(None) from None
         return False
     return True
+
+
+def _tests(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
+           outputs: tuple[torch.Tensor, ...], settings: dict[str, Any], *,
+           check_undefined_grad: bool, check_grad_dtypes: bool, check_batched_grad: bool,
+           check_batched_forward_grad: bool, check_forward_ad: bool, check_backward_ad: bool,
+           extra_checks: bool) -> None:
+    """gradcheck's tests in torch's order, so that the first failure is the one torch's
+    gradcheck would raise: GradcheckError (a GradcheckFailure with gradtool's report)."""
+    eps, nondet_tol = settings.get("eps", TORCH_DEFAULTS["eps"]), settings["nondet_tol"]
+    fast_mode = settings["mode"] == "probe"
+    if not outputs:  # torch's test: finite differences find every output constant
+        no_differentiable_outputs(func, args, eps, fast_mode, nondet_tol)
+    judged = laid_out(func, args)  # gradtool's copies laid out as the tensors given
+    complex_values = any(t.is_complex() for t in (*_tensors(args), *outputs))
+    if outputs and check_backward_ad:
+        # a plain float64 call's clean pass needs no pipeline; anything else gets its report
+        passed = None if extra_checks or complex_values else \
+            lean_pass(judged, args, out, settings)
+        if passed is None:
+            _judge(judged, args, settings, backward=True, extra=extra_checks,
+                   complex_values=complex_values)
+        reentrant(args, outputs, nondet_tol, check_grad_dtypes, passed)
+    if outputs and check_forward_ad and complex_values:
+        # gradtool checks no forward mode of complex values: torch's own check runs
+        forward_mode(func, args, **{k: settings.get(k, v) for k, v in TORCH_DEFAULTS.items()},
+                     check_undefined_grad=check_undefined_grad, fast_mode=fast_mode,
+                     masked=settings["masked"])
+    elif outputs and check_forward_ad:
+        _judge(judged, args, settings, backward=False, extra=extra_checks and
+               not check_backward_ad)
+    torch_runs(func, args, outputs, check_undefined_grad=check_undefined_grad,
+               undefined_forward=not complex_values,  # else torch's ran it above
+               check_batched_grad=check_batched_grad,
+               check_batched_forward_grad=check_batched_forward_grad,
+               check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
+               masked=settings["masked"])
 
 
 def _keywords(forward: bool, backward: bool, batched: bool, batched_forward: bool) -> None:
@@ -167,8 +193,6 @@ def _judge(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[str, 
     from ..api import check
     from ..config.registry import (DEFAULT_CHECKS, GRADCHECK_BACKWARD, GRADCHECK_COMPLEX,
                                    GRADCHECK_FORWARD)
-    from ..render.terminal import render_plain
-
     if backward:  # gradtool's default run where asked: forward_ad then only for a jvp's own
         names = DEFAULT_CHECKS if extra else \
             GRADCHECK_BACKWARD + (GRADCHECK_COMPLEX if complex_values else ())
@@ -181,8 +205,8 @@ def _judge(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[str, 
         # usage error, with the fix, never a wrong-gradient verdict
         raise TargetError("; ".join(f"{r.source}: {r.message}" for r in report.rejected))
     if not report.ok():
-        raise GradcheckFailure("gradtool found gradient problems:\n"
-                               + render_plain(report, quiet=True), report)
+        raise GradcheckFailure("gradtool found gradient problems:\n" + plain_report(report),
+                               report)
     if settings["mode"] == "probe" and any(
             c.outcome.value == "inconclusive" and c.mode == "probe" for _, _, c in report.checks()):
         _torch_fast(func, args, settings, backward, report)
@@ -193,18 +217,16 @@ def _torch_fast(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[
     """fast_mode=True where gradtool's probe could not judge (finite differences too noisy for
     it, full mode over budget): torch's own fast test decides, so the drop-in never passes
     what torch's fast mode fails without a word on why."""
-    from ..render.terminal import render_plain
-
     tolerances = {k: settings.get(k, v) for k, v in TORCH_DEFAULTS.items()}
     try:
-        torch.autograd.gradcheck(func, args, **tolerances, nondet_tol=settings["nondet_tol"],
+        call(torch.autograd.gradcheck, func, args, **tolerances, nondet_tol=settings["nondet_tol"],
                                  fast_mode=True, check_undefined_grad=False,
                                  check_forward_ad=not backward, check_backward_ad=backward,
                                  masked=settings["masked"])
     except GradcheckError as exc:
         raise GradcheckFailure(
             f"gradtool's probe could not judge this call and torch's fast-mode test fails:\n"
-            f"{exc}\n" + render_plain(report, quiet=True), report) from None
+            f"{exc}\n" + plain_report(report), report) from None
 
 
 def gradgradcheck(func: Callable[..., Any], inputs: Any, grad_outputs: Any = None, *,
@@ -217,11 +239,12 @@ def gradgradcheck(func: Callable[..., Any], inputs: Any, grad_outputs: Any = Non
                   extra_checks: bool = False) -> bool:
     """torch.autograd.gradgradcheck's contract: gradcheck of backward's gradients as a function
     of (inputs, grad_outputs), built with a graph (see the module docstring)."""
+    __tracebackhide__ = True  # pytest shows the test's line and the report, not gradtool's
     _second_keywords(check_fwd_over_rev, check_rev_over_rev, check_undefined_grad,
                      check_batched_grad)
     args = _as_tuple(inputs)
     if grad_outputs is None:
-        outputs = differentiable_outputs(func(*args))
+        outputs = differentiable_outputs(call(func, *args))
         grad_outputs = tuple(_random_like(o, gen_non_contig_grad_outputs) for o in outputs)
     elif not isinstance(grad_outputs, (tuple, list)):
         grad_outputs = (grad_outputs,)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,8 +35,10 @@ class Tests:
             with np.errstate(all="ignore"):  # NaN and inf are verdicts here, not warnings
                 self._judge(*(t.detach().numpy() for t in (v, d, f0, g, u)), h, eps_m, atol,
                             ceiling)
-        else:
-            self._judge(v, d, f0, g, u, h, eps_m, atol, ceiling)
+        else:  # outputs of another dtype than the inputs (a float64 op returning bfloat16):
+            # the products need one dtype
+            common = functools.reduce(torch.promote_types, (t.dtype for t in (v, d, f0, g, u)))
+            self._judge(*(t.to(common) for t in (v, d, f0, g, u)), h, eps_m, atol, ceiling)
 
     def _judge(self, v: Any, d: Any, f0: Any, g: Any, u: Any, h: float, eps_m: float,
                atol: float, ceiling: tuple[float, float] | None = None) -> None:

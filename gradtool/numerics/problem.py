@@ -444,7 +444,7 @@ def vjp_rows(problem: Problem, vjp: Callable[[list[Any], list[torch.Tensor]], Se
 
 
 def split_flat(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.Tensor]:
-    """Inverse of flat_cat for a leading batch dimension (or none)."""
+    """Inverse of flat_cat for a leading batch dimension (or none; a 0-d shape: reshape(()))."""
     sizes = [int(torch.Size(s).numel()) for s in shapes]
     batch = flat.shape[:-1]
-    return [p.reshape(*batch, *s) for p, s in zip(flat.split(sizes, dim=-1), shapes)]
+    return [p.reshape((*batch, *s)) for p, s in zip(flat.split(sizes, dim=-1), shapes)]

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InternalError
+
 NAMES = ("gradcheck", "gradgradcheck")
 _TORCH_MODULES = ("torch.autograd", "torch.autograd.gradcheck")
 # gradtool's own modules keep torch's functions: the drop-in may call them.
@@ -34,7 +36,8 @@ class Call:
     """One routed call: which function, how it ended, how long it took, and where it was made."""
 
     name: str        # gradcheck or gradgradcheck
-    outcome: str     # passed, failed (False or GradcheckError), raised (any other exception)
+    outcome: str     # passed, failed (False or GradcheckError), internal (gradtool's
+    # InternalError: a bug in gradtool), raised (any other exception: the checked code's)
     seconds: float
     where: str = ""  # the caller's label (the pytest plugin: the test's node id)
     error: str = ""  # the exception's type and first line, for failed and raised
@@ -98,7 +101,8 @@ class Swap:
                 outcome = "passed" if result else "failed"
                 return result
             except BaseException as exc:
-                outcome = "failed" if isinstance(exc, self._failure) else "raised"
+                outcome = "failed" if isinstance(exc, self._failure) else \
+                    "internal" if isinstance(exc, InternalError) else "raised"
                 error = _first_line(exc)
                 raise
             finally:
@@ -134,3 +138,44 @@ def input_elements(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+class Xpassed:
+    """A pytest plugin object: collects the tests marked as expected failures that passed (under
+    xdist from the reports the controller receives) into `tests`, for the summary."""
+
+    def __init__(self, tests: list[str]) -> None:
+        self.tests = tests
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        if unexpected_success(report):
+            self.tests.append(report.nodeid)
+
+
+def unexpected_success(report: Any) -> bool:
+    """Whether a test's call phase passed though the test is marked an expected failure
+    (pytest's xfail, strict or not; unittest's expectedFailure)."""
+    if getattr(report, "when", None) != "call":
+        return False
+    if report.outcome == "passed":
+        return hasattr(report, "wasxfail")
+    text = str(report.longrepr) if report.outcome == "failed" else ""
+    return text.startswith(("[XPASS(strict)]", "Unexpected success"))
+
+
+def expected_failures_passed(calls: list[Call], xpassed: list[str]) -> str | None:
+    """The summary's line on tests marked as expected failures that passed, every gradcheck
+    call they made passed by gradtool: torch's own gradcheck cannot judge those calls."""
+    outcomes: dict[str, set[str]] = {}
+    for call in calls:
+        outcomes.setdefault(call.where, set()).add(call.outcome)
+    tests = [t for t in dict.fromkeys(xpassed) if outcomes.get(t) == {"passed"}]
+    if not tests:
+        return None
+    shown = "\n  ".join(tests[:10]) + (f"\n  ... and {len(tests) - 10} more"
+                                       if len(tests) > 10 else "")
+    return (f"{len(tests)} test(s) marked as expected failures passed: gradtool passed every "
+            "gradcheck call they made, where torch's own gradcheck fails them (a dtype it errs "
+            "on, or finite differences that are rounding noise at its float64 step):\n  "
+            f"{shown}\nmake the mark conditional on GRADTOOL_GRADCHECK != '1' (set while "
+            "calls are routed), see docs/switching-from-gradcheck.md, 'Expected failures'")

@@ -187,7 +187,8 @@ def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def both_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a, b = comparable(a), comparable(b)
+    # values only: nan_to_num has no derivative for complex tensors requiring grad
+    a, b = comparable(a).detach(), comparable(b).detach()
     return bool(torch.equal(torch.isnan(a), torch.isnan(b))) and \
         bool(torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))
 
