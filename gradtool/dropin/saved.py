@@ -16,7 +16,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-ENV = "GRADTOOL_SAVE_INPUTS"
+from ..run.reproduce import SAVE_INPUTS_ENV
+
+ENV = SAVE_INPUTS_ENV
 CLI_HINT = "or run with --save-inputs INPUTS.pt"
 DROPIN_HINT = (f"or set {ENV}=DIR (pytest: --gradtool-save-inputs DIR) to save each failing "
                "call's inputs there")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -66,8 +67,10 @@ def _unwritable(spec: Any, text: str) -> bool:
 def reproduce_command(target: Target, specs: Sequence[InputSpec], config: CheckConfig,
                       seed: int, origin: str | None = None) -> str:
     """The one-line command that re-runs this case exactly (given values: from a .pt file)."""
-    if not origin and has_given_values(specs) and (caller := values_caller()):
+    if (not origin and has_given_values(specs) and not os.environ.get(SAVE_INPUTS_ENV)
+            and (caller := values_caller())):
         return caller  # the values live in the caller: rerun it, not a file that is not there
+    # (where the drop-in saves each failing call's inputs, the file it names replays them)
     parts = ["gradtool", "check", shell_quote(target.name)]
     if origin or has_given_values(specs):
         # Given values cannot be written as --input: they are replayed from a saved file.
@@ -107,6 +110,10 @@ def values_caller() -> str | None:
         return None  # gradtool's own __main__, or a tool's (python -m pytest)
     return f"python {shell_quote(display_path(main))}"
 
+
+# The drop-in saves a failing call's inputs to this folder (dropin/saved.py), so its reproducer
+# replays that file rather than the caller.
+SAVE_INPUTS_ENV = "GRADTOOL_SAVE_INPUTS"
 
 SETTING_FLAGS = ("dtype", "device", "eps", "atol", "rtol", "nondet_tol", "mode", "probes",
                  "max_memory", "autocast", "reference")
