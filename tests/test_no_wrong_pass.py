@@ -1,0 +1,76 @@
+"""Issue 55: no wrong gradient passes where -inf is by design (a causal mask, -inf padding), in
+every comparison mode; each wrong Function beside its correct twin, which must pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import FIXTURES, load_fixture, result
+
+import gradtool
+
+M = load_fixture("masked_attention")
+REF = f"{FIXTURES / 'masked_attention.py'}:masked_ref"
+PADDED_REF = f"{FIXTURES / 'masked_attention.py'}:padded_ref"
+
+
+def _gradient(target, inputs, **settings):
+    return result(gradtool.check(target, inputs, checks=["gradient"], **settings), "gradient")
+
+
+@pytest.mark.parametrize("mode", ["full", "probe"])
+@pytest.mark.parametrize("name,expected", [("PaddedAV", "passed"), ("PaddedAVNegated", "failed"),
+                                           ("PaddedAVRolled", "failed")])
+def test_float64_with_minus_inf_padding_given(mode, name, expected):
+    """(a): -inf padding in a given input made the measured first bound's rtol inf (from
+    max |x|), so a negated dv passed full mode with max abs diff 1.4."""
+    check = _gradient(getattr(M, name).apply, M.padded_inputs(), mode=mode)
+    assert check.outcome.value == expected, check.summary
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(5, 6), (2, 2, 5, 5)])
+@pytest.mark.parametrize("name,expected", [("MaskedAV", "passed"), ("MaskedAVNegated", "failed"),
+                                           ("MaskedAVRolled", "failed")])
+def test_low_precision_with_a_causal_mask_inside(dtype, shape, name, expected):
+    """(b): the issue's reproducer at float32 and bfloat16 against its float64 reference, 2-D
+    and 4-D causal: the -inf inside made every rounding bound inf."""
+    inputs = M.causal_inputs(dtype, shape=shape)
+    check = _gradient(getattr(M, name).apply, inputs, reference=REF)
+    assert check.outcome.value == expected, check.summary
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name,expected", [("PaddedAV", "passed"), ("PaddedAVNegated", "failed")])
+def test_low_precision_with_minus_inf_padding_given(dtype, name, expected):
+    check = _gradient(getattr(M, name).apply, M.padded_inputs(dtype), reference=PADDED_REF)
+    assert check.outcome.value == expected, check.summary
+
+
+@pytest.mark.parametrize("name,expected", [("MaskedAV", "passed"), ("MaskedAVNegated", "failed")])
+def test_low_precision_against_the_target_in_float64(name, expected):
+    """No reference: the target itself run in float64 is the reference (and its own gradient
+    is checked there)."""
+    check = _gradient(getattr(M, name).apply, M.causal_inputs(torch.float32))
+    assert check.outcome.value == expected, check.summary
+
+
+@pytest.mark.parametrize("name,expected", [("MaskedAV", "passed"), ("MaskedAVNegated", "failed")])
+def test_reference_takes_a_callable(name, expected):
+    """(c): reference= a callable raised InternalError at targets/ops.py:22."""
+    check = _gradient(getattr(M, name).apply, M.causal_inputs(torch.float32),
+                      reference=M.masked_ref)
+    assert check.outcome.value == expected, check.summary
+
+
+def test_reference_a_function_class_runs_as_its_apply():
+    check = _gradient(M.MaskedAVNegated.apply, M.causal_inputs(torch.float32),
+                      reference=M.MaskedAV)
+    assert check.outcome.value == "failed", check.summary
+
+
+def test_reference_neither_callable_nor_name_is_a_clear_error():
+    from gradtool.errors import GradtoolError
+
+    with pytest.raises(GradtoolError, match="reference= takes a callable"):
+        gradtool.check(M.MaskedAV.apply, M.causal_inputs(torch.float32), reference=3)
