@@ -74,3 +74,35 @@ def test_reference_neither_callable_nor_name_is_a_clear_error():
 
     with pytest.raises(GradtoolError, match="reference= takes a callable"):
         gradtool.check(M.MaskedAV.apply, M.causal_inputs(torch.float32), reference=3)
+
+
+# ---------------------------------------------------------------- (d) forward determinism
+
+@pytest.mark.parametrize("fn", ["drifting", "drifting_huge"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_forward_that_drifts_without_drawing_fails_under_its_own_rule(fn, dtype):
+    """It was 'stochastic: RNG frozen' then inconclusive ('a lower-precision computation
+    inside'), or an internal error (atol ... got -nan at numerics/steps.py:180)."""
+    x = torch.randn(3, 4, dtype=getattr(torch, dtype))
+    report = gradtool.check(getattr(M, fn), (x,), checks=["gradient"])
+    check = result(report, "gradient")
+    assert check.outcome.value == "failed", check.summary
+    assert [f.rule for f in check.findings] == ["gradient.forward_drift"]
+    assert "output by " in check.summary and " of 12 elements" in check.summary
+    notes = " ".join(report.targets[0].cases[0].notes)
+    assert "stochastic" not in notes  # it follows no seed
+
+
+def test_a_forward_that_follows_the_seed_is_stochastic_and_its_twin_plain():
+    x = torch.randn(3, 4, dtype=torch.float64)
+    report = gradtool.check(M.dropout_like, (x,), checks=["gradient"])
+    assert report.ok() and "stochastic" in " ".join(report.targets[0].cases[0].notes)
+    report = gradtool.check(M.steady, (x,), checks=["gradient"])
+    assert report.ok() and "stochastic" not in " ".join(report.targets[0].cases[0].notes)
+
+
+def test_a_nan_output_in_the_batched_check_is_no_internal_error():
+    """steps.py read atol from max |output|: NaN made torch.allclose raise (internal error)."""
+    from gradtool.numerics.bounds import finite_max
+
+    assert finite_max(torch.tensor([float("nan"), 2.0, -float("inf")])) == 2.0

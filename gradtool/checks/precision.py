@@ -69,6 +69,10 @@ def check_precision(case: Case, target: Target, config: CheckConfig,
     before = dict(problem.calls)
     if not problem.diff:
         return CheckResult(NAME, Outcome.SKIPPED, "no differentiable inputs to check")
+    if problem.facts.drift:
+        from .gradient import drift_result
+
+        return drift_result(NAME, problem, target, start)
     try:
         low_run = _vjp_run(problem, case.seed)
     except Exception as exc:  # the user's forward or backward raised in its own dtype
