@@ -106,3 +106,61 @@ def test_a_nan_output_in_the_batched_check_is_no_internal_error():
     from gradtool.numerics.bounds import finite_max
 
     assert finite_max(torch.tensor([float("nan"), 2.0, -float("inf")])) == 2.0
+
+
+# ------------------------------------------- (e) never read what the user's code freed
+
+_FREES = f"""
+import sys, torch, gradtool
+sys.path.insert(0, {str(FIXTURES)!r})
+import masked_attention as M
+x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+assert gradtool.check(M.frees_intermediate, (x,)).ok()
+assert gradtool.check(M.FreesInput.apply, (x.detach(),)).ok()
+assert gradtool.gradcheck(M.frees_intermediate, (x,))
+assert gradtool.gradcheck(M.frees_intermediate, (x,), fast_mode=True)
+assert torch.autograd.gradcheck(M.frees_intermediate, (x,))  # gradcheck's verdict: passes
+print("survived")
+"""
+
+
+def _subprocess(args, **kw):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
+                          timeout=300, **kw)
+
+
+def test_a_function_that_frees_its_input_does_not_crash_the_library():
+    """gradtool.check and gradtool.gradcheck died with SIGSEGV (torch.equal in the probe's
+    purity test on the freed copy, then the contract reading the leaves forward freed)."""
+    done = _subprocess(["-c", _FREES])
+    assert done.returncode == 0 and "survived" in done.stdout, (done.returncode, done.stderr[-2000:])
+
+
+def test_a_function_that_frees_its_input_does_not_crash_the_pytest_drop_in(tmp_path):
+    (tmp_path / "test_frees.py").write_text(
+        f"import sys, torch\nsys.path.insert(0, {str(FIXTURES)!r})\n"
+        "import masked_attention as M\n\n"
+        "def test_frees():\n"
+        "    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)\n"
+        "    assert torch.autograd.gradcheck(M.frees_intermediate, (x,))\n")
+    done = _subprocess(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--gradtool-gradcheck",
+                        str(tmp_path / "test_frees.py")], cwd=tmp_path)
+    assert done.returncode == 0 and "1 passed" in done.stdout, (done.returncode,
+                                                                 done.stdout[-2000:])
+
+
+def test_released_names_a_freed_storage_only():
+    from gradtool.targets.probe import released
+
+    x = torch.randn(3)
+    assert not released(x) and not released(torch.empty(0)) and not released(3)
+    y = x * 1
+    y.untyped_storage().resize_(0)
+    assert released(y) and not released(torch.randn(2, 2).to_sparse())

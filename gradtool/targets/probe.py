@@ -127,6 +127,9 @@ def _purity(problem: Problem) -> tuple[Any, bool, list[Finding]]:
     outputs = tensor_outputs(result)
     mutates, findings = False, []
     for name, arg, original in zip(problem.names, args, originals):
+        if released(arg):  # forward freed it: given copies from now on, never read again
+            mutates = True
+            continue
         if original is None or equal(arg, original) or both_nan(arg, original):
             continue
         mutates = True
@@ -194,6 +197,18 @@ def _how_far(a: torch.Tensor, b: torch.Tensor) -> str:
     size = f"by up to {float(d.max()):.3g}" if d.numel() else "by inf"
     also = f", NaN on one call only at {int(nan.sum())}" if bool(nan.any()) else ""
     return f"{size} at {int(moved.sum())} of {a.numel()} elements{also}"
+
+
+def released(t: Any) -> bool:
+    """A tensor whose storage user code released (`x.untyped_storage().resize_(0)`, reversible
+    layers' memory trick): reading it would crash the process, so gradtool never compares,
+    hashes or clones it. Sparse and storage-less tensors are never released."""
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided or not t.numel():
+        return False
+    try:
+        return t.untyped_storage().nbytes() == 0
+    except (RuntimeError, NotImplementedError):  # a wrapper subclass, a fake tensor: no storage
+        return False
 
 
 def _same(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> bool:
