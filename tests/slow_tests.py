@@ -13,6 +13,7 @@ SLOW_FILES = {
     "test_triton_op.py",
 }
 SLOW_TESTS = {
+    "test_mutant_battery.py": ("test_a_visible_mutant_fails",),  # the sample stays quick
     "test_newuser.py": (
         "test_a_slow_check_piped_says_its_estimate_progress_and_how_far_it_got",
         "test_every_kind_of_reproduce_line_runs_as_printed",

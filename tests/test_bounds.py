@@ -85,3 +85,16 @@ def test_simulated_rounding_of_a_masked_softmax_is_finite():
     x, v = M.causal_inputs(torch.float64)
     bound = measure_bound(lambda: [M.masked_ref(x, v)], [M.masked_ref(x, v)], "float32", 0)
     assert all(bool(torch.isfinite(t).all()) for t in bound.tolerances)
+
+
+def test_a_probe_test_with_an_inf_tolerance_cannot_pass():
+    """localise.Tests: an inf bound (differences that left the domain) passed any probe; now it
+    is noisy (full mode judges, else inconclusive), the door's first rule."""
+    from gradtool.numerics.localise import Tests
+
+    t = lambda *rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
+    d = torch.tensor([[[1.0, math.inf]], [[1.0, 2.0]]], dtype=torch.float64)  # (2, P, n_out)
+    for ceiling in ((1e-5, 1e-3), None):  # without a ceiling, only the door's rule holds it
+        tests = Tests(t([1.0, 1.0]), d, t(0.5, 0.5), t([-5.0, 3.0]), t([1.0, 1.0]), 1e-6,
+                      2.2e-16, 1e-5, ceiling)
+        assert not tests.fails.any() and tests.noisy.all(), ceiling
