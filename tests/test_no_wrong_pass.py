@@ -182,3 +182,23 @@ def test_last_bit_differences_between_calls_are_no_drift():
     a = torch.randn(50, dtype=torch.float64)
     assert _last_bits(a, a * (1 + 4e-16)) and not _last_bits(a, a + 1e-6)
     assert not _last_bits(a, torch.where(torch.arange(50) == 3, float("nan"), a))
+
+
+# ------------------------------------------------- item 5: an approximate backward named
+
+def test_an_approximate_backward_is_named_with_its_size_and_the_verdict_stays():
+    x = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    check = result(gradtool.check(M.SeriesExp.apply, (x,)), "gradient")
+    assert check.outcome.value == "failed"  # gradcheck's verdict, at the tolerance given
+    line = next(d for d in check.details if d.startswith("an approximate backward"))
+    assert "nonlinear in grad_output by" in line and "tighten it" in line
+
+
+def test_a_wrong_linear_backward_is_not_called_approximate():
+    from gradtool.run.approximate import approximate_noted
+
+    check = result(gradtool.check(M.PaddedAVNegated.apply, M.padded_inputs(), mode="full",
+                                  checks=["gradient"]), "gradient")
+    assert check.outcome.value == "failed"
+    assert not any("approximate" in d for d in check.details)
+    assert approximate_noted([check]) == [check]  # no contract finding: nothing said

@@ -213,7 +213,10 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
     finer: list[str] = []
     scaled_names: list[str] = []
     doors: list[Admitted] = []
-    scale = finite_max(*low.values, *exact.values)
+    # the door's scale: the run's largest value, inputs too (a one-element normalisation's
+    # output is 0 exactly, in float32 rounding of its inputs' size)
+    scale = finite_max(*low.values, *exact.values,
+                       *(a for a in problem.args if isinstance(a, torch.Tensor)))
     for tensor, ((kind, name, shape), lo, ex, tol, sigma) in enumerate(zip(
             labels, low.values, exact.values, bound.tolerances, bound.sigmas)):
         diff = (lo.double() - ex).abs().cpu()
