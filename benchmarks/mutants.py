@@ -18,6 +18,12 @@ SHIFT = "rolled by one along a dimension"
 SWAP = "gradients swapped between inputs"
 CONSTANT = "constant added"
 MUTATIONS = (SCALE, ELEMENT, TRANSPOSE, DROP, SHIFT, SWAP, CONSTANT)
+# The seeded-bug battery's further operators (tests/test_mutant_battery.py, issue 55); the
+# OpInfo benchmark keeps MUTATIONS.
+NEGATE = "negated"
+ZERO = "zeroed"
+FINE = "x1.001 on one input"
+BATTERY = (NEGATE, SHIFT, TRANSPOSE, SCALE, FINE, ZERO, ELEMENT, SWAP, DROP)
 # What gradtool's diagnosis must say for a mutant to count as named (first-order mutations).
 NAMES = {SCALE: ("× numerical",), ELEMENT: ("elements wrong",), TRANSPOSE: ("transposed",),
          SHIFT: ("shifted", "rolled"), SWAP: ("swapped",), CONSTANT: ("constant term",)}
@@ -36,8 +42,9 @@ def wrap(fn: Callable[..., Any], values: Sequence[torch.Tensor], mutation: Mutat
     except Exception:  # noqa: BLE001
         return None
     outs = tensor_outputs(result)
-    if not outs or not all(o.dtype == torch.float64 and o.requires_grad and o.numel()
-                           for o in outs):
+    # float64 for the OpInfo benchmark; the battery's, its inputs' floating dtype
+    dtype = next((v.dtype for v in values if v.is_floating_point()), torch.float64)
+    if not outs or not all(o.dtype == dtype and o.requires_grad and o.numel() for o in outs):
         return None
     single = isinstance(result, torch.Tensor)
 
@@ -83,6 +90,12 @@ def _vjp(fn: Callable[..., Any], xs: Sequence[torch.Tensor], grads: Sequence[tor
         got[position], got[other] = got[other], got[position]
     elif kind == CONSTANT:
         got[position] = got[position] + 0.01
+    elif kind == NEGATE:
+        got[position] = -got[position]
+    elif kind == ZERO:
+        got[position] = torch.zeros_like(got[position])
+    elif kind == FINE:
+        got[position] = got[position] * 1.001
     return tuple(got)
 
 

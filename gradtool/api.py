@@ -45,6 +45,21 @@ def _given_dtype(specs: list[Any] | None, settings: dict[str, Any], target: Any 
     return {**{k: v for k, v in found.items() if v is not None}, **settings}
 
 
+def _callable_reference(settings: dict[str, Any]) -> dict[str, Any]:
+    """reference= given as a callable (a function, a Function class): kept in the config's
+    extra, the setting itself its name (reports and reproducers show a name, never an object)."""
+    reference = settings.get("reference")
+    if reference is None or isinstance(reference, str):
+        return settings
+    if not callable(reference):
+        raise GradtoolError(f"reference= takes a callable or 'module:fn', got "
+                            f"{type(reference).__name__}", "e.g. reference=my_float64_fn")
+    name = (f"{getattr(reference, '__module__', '?')}:"
+            f"{getattr(reference, '__qualname__', type(reference).__name__)}")
+    extra = {**settings.get("extra", {}), "reference": reference}
+    return {**settings, "reference": name, "extra": extra}
+
+
 def module_devices(target: Any) -> set[str]:
     """The devices of an nn.Module instance's parameters and buffers (empty for anything else)."""
     import torch
@@ -75,7 +90,7 @@ def check(target: Any, inputs: Any = None, kwargs: dict[str, Any] | None = None,
     from .render import terminal  # noqa: F401 - str(report) reads as the plain report
 
     specs = _input_specs(inputs, kwargs)
-    settings = _given_dtype(specs, settings, target)
+    settings = _callable_reference(_given_dtype(specs, settings, target))
     config = CheckConfig(**{k: (tuple(v) if k == "checks" else v) for k, v in settings.items()})
     if isinstance(target, str) and is_spec_argument(target) and specs is not None:
         raise GradtoolError(f"{target} is a spec: its inputs come from the file")

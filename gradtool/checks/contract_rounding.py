@@ -197,8 +197,16 @@ def linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> li
                 "contract.nonlinear",
                 f"backward is not linear in grad_output: for '{name}', backward(2·g1 + 3·g2) "
                 f"differs from 2·backward(g1) + 3·backward(g2) {off} — the gradient must be a "
-                "linear map of grad_output")]
+                "linear map of grad_output", data={"input": name, **_relative(m, a, b)})]
     return []
+
+
+def _relative(m: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
+    """How far from linear, relative to the combination's size (run/approximate.py reads it)."""
+    want = (2 * a + 3 * b).detach().double()
+    gap = (m.detach().double() - want).abs().nan_to_num(0, 0, 0)
+    scale = float(want.abs().nan_to_num(0, 0, 0).max()) if want.numel() else 0.0
+    return {"relative": float(gap.max()) / scale if scale and gap.numel() else 0.0}
 
 
 def deterministic(backward, g1, r1, problem: Problem, config: CheckConfig) -> list[Finding]:

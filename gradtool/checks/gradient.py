@@ -61,6 +61,8 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
     if not problem.diff:
         return CheckResult(name, Outcome.SKIPPED, "no differentiable inputs to check")
     config = precision_config(config, problem)
+    if first_order and problem.facts.drift:
+        return drift_result(name, problem, target, start)
     try:
         leaves, outs = prime(problem)
         # double backward derives from this graph, except of sparse inputs (which it skips)
@@ -132,6 +134,21 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
         source=target.source if verdict.outcome is not Outcome.PASSED else None,
         findings=(*(() if coarse is None else (coarse,)),
                   *mismatch_findings(name, verdict.outcome, diagnosed, surrogate)))
+
+
+def drift_result(name: str, problem: Problem, target: Target, start: float) -> CheckResult:
+    """A forward whose outputs differ between calls on the same inputs, torch's RNG frozen:
+    no gradient can be compared against its finite differences (gradcheck fails it too)."""
+    where = "; ".join(f"{out} {how}" for out, how in problem.facts.drift)
+    text = (f"forward returns different values on the same inputs with torch's RNG frozen "
+            f"({where}), so no gradient can be compared")
+    return CheckResult(
+        name, Outcome.FAILED, text,
+        ("no seed holds it still: does forward read uninitialised memory (torch.empty), "
+         "a counter or other state that changes between calls?",),
+        source=target.forward_source, duration_s=time.perf_counter() - start,
+        findings=(Finding(f"{name}.forward_drift", text,
+                          data={"outputs": [out for out, _ in problem.facts.drift]}),))
 
 
 def _mode_reason(verdict: Verdict, problem: Problem) -> str | None:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..config.settings import CheckConfig
+from ..numerics.bounds import Admitted, admit, finite_max
 from ..numerics.problem import Problem
 from ..numerics.rounding import (
     FINEST_FIRST,
@@ -27,6 +28,7 @@ from ..results import Block, CheckResult, Finding, Outcome
 from ..targets.cases import Case
 from ..targets.load import Target
 from ._common import calls_since, error_result
+from .precision_reference import load_reference, reference_of  # noqa: F401 - re-exported
 from .precision_zero import (SCALE, ZERO_MEASURED, ZERO_UNITS, measured_rounding, zero_noise,
                              zero_tensors)
 
@@ -67,6 +69,10 @@ def check_precision(case: Case, target: Target, config: CheckConfig,
     before = dict(problem.calls)
     if not problem.diff:
         return CheckResult(NAME, Outcome.SKIPPED, "no differentiable inputs to check")
+    if problem.facts.drift:
+        from .gradient import drift_result
+
+        return drift_result(NAME, problem, target, start)
     try:
         low_run = _vjp_run(problem, case.seed)
     except Exception as exc:  # the user's forward or backward raised in its own dtype
@@ -206,6 +212,11 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
     stats: dict[tuple[str, str], list[Any]] = {}
     finer: list[str] = []
     scaled_names: list[str] = []
+    doors: list[Admitted] = []
+    # the door's scale: the run's largest value, inputs too (a one-element normalisation's
+    # output is 0 exactly, in float32 rounding of its inputs' size)
+    scale = finite_max(*low.values, *exact.values,
+                       *(a for a in problem.args if isinstance(a, torch.Tensor)))
     for tensor, ((kind, name, shape), lo, ex, tol, sigma) in enumerate(zip(
             labels, low.values, exact.values, bound.tolerances, bound.sigmas)):
         diff = (lo.double() - ex).abs().cpu()
@@ -213,9 +224,18 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
         # zero at the low dtype's resolution: within one unit of the backward's largest
         zero = kind != "forward" and ex.numel() > 0 and \
             float(ex.abs().max()) <= noise / ZERO_UNITS
+        floor = None
         if zero:
             measured = cancelled[tensor] if tensor < len(cancelled) else 0.0
-            tol = tol.clamp_min(max(noise, ZERO_MEASURED * measured))
+            floor = max(noise, ZERO_MEASURED * measured)
+            tol = tol.clamp_min(floor)
+        # the door: finite, below the size of the values (an inf bound passed a negated dv)
+        # (scale: the run's largest value, forward and gradients: a result its terms cancel,
+        # a summed normalisation's, is rounding of terms the size of the gradients)
+        door = admit(tol, lo, ex, origin=f"simulated {bound.dtype} rounding", floor=floor,
+                     scale=scale)
+        tol, capped = door.tol, door.capped
+        doors.append(door)
         over = ~(diff <= tol)  # NaN too: a low-precision overflow or NaN is beyond any bound
         # Elements beyond their bound are reported as such; the fit looks for what hides below.
         scaled = None if zero else _scale_line(kind, name, lo[~over], ex[~over],
@@ -226,7 +246,8 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
             failed += 1
             forward_bad += kind == "forward"
         # Beyond the bound, but the dtype cannot resolve the value itself: no verdict there.
-        vague = over & (tol >= 0.5 * ex.abs()) & (diff <= 3 * tol)
+        # (never where the door cut the bound: a difference beyond the cap is not rounding)
+        vague = over & ~capped & (tol >= 0.5 * ex.abs()) & (diff <= 3 * tol)
         bad = over & ~vague
         failed += int(bad.sum())
         unresolved += int(vague.sum())
@@ -255,7 +276,8 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
                     shape, n, bad_n, mad, mrd)
               for (kind, name), (shape, n, bad_n, mad, mrd) in stats.items()]
     resolve_with = min(finer, key=FINEST_FIRST.index, default=None) if finer else None
-    return Verdict(outcome, forward_bad, blocks, lines[:8], resolve_with,
+    cut = [w for w in (door.words() for door in doors) if w]
+    return Verdict(outcome, forward_bad, blocks, lines[:8] + cut[:2], resolve_with,
                    list(dict.fromkeys(scaled_names)))
 
 
@@ -410,7 +432,7 @@ def run_precision_check(case: Case, target: Target, config: CheckConfig) -> Chec
     """The entry point: load --reference if given, and verify the float64 run's own gradient."""
     from .gradient import diagnose_first_order, jacobian_result
 
-    reference = load_reference(config.reference) if config.reference else None
+    reference = reference_of(config)
     config64 = config.with_(dtype="float64")
 
     def float64_check(problem: Problem) -> CheckResult:
@@ -420,22 +442,6 @@ def run_precision_check(case: Case, target: Target, config: CheckConfig) -> Chec
                                         None, diagnose_first_order, first_order=True))
 
     return check_precision(case, target, config, reference, float64_check)
-
-
-def load_reference(text: str) -> Callable[..., Any]:
-    """'module:fn' or 'file.py:fn' -> the callable (a Function class -> its apply)."""
-    from ..errors import TargetError
-    from ..targets.resolve import resolve
-
-    targets = resolve(text)
-    if len(targets) != 1:
-        raise TargetError(f"--reference {text!r} must name one callable, found {len(targets)}",
-                          "give module:function or file.py:function")
-    found = targets[0]
-    if found.kind.parameters:
-        raise TargetError(f"--reference {text!r} is an nn.Module; give a function of the "
-                          "target's arguments (inputs, then parameters)", "wrap it in a function")
-    return found.kind.plain_call(found)
 
 
 def run(case: Case, context: Any) -> CheckResult:

@@ -190,6 +190,10 @@ REGISTRY: tuple[CheckInfo, ...] = (
                   "surrogate, or the float64 reference below float64)", FIRST_ORDER_KINDS,
                   Rule("gradient.forward_nonfinite", "failure", "forward returns NaN/Inf on the "
                        "inputs, so no gradient can be compared"),
+                  Rule("gradient.forward_drift", "failure", "forward returns different "
+                       "values on the same inputs with torch's RNG frozen (uninitialised "
+                       "memory, a counter): which outputs, by how much; no gradient can be "
+                       "compared"),
                   Rule("gradient.forward_precision", "failure", "forward computes coarser "
                        "than the dtype it is given (float64 in, float32 inside: every output a "
                        "float32 number); its gradient is then judged at that precision"),

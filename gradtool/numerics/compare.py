@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import math
+
 import torch
 
 from ..results import Block, Element
+from .bounds import admit
 
 
 FLAGGED_LIMIT = 200_000  # failing elements recorded per block for a second look
@@ -42,6 +45,7 @@ class BlockTally:
     kink_atol: float | None = None
     kink_rtol: float | None = None
     scale: float = 0.0  # the largest |numerical| compared
+    capped: int = 0     # elements whose tolerance the door (numerics/bounds.py) cut
 
     def kink_tolerance(self, numerical: float) -> float:
         atol = self.atol if self.kink_atol is None else self.kink_atol
@@ -59,12 +63,11 @@ class BlockTally:
         col_offset, col_offset + 1, ... when cols is None; `tol`: per-element tolerances."""
         diff = (analytical - numerical).abs()
         diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
-        if tol is None:
-            tol = self.atol + self.rtol * numerical.abs()
-        bad = diff > tol
-        self.checked += diff.numel()
         if numerical.numel():  # the Jacobian's scale: a cancelled gradient's rounding is of it
             self.scale = max(self.scale, float(numerical.abs().nan_to_num(0, 0, 0).max()))
+        tol = self.admitted(analytical, numerical, tol)
+        bad = diff > tol
+        self.checked += diff.numel()
         if diff.numel():
             self.max_abs = max(self.max_abs, diff.max().item())
         n_bad = int(bad.sum())
@@ -87,6 +90,22 @@ class BlockTally:
             self.worst.append((excess[flat].item(), r, col,
                                analytical[r, c].item(), numerical[r, c].item()))
         self.worst = sorted(self.worst, key=lambda w: -w[0])[: self.keep]
+
+    def admitted(self, analytical: torch.Tensor, numerical: torch.Tensor,
+                 tol: torch.Tensor | None = None) -> torch.Tensor:
+        """This chunk's per-element tolerance through the door (numerics/bounds.py): finite, and
+        below the size of the values unless the fixed tolerance (gradcheck's, or the user's)
+        allows more: the first bound's rtol read inf from a -inf input once, and passed all."""
+        if tol is None:
+            tol = self.atol + self.rtol * numerical.abs()
+        if self.kink_atol is None or not analytical.numel():  # fixed: gradcheck's, as given
+            return tol if math.isfinite(self.atol + self.rtol) else _finite(tol, numerical)
+        floor = self.kink_atol + self.kink_rtol * numerical.abs().double()
+        found = admit(tol, analytical, numerical, origin="the measured first bound",
+                      scale=max(self.scale, float(analytical.abs().nan_to_num(0, 0, 0).max())),
+                      floor=floor)
+        self.capped += found.n_capped
+        return found.tol.to(diff_dtype(analytical, numerical))
 
     def element(self, out_index: int, in_index: int, analytical: float, numerical: float,
                 inconclusive: bool = False) -> Element:
@@ -112,6 +131,16 @@ def judged_mask(tally: BlockTally, analytical: torch.Tensor,
         mask[tally.standing] = True
         return mask
     return ~((analytical - numerical).abs() <= tally.atol + tally.rtol * numerical.abs())
+
+
+def diff_dtype(a: torch.Tensor, b: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(a.dtype, b.dtype)
+
+
+def _finite(tol: torch.Tensor, numerical: torch.Tensor) -> torch.Tensor:
+    """A fixed tolerance that is not finite (rtol inf given, with |n| = 0: NaN) is taken as
+    given where it is a number, and as nothing where NaN: a NaN bound never passes."""
+    return torch.where(torch.isnan(tol), torch.zeros_like(tol), tol)
 
 
 def unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -32,6 +32,9 @@ class Facts:
     precision: str | None = None      # the least precise floating dtype among inputs, outputs
     findings: tuple[Finding, ...] = ()  # rules the probe saw broken (forward's purity)
     forward_seconds: float | None = None  # the cheaper of the probe's forwards: the cost model
+    # forward's outputs differ between calls on the same inputs with torch's RNG frozen (no
+    # randomness gradtool controls: uninitialised memory, a counter): (output, how) per output
+    drift: tuple[tuple[str, str], ...] = ()
 
     @property
     def stochastic(self) -> bool:

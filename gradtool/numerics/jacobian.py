@@ -194,6 +194,7 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
                         affordable)
     if jac.dense is not None and not bool(jac.dense.isnan().any()):
         problem.cache.jacobian = jac  # every row: double backward's columns along grad_output
+    capped = sum(t.capped for row in tallies for t in row)  # the door's cuts (bounds.py)
     measurement = None
     if config.measured and any(t.mismatched for row in tallies for t in row):
         from .measured import remeasure
@@ -231,6 +232,11 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
         from .measured_words import describe
 
         describe(verdict, tallies, measurement, problem)
+    if capped:
+        verdict.details.append(
+            f"tolerance: the first bound was as large as the values compared at {capped} "
+            "element(s); cut there to 0.5 |value| + 0.1 max |value| (or gradcheck's fixed "
+            "tolerance, where larger): a difference that size is never rounding")
     return verdict
 
 

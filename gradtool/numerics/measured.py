@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .bounds import finite_max
 from .compare import BlockTally
 from .problem import Problem
 from .stencil_noise import Pooled, fourth_differences
@@ -43,8 +44,8 @@ STEPS = (-3, -2, -1, 1, 2, 3)
 def first_bound(values: Sequence[torch.Tensor], f0: torch.Tensor, h: float) -> tuple[float, float]:
     """(atol, rtol) of the sweep's tight first comparison, from the largest |f| and |x|."""
     u = FINITE_MACHINE.get(f0.dtype, 2.2e-16)
-    fmax = float(f0.abs().nan_to_num(0.0, 0.0, 0.0).max()) if f0.numel() else 0.0
-    xmax = max((float(v.detach().abs().max()) for v in values if v.numel()), default=0.0)
+    # the finite values only: a -inf mask or padding in x made rtol inf, and every gradient pass
+    fmax, xmax = finite_max(f0), finite_max(*values)
     return ROUND_C * u * fmax / h, FIRST_RTOL + 8 * u * xmax / h
 
 

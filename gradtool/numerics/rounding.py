@@ -293,13 +293,22 @@ def _selects(func: Any, args: Any, kwargs: Any) -> bool:
 def _accumulated(func: Any, args: Any, kwargs: Any, products: bool) -> Any:
     """Per result element: sum |t| over its terms t, times sqrt(k) for products."""
     try:
-        total = on_values(func, args, kwargs, abs)
+        total = on_values(func, args, kwargs, _finite_abs)
         if not products or not isinstance(total, torch.Tensor):
             return total
-        squares = on_values(func, args, kwargs, lambda x: abs(x) * abs(x))  # complex: |x|^2
+        squares = on_values(func, args, kwargs, lambda x: _finite_abs(x) * _finite_abs(x))
         return torch.where(squares > 0, total * total / squares.sqrt(), total)
     except Exception:  # an overload that refuses |x| (e.g. a signed index): result-only model
         return None
+
+
+def _finite_abs(x: Any) -> Any:
+    """|x|, a -inf or NaN term (a mask, padding) counted as 0: it reaches no finite result (a
+    softmax of |-inf| = inf was NaN, and every bound downstream of it inf)."""
+    if isinstance(x, torch.Tensor):
+        a = x.abs()
+        return torch.where(torch.isfinite(a), a, torch.zeros_like(a))
+    return abs(x) if math.isfinite(abs(x)) else 0.0
 
 
 @dataclass

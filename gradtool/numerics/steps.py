@@ -10,6 +10,7 @@ import torch
 from ..tracebacks import calls_user_code
 from .placement import same_devices
 from .batching import quiet_batching
+from .bounds import finite_max
 from .problem import Problem, flat_cat, select_outputs, split_flat
 from .transforms import vmap
 
@@ -176,7 +177,7 @@ def _verify_batched(problem: Problem, values: Sequence[torch.Tensor], which: int
     start = time.perf_counter()
     plain = flat_cat(problem.outputs(work))
     seconds = time.perf_counter() - start
-    scale = plain.abs().max().item() if plain.numel() else 0.0
+    scale = finite_max(plain)  # a NaN or inf output made atol NaN: torch raised, internal
     if not torch.allclose(plain, batched, rtol=1e-10, atol=1e-12 * (scale + 1.0)):
         problem.cache.vmap_ok = False
         raise _NotBatchable()

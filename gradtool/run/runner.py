@@ -15,6 +15,7 @@ from ..results import (CaseResult, CheckResult, Finding, Outcome, Rejected, Repo
                        TargetResult, headline)
 from ..targets.inputs import InputSpec
 from ..targets.load import Target
+from .approximate import approximate_noted
 from .reproduce import has_given_values, left_unchecked, pin_flags, reproduce_for
 from .told import kept_notes, report_plan
 
@@ -157,7 +158,7 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
         checks.append(replace(result, duration_s=time.perf_counter() - start))
         heartbeat.report("check", case=spec.label, result=checks[-1])
     begun = time.perf_counter()
-    checks = _repeats_told(checks, errors)
+    checks = approximate_noted(_repeats_told(checks, errors))
     if job.target.kind.composite and case.problem.cache.first_order is Outcome.PASSED:
         from .inner import inner_algebra_waived
 

@@ -1,0 +1,204 @@
+"""Issue 55: no wrong gradient passes where -inf is by design (a causal mask, -inf padding), in
+every comparison mode; each wrong Function beside its correct twin, which must pass."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import FIXTURES, load_fixture, result
+
+import gradtool
+
+M = load_fixture("masked_attention")
+REF = f"{FIXTURES / 'masked_attention.py'}:masked_ref"
+PADDED_REF = f"{FIXTURES / 'masked_attention.py'}:padded_ref"
+
+
+def _gradient(target, inputs, **settings):
+    return result(gradtool.check(target, inputs, checks=["gradient"], **settings), "gradient")
+
+
+@pytest.mark.parametrize("mode", ["full", "probe"])
+@pytest.mark.parametrize("name,expected", [("PaddedAV", "passed"), ("PaddedAVNegated", "failed"),
+                                           ("PaddedAVRolled", "failed")])
+def test_float64_with_minus_inf_padding_given(mode, name, expected):
+    """(a): -inf padding in a given input made the measured first bound's rtol inf (from
+    max |x|), so a negated dv passed full mode with max abs diff 1.4."""
+    check = _gradient(getattr(M, name).apply, M.padded_inputs(), mode=mode)
+    assert check.outcome.value == expected, check.summary
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(5, 6), (2, 2, 5, 5)])
+@pytest.mark.parametrize("name,expected", [("MaskedAV", "passed"), ("MaskedAVNegated", "failed"),
+                                           ("MaskedAVRolled", "failed"),
+                                           ("MaskedAVDroppedTerm", "failed")])
+def test_low_precision_with_a_causal_mask_inside(dtype, shape, name, expected):
+    """(b): the issue's reproducer at float32 and bfloat16 against its float64 reference, 2-D
+    and 4-D causal: the -inf inside made every rounding bound inf."""
+    inputs = M.causal_inputs(dtype, shape=shape)
+    check = _gradient(getattr(M, name).apply, inputs, reference=REF)
+    assert check.outcome.value == expected, check.summary
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name,expected", [("PaddedAV", "passed"), ("PaddedAVNegated", "failed")])
+def test_low_precision_with_minus_inf_padding_given(dtype, name, expected):
+    check = _gradient(getattr(M, name).apply, M.padded_inputs(dtype), reference=PADDED_REF)
+    assert check.outcome.value == expected, check.summary
+
+
+@pytest.mark.parametrize("name,expected", [("MaskedAV", "passed"), ("MaskedAVNegated", "failed")])
+def test_low_precision_against_the_target_in_float64(name, expected):
+    """No reference: the target itself run in float64 is the reference (and its own gradient
+    is checked there)."""
+    check = _gradient(getattr(M, name).apply, M.causal_inputs(torch.float32))
+    assert check.outcome.value == expected, check.summary
+
+
+@pytest.mark.parametrize("name,expected", [("MaskedAV", "passed"), ("MaskedAVNegated", "failed")])
+def test_reference_takes_a_callable(name, expected):
+    """(c): reference= a callable raised InternalError at targets/ops.py:22."""
+    check = _gradient(getattr(M, name).apply, M.causal_inputs(torch.float32),
+                      reference=M.masked_ref)
+    assert check.outcome.value == expected, check.summary
+
+
+def test_reference_a_function_class_runs_as_its_apply():
+    check = _gradient(M.MaskedAVNegated.apply, M.causal_inputs(torch.float32),
+                      reference=M.MaskedAV)
+    assert check.outcome.value == "failed", check.summary
+
+
+def test_reference_neither_callable_nor_name_is_a_clear_error():
+    from gradtool.errors import GradtoolError
+
+    with pytest.raises(GradtoolError, match="reference= takes a callable"):
+        gradtool.check(M.MaskedAV.apply, M.causal_inputs(torch.float32), reference=3)
+
+
+# ---------------------------------------------------------------- (d) forward determinism
+
+@pytest.mark.parametrize("fn", ["drifting", "drifting_huge"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_forward_that_drifts_without_drawing_fails_under_its_own_rule(fn, dtype):
+    """It was 'stochastic: RNG frozen' then inconclusive ('a lower-precision computation
+    inside'), or an internal error (atol ... got -nan at numerics/steps.py:180)."""
+    x = torch.randn(3, 4, dtype=getattr(torch, dtype))
+    report = gradtool.check(getattr(M, fn), (x,), checks=["gradient"])
+    check = result(report, "gradient")
+    assert check.outcome.value == "failed", check.summary
+    assert [f.rule for f in check.findings] == ["gradient.forward_drift"]
+    assert "output by " in check.summary and " of 12 elements" in check.summary
+    notes = " ".join(report.targets[0].cases[0].notes)
+    assert "stochastic" not in notes  # it follows no seed
+
+
+def test_a_forward_that_follows_the_seed_is_stochastic_and_its_twin_plain():
+    x = torch.randn(3, 4, dtype=torch.float64)
+    report = gradtool.check(M.dropout_like, (x,), checks=["gradient"])
+    assert report.ok() and "stochastic" in " ".join(report.targets[0].cases[0].notes)
+    report = gradtool.check(M.steady, (x,), checks=["gradient"])
+    assert report.ok() and "stochastic" not in " ".join(report.targets[0].cases[0].notes)
+
+
+def test_a_nan_output_in_the_batched_check_is_no_internal_error():
+    """steps.py read atol from max |output|: NaN made torch.allclose raise (internal error)."""
+    from gradtool.numerics.bounds import finite_max
+
+    assert finite_max(torch.tensor([float("nan"), 2.0, -float("inf")])) == 2.0
+
+
+# ------------------------------------------- (e) never read what the user's code freed
+
+_FREES = f"""
+import sys, torch, gradtool
+sys.path.insert(0, {str(FIXTURES)!r})
+import masked_attention as M
+x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+assert gradtool.check(M.frees_intermediate, (x,)).ok()
+assert gradtool.check(M.FreesInput.apply, (x.detach(),)).ok()
+assert gradtool.gradcheck(M.frees_intermediate, (x,))
+assert gradtool.gradcheck(M.frees_intermediate, (x,), fast_mode=True)
+assert torch.autograd.gradcheck(M.frees_intermediate, (x,))  # gradcheck's verdict: passes
+print("survived")
+"""
+
+
+def _subprocess(args, **kw):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
+                          timeout=300, **kw)
+
+
+def test_a_function_that_frees_its_input_does_not_crash_the_library():
+    """gradtool.check and gradtool.gradcheck died with SIGSEGV (torch.equal in the probe's
+    purity test on the freed copy, then the contract reading the leaves forward freed)."""
+    done = _subprocess(["-c", _FREES])
+    assert done.returncode == 0 and "survived" in done.stdout, (done.returncode, done.stderr[-2000:])
+
+
+def test_a_function_that_frees_its_input_does_not_crash_the_pytest_drop_in(tmp_path):
+    (tmp_path / "test_frees.py").write_text(
+        f"import sys, torch\nsys.path.insert(0, {str(FIXTURES)!r})\n"
+        "import masked_attention as M\n\n"
+        "def test_frees():\n"
+        "    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)\n"
+        "    assert torch.autograd.gradcheck(M.frees_intermediate, (x,))\n")
+    done = _subprocess(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--gradtool-gradcheck",
+                        str(tmp_path / "test_frees.py")], cwd=tmp_path)
+    assert done.returncode == 0 and "1 passed" in done.stdout, (done.returncode,
+                                                                 done.stdout[-2000:])
+
+
+def test_released_names_a_freed_storage_only():
+    from gradtool.targets.probe import released
+
+    x = torch.randn(3)
+    assert not released(x) and not released(torch.empty(0)) and not released(3)
+    y = x * 1
+    y.untyped_storage().resize_(0)
+    assert released(y) and not released(torch.randn(2, 2).to_sparse())
+
+
+@pytest.mark.parametrize("fast_mode", [False, True])
+def test_the_drop_in_fails_a_drifting_forward_as_gradcheck_does(fast_mode):
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    assert not gradtool.gradcheck(M.drifting, (x,), fast_mode=fast_mode, raise_exception=False)
+    assert gradtool.gradcheck(M.steady, (x,), fast_mode=fast_mode, raise_exception=False)
+
+
+def test_last_bit_differences_between_calls_are_no_drift():
+    """A kernel's summation order (CUDA atomics) differs in the last bits between calls:
+    finite differences cannot see it, so it is not the drift rule's."""
+    from gradtool.targets.probe import _last_bits
+
+    a = torch.randn(50, dtype=torch.float64)
+    assert _last_bits(a, a * (1 + 4e-16)) and not _last_bits(a, a + 1e-6)
+    assert not _last_bits(a, torch.where(torch.arange(50) == 3, float("nan"), a))
+
+
+# ------------------------------------------------- item 5: an approximate backward named
+
+def test_an_approximate_backward_is_named_with_its_size_and_the_verdict_stays():
+    x = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    check = result(gradtool.check(M.SeriesExp.apply, (x,)), "gradient")
+    assert check.outcome.value == "failed"  # gradcheck's verdict, at the tolerance given
+    line = next(d for d in check.details if d.startswith("an approximate backward"))
+    assert "nonlinear in grad_output by" in line and "tighten it" in line
+
+
+def test_a_wrong_linear_backward_is_not_called_approximate():
+    from gradtool.run.approximate import approximate_noted
+
+    check = result(gradtool.check(M.PaddedAVNegated.apply, M.padded_inputs(), mode="full",
+                                  checks=["gradient"]), "gradient")
+    assert check.outcome.value == "failed"
+    assert not any("approximate" in d for d in check.details)
+    assert approximate_noted([check]) == [check]  # no contract finding: nothing said
