@@ -60,6 +60,9 @@ class CheckInfo:
     # The cost model (run/runner.py:for_cost): skipped on an expensive forward once this check
     # failed in the same run (it waits for that fix; asked for by name, it runs)
     waits_for: str | None = None
+    # reads the contract's graph and its backward from the case's ledger (numerics/ledger.py):
+    # the contract records them only when a check that reads them runs
+    reads_recorded: bool = False
 
     @property
     def import_path(self) -> str:
@@ -288,7 +291,7 @@ REGISTRY: tuple[CheckInfo, ...] = (
                           "non-contiguous input (view instead of reshape)"),
                      Rule("layout.input_values", "warning", "forward's values change with its "
                           "input's layout (storage-addressing code may mean it)")),
-              waits_for="gradient"),
+              waits_for="gradient", reads_recorded=True),
 )
 
 BY_NAME = {info.name: info for info in REGISTRY}

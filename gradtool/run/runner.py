@@ -146,12 +146,13 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     for name in config.checks:
         # Everything done on the check's behalf is its time: the hooks' culprit search, the
         # diagnosis, telling a repeated error once.
-        start = time.perf_counter()
+        start, reads = time.perf_counter(), case.problem.cache.ledger.snapshot()
         costly = for_cost(name, case, checks, job)
         result = _skipped(name, costly) if costly else _run_check(name, case, job)
         if result is None:  # left out of the default run: asking why is setup
             setup += time.perf_counter() - start
             continue
+        result = case.problem.cache.ledger.told(result, reads)  # what it read, beside
         errors.append(_error_id(result))
         result = _once(result, checks, case.problem)
         checks.append(replace(result, duration_s=time.perf_counter() - start))
