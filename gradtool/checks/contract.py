@@ -92,15 +92,16 @@ def _findings(case: Case, target: Target, config: CheckConfig
     written = _inputs_written(problem, leaves, saved)
     if written:  # the graph now holds what backward wrote: the tests below would misname it
         return found + written, notes
-    if not modified and any(BY_NAME[name].reads_recorded for name in config.checks):
-        _record(problem, leaves, result, diff_outs, g1, r1)  # g1 as drawn, r1 its backward
     found += _outputs_used(problem, target, leaves, (outs, diff_outs), g1, config)
     if modified:  # what it wrote to is not g1: the linearity and determinism tests need g1's
         r1 = backward(g1)
     found += _finite("contract.gradient_nonfinite", "gradient", [r for r in r1 if r is not None])
     found += linearity(backward, g1, g2, r1, problem, config)
-    found += deterministic(backward, g1, r1, problem, config)
-    return found, notes
+    again = deterministic(backward, g1, r1, problem, config)
+    # backward called again through this graph gave r1 again: later checks may read them
+    if not (modified or again) and any(BY_NAME[name].reads_recorded for name in config.checks):
+        _record(problem, leaves, result, diff_outs, g1, r1)  # g1 as drawn, r1 its backward
+    return found + again, notes
 
 
 def _record(problem: Problem, leaves: list[torch.Tensor], result: Any,

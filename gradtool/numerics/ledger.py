@@ -103,15 +103,17 @@ class Ledger:
         graph.result = [r.detach().clone() for r in graph.result]
         self.graphs[point_key(point)] = graph
 
-    def graph(self, point: Sequence[torch.Tensor]) -> Graph | None:
-        """The graph recorded at this point, still intact, read (one forward and its backward)
-        and handed out once, or None: the caller pays its own."""
+    def graph(self, point: Sequence[torch.Tensor], last: bool = True) -> Graph | None:
+        """The graph recorded at this point, still intact, read (its forward, and where `last`
+        its backward too, the last reader's: it is then dropped, held no longer than needed),
+        or None: the caller pays its own."""
         if not enabled():
             return None
-        found = self.graphs.pop(point_key(point), None)  # held no longer than needed
+        key = point_key(point)
+        found = self.graphs.pop(key, None) if last else self.graphs.get(key)
         if found is None or not found.intact():
             return None
-        self.read.update(forward=1, backward=1)
+        self.read.update(forward=1, backward=1 if last else 0)
         return found
 
     def record_backward(self, point: Sequence[torch.Tensor], cotangent: Any,
