@@ -38,6 +38,10 @@ import torch
 from torch import nn
 from torch.autograd import gradcheck, gradgradcheck
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness as h  # noqa: E402
+
 
 @contextlib.contextmanager
 def swapped(module: Any, name: str, replacement: type | None) -> Iterator[None]:
@@ -293,22 +297,8 @@ def line(r: dict[str, Any]) -> str:
     return (f"| {r['family']} | {r['bug']} | {r['ours']:.2f} s {verdict} | {r['theirs']:.2f} s | "
             f"{r['ours'] / r['theirs']:.2f}× | {ours['forward']}/{ours['backward']}{more} | "
             f"{theirs['forward']}/{theirs['backward']} | {alone['forward']}/{alone['backward']}, "
-            f"{alone['seconds']:.2f} s | {per_check(report)} | {told} | {culprit} |")
+            f"{alone['seconds']:.2f} s | {h.per_check(report)} | {told} | {culprit} |")
 
-
-def per_check(report: Any) -> str:
-    """Each check's evaluations as its report says them: paid (forward/backward), and what it
-    read from the case's ledger, paid by an earlier check (numerics/ledger.py)."""
-    out = []
-    for _, _, c in report.checks():
-        if c.outcome.value == "skipped":
-            continue
-        calls = c.calls
-        text = f"{c.name} {calls.get('forward', 0)}/{calls.get('backward', 0)}"
-        if calls.get("forward read") or calls.get("backward read"):
-            text += f"+{calls.get('forward read', 0)}/{calls.get('backward read', 0)} read"
-        out.append(text)
-    return ", ".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,21 +46,6 @@ FAMILIES = {**expensive.FAMILIES, **expensive.HANDWRITTEN}
 MODE = ["auto"]  # --mode: auto (the default a user gets) or full (counts free of timing)
 
 
-def per_check(report) -> str:
-    """'contract 0/6, gradient 25/6, layout 1/4+1/1 read': each check's evaluations, paid and
-    read from the case's ledger (forward/backward), as its report says them."""
-    out = []
-    for _, _, c in report.checks():
-        if c.outcome.value == "skipped":
-            continue
-        calls = c.calls
-        text = f"{c.name} {calls.get('forward', 0)}/{calls.get('backward', 0)}"
-        if calls.get("forward read") or calls.get("backward read"):
-            text += f"+{calls.get('forward read', 0)}/{calls.get('backward read', 0)} read"
-        out.append(text)
-    return ", ".join(out)
-
-
 def gradtool_all(cls: type, inputs: list[str]) -> tuple[h.Run, Counter, list[str]]:
     """Every default check, the whole library call; evaluations counted at the Function."""
     import gradtool
@@ -72,7 +57,7 @@ def gradtool_all(cls: type, inputs: list[str]) -> tuple[h.Run, Counter, list[str
     seconds = time.perf_counter() - start
     checks = [c for _, _, c in report.checks()]
     failed = [c.name for c in checks if c.outcome.value not in ("passed", "skipped")]
-    PER_CHECK[cls] = per_check(report)
+    PER_CHECK[cls] = h.per_check(report)
     return h.Run(seconds, counter["forward"], counter["backward"], not failed), counter, failed
 
 
