@@ -136,3 +136,21 @@ def test_the_switch_turns_reading_off(monkeypatch):
     ledger = Ledger()
     ledger.record_backward([torch.ones(2)], ZERO, [torch.zeros(2)])
     assert ledger.backward([torch.ones(2)], ZERO) is None
+
+
+def test_a_large_point_is_keyed_without_copies_and_its_graph_fingerprinted(monkeypatch):
+    """Past EXACT_BYTES (a model's parameters are inputs) a point is its own tensors unchanged
+    since, and a graph read only while its fingerprints stand: a write shows."""
+    from gradtool.numerics import ledger as L
+
+    monkeypatch.setattr(L, "EXACT_BYTES", 8)
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    y = x * 2
+    point, other = x.detach().clone(), x.detach().clone()  # the case's inputs, and a copy
+    book = L.Ledger()
+    book.record_graph([point], L.Graph([x], [y], [torch.ones(4)], [torch.ones(4)], "t"))
+    assert book.graph([point], last=False) is not None  # the same tensor: read
+    assert book.graph([other], last=False) is None  # another tensor: paid
+    with torch.no_grad():
+        y.mul_(3)
+    assert book.graph([point]) is None

@@ -50,9 +50,31 @@ def graph_key(values: Sequence[torch.Tensor]) -> tuple[tuple[Any, ...], ...]:
                       .view(torch.uint8).numpy().tobytes()) for v in values)
 
 
+# Up to this many bytes a point is keyed, and a graph's values kept, by their exact bits; a
+# larger one (a model's parameters are inputs) by identity and fingerprints, which copy nothing.
+EXACT_BYTES = 4 * 2**20
+
+
+def _bytes(values: Sequence[torch.Tensor]) -> int:
+    return sum(v.numel() * v.element_size() for v in values)
+
+
 def point_key(values: Sequence[torch.Tensor]) -> tuple[Any, ...]:
-    """The exact values of a point or a cotangent, as a dict key."""
-    return graph_key([v.detach() for v in values])
+    """A point or a cotangent as a dict key: its exact values, or, past EXACT_BYTES, the
+    tensors themselves unchanged since (the case's own inputs, which every check passes)."""
+    if _bytes(values) <= EXACT_BYTES:
+        return graph_key([v.detach() for v in values])
+    return tuple(("same", id(v), v._version, v.dtype, v.shape) for v in values)
+
+
+def _fingerprint(t: torch.Tensor) -> tuple[Any, ...]:
+    """What tells a large tensor written to since: its version and its sums (a write through
+    a data pointer, which autograd's version counter never sees, moves them)."""
+    t = t.detach()
+    sums = (float(torch.nansum(t.abs(), dtype=torch.float64)),
+            float(torch.nansum(t, dtype=torch.float64)) if not t.is_complex() else 0.0) \
+        if t.is_floating_point() or t.is_complex() else ()
+    return (t._version, t.dtype, t.shape, sums)
 
 
 @dataclass
@@ -67,13 +89,17 @@ class Graph:
     result: list[torch.Tensor]
     paid_by: str
     # the values at recording: a graph is read only while they stand
-    values: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+    values: tuple[list[Any], list[Any]] = ([], [])
 
     def intact(self) -> bool:
-        """Leaves and outputs still hold their recorded values (bits, NaN equal to NaN)."""
+        """Leaves and outputs still hold their recorded values (bits, NaN equal to NaN; past
+        EXACT_BYTES, their fingerprints)."""
         now = [t.detach() for t in self.leaves + self.outs]
         then = self.values[0] + self.values[1]
-        return len(now) == len(then) and all(_same(a, b) for a, b in zip(now, then))
+        if len(now) != len(then):
+            return False
+        return all(_fingerprint(a) == b if isinstance(b, tuple) else _same(a, b)
+                   for a, b in zip(now, then))
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -98,8 +124,9 @@ class Ledger:
         """A graph (with one backward through it) for the checks after the one that paid."""
         if not enabled():
             return
-        graph.values = ([t.detach().clone() for t in graph.leaves],
-                        [t.detach().clone() for t in graph.outs])
+        keep = _fingerprint if _bytes(graph.leaves + graph.outs) > EXACT_BYTES else \
+            (lambda t: t.detach().clone())
+        graph.values = ([keep(t) for t in graph.leaves], [keep(t) for t in graph.outs])
         graph.result = [r.detach().clone() for r in graph.result]
         self.graphs[point_key(point)] = graph
 
