@@ -14,7 +14,11 @@ default gradtool check against gradcheck slow + gradgradcheck slow, warmed up, s
 # one warm-up of both tools, then gradtool.check (every default check) and gradcheck +
 # gradgradcheck slow on the same tensors (the input and the parameters), interleaved round by
 # round, one torch thread, medians, and gradtool's own split of its time (checks, setup, the
-# run's own). A package that is not installed is skipped with a line saying so.
+# run's own). Evaluations are counted at the package's Function (forward/backward calls) for
+# both tools, in one more run of each after the timed rounds: gradtool's total and each
+# check's (paid, and read from the case's ledger), gradcheck + gradgradcheck's, and gradcheck
+# alone's (the drop-in's yardstick, with its time). A package that is not installed is skipped
+# with a line saying so.
 
 from __future__ import annotations
 
@@ -26,12 +30,17 @@ import os
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 from torch.autograd import gradcheck, gradgradcheck
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import harness as h  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -49,18 +58,24 @@ def swapped(module: Any, name: str, replacement: type | None) -> Iterator[None]:
 
 
 @functools.cache
-def seeded(base: type, bug: str) -> type:
+def seeded(base: type, bug: str | None) -> type:
     """A subclass of a package's adjoint Function whose backward has the seeded bug (one class
-    per bug: a replayed forward applies the same one again)."""
+    per bug: a replayed forward applies the same one again), or none; its backward counted."""
 
     class Seeded(base):  # type: ignore[misc, valid-type]
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:
-            out = list(base.backward(ctx, *grads))
+            COUNTS["backward"] += 1
+            _BACKWARD[0] += 1
+            try:
+                out = list(base.backward(ctx, *grads))
+            finally:
+                _BACKWARD[0] -= 1
             tensors = [k for k, g in enumerate(out) if isinstance(g, torch.Tensor)]
-            return tuple(_seed(bug, out, tensors))
+            return tuple(_seed(bug, out, tensors)) if bug else tuple(out)
 
-    Seeded.__name__ = Seeded.__qualname__ = f"{base.__name__}{bug.title().replace(' ', '')}"
+    Seeded.__name__ = Seeded.__qualname__ = \
+        f"{base.__name__}{(bug or '').title().replace(' ', '')}"
     return Seeded
 
 
@@ -82,8 +97,8 @@ class ODE(nn.Module):
         from torchdiffeq._impl import adjoint
 
         t = torch.tensor([0.0, 1.0], dtype=y0.dtype)
-        bad = seeded(adjoint.OdeintAdjointMethod, self.bug) if self.bug else None
-        with swapped(adjoint, "OdeintAdjointMethod", bad):
+        with swapped(adjoint, "OdeintAdjointMethod",
+                     seeded(adjoint.OdeintAdjointMethod, self.bug)):
             return odeint_adjoint(self._field, y0, t, method="rk4",
                                   options={"step_size": self.step},
                                   adjoint_params=tuple(self.field.parameters()))[-1]
@@ -132,11 +147,41 @@ class SDE(nn.Module):
 
         ts = torch.tensor([0.0, 1.0], dtype=y0.dtype)
         bm = torchsde.BrownianInterval(0.0, 1.0, size=y0.shape, dtype=y0.dtype, entropy=7)
-        bad = seeded(adjoint._SdeintAdjointMethod, self.bug) if self.bug else None
-        with swapped(adjoint, "_SdeintAdjointMethod", bad):
+        with swapped(adjoint, "_SdeintAdjointMethod",
+                     seeded(adjoint._SdeintAdjointMethod, self.bug)):
             return torchsde.sdeint_adjoint(self.sde, y0, ts, bm=bm, method="reversible_heun",
                                            adjoint_method="adjoint_reversible_heun",
                                            dt=0.01)[-1]
+
+
+COUNTS: Counter = Counter()  # the package's adjoint Function's forward/backward calls
+_BACKWARD = [0]  # inside the Function's backward (torchsde's solves its adjoint by the same one)
+
+
+def _count_solves() -> None:
+    """Count the Function's forwards at its solver: each forward runs one solve, called from
+    its `forward` (a solve inside a backward is the backward's). Counted there, not by a
+    subclass overriding forward: that would be a second Function to gradtool's culprit search."""
+    if COUNTS.get("installed"):
+        return
+    COUNTS["installed"] = 1
+
+    def counting(solve: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(solve)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not _BACKWARD[0] and sys._getframe(1).f_code.co_name == "forward":
+                COUNTS["forward"] += 1
+            return solve(*args, **kwargs)
+        return wrapper
+
+    if importlib.util.find_spec("torchdiffeq") is not None:
+        from torchdiffeq._impl import adjoint
+
+        adjoint.odeint = counting(adjoint.odeint)
+    if importlib.util.find_spec("torchsde") is not None:
+        from torchsde._core.base_solver import BaseSDESolver
+
+        BaseSDESolver.integrate = counting(BaseSDESolver.integrate)
 
 
 def _seed(bug: str, out: list[Any], tensors: list[int]) -> list[Any]:
@@ -172,9 +217,13 @@ FAMILIES: dict[str, tuple[str, type, list[str], tuple[str, ...]]] = {
 def gradtool_run(model: type, inputs: list[str]) -> tuple[float, Any]:
     import gradtool
 
+    _count_solves()
+    COUNTS.update(forward=-COUNTS["forward"], backward=-COUNTS["backward"])
     start = time.perf_counter()
     report = gradtool.check(model, inputs)
-    return time.perf_counter() - start, report
+    seconds = time.perf_counter() - start
+    LAST["gradtool"] = Counter(COUNTS)
+    return seconds, report
 
 
 def gradcheck_run(model: type, inputs: list[str]) -> tuple[float, bool]:
@@ -194,6 +243,8 @@ def gradcheck_run(model: type, inputs: list[str]) -> tuple[float, bool]:
     def fn(x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
         return torch.func.functional_call(module, dict(zip(names, params)), (x,))
 
+    _count_solves()
+    COUNTS.update(forward=-COUNTS["forward"], backward=-COUNTS["backward"])
     start = time.perf_counter()
     ok = []
     for check in (gradcheck, gradgradcheck):
@@ -201,7 +252,13 @@ def gradcheck_run(model: type, inputs: list[str]) -> tuple[float, bool]:
             ok.append(bool(check(fn, (x, *params), fast_mode=False, raise_exception=False)))
         except Exception:  # noqa: BLE001 - an adjoint gradgradcheck cannot differentiate
             ok.append(False)
+        if check is gradcheck:  # gradcheck alone: the drop-in's yardstick
+            LAST["gradcheck alone"] = Counter(COUNTS, seconds=time.perf_counter() - start)
+    LAST["gradcheck"] = Counter(COUNTS)
     return time.perf_counter() - start, all(ok)
+
+
+LAST: dict[str, Counter] = {}  # the last run's evaluations at the Function, per tool
 
 
 def row(family: str, bug: str | None, repeats: int) -> dict[str, Any]:
@@ -215,7 +272,11 @@ def row(family: str, bug: str | None, repeats: int) -> dict[str, Any]:
         theirs.append(gradcheck_run(model, inputs)[0])
     wall = ours[-1]  # the last run's, which its report describes
     checks = {c.name: c for _, _, c in last.checks()}
-    return {"family": family, "bug": bug or "correct", "ours": statistics.median(ours),
+    gradtool_run(model, inputs)  # counted apart: the timed rounds interleave the two tools
+    counts = {"ours_n": LAST["gradtool"]}
+    gradcheck_run(model, inputs)
+    counts.update(theirs_n=LAST["gradcheck"], alone=LAST["gradcheck alone"])
+    return {**counts, "family": family, "bug": bug or "correct", "ours": statistics.median(ours),
             "theirs": statistics.median(theirs), "report": last, "wall": wall,
             "failed": [n for n, c in checks.items() if c.outcome.value not in
                        ("passed", "skipped")],
@@ -230,8 +291,14 @@ def line(r: dict[str, Any]) -> str:
         {"checks": sum(c.duration_s for _, _, c in report.checks()), "setup": 0.0}
     told = f"{parts['checks'] / r['wall']:.0%} of the wall in checks, setup {parts['setup']:.2f} s"
     culprit = (double.details[-1][:60] + "…") if double is not None and double.details else ""
+    ours, theirs, alone = r["ours_n"], r["theirs_n"], r["alone"]
+    more = " **more**" if ours["forward"] + ours["backward"] > \
+        theirs["forward"] + theirs["backward"] else ""
     return (f"| {r['family']} | {r['bug']} | {r['ours']:.2f} s {verdict} | {r['theirs']:.2f} s | "
-            f"{r['ours'] / r['theirs']:.2f}× | {told} | {culprit} |")
+            f"{r['ours'] / r['theirs']:.2f}× | {ours['forward']}/{ours['backward']}{more} | "
+            f"{theirs['forward']}/{theirs['backward']} | {alone['forward']}/{alone['backward']}, "
+            f"{alone['seconds']:.2f} s | {h.per_check(report)} | {told} | {culprit} |")
+
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,12 +309,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, one thread, {args.repeats} interleaved round(s) after a "
           f"warm-up; load average at the start {_load()}")
     print("| model | bug | gradtool, every default check | gradcheck + gradgradcheck slow "
-          "| ratio | gradtool's time told | double backward's culprit line |")
-    print("|---" * 7 + "|")
+          "| ratio | evaluations gradtool (fwd/bwd at the Function) | gradcheck + gg "
+          "| gradcheck alone (and its time) | gradtool per check (paid, +read) "
+          "| gradtool's time told | double backward's culprit line |")
+    print("|---" * 11 + "|")
     rows = []
     for family, (package, _, _, bugs) in FAMILIES.items():
         if importlib.util.find_spec(package) is None:
-            print(f"| {family} | — | skipped: {package} is not installed |||||")
+            print(f"| {family} | — | skipped: {package} is not installed |||||||||")
             continue
         for bug in (None, *bugs):
             rows.append(row(family, bug, args.repeats))
@@ -257,8 +326,12 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [r for r in rows if pick(r)]
         if chosen:
             ours, theirs = sum(r["ours"] for r in chosen), sum(r["theirs"] for r in chosen)
+            evals = [sum(r[k]["forward"] + r[k]["backward"] for r in chosen)
+                     for k in ("ours_n", "theirs_n")]
             print(f"{kind}: {len(chosen)} rows, {ours:.2f} s against {theirs:.2f} s = "
-                  f"{ours / theirs:.2f}×")
+                  f"{ours / theirs:.2f}× (worst row "
+                  f"{max(r['ours'] / r['theirs'] for r in chosen):.2f}×); evaluations at the "
+                  f"Function {evals[0]} against {evals[1]}")
     print(f"load average at the end {_load()}")
     return 0
 

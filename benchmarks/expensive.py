@@ -12,7 +12,10 @@ gradgradcheck slow, wall time and evaluations, passing and failing rows apart.""
 # sampling included) and gradcheck + gradgradcheck slow mode on the same tensors, interleaved
 # round by round, one torch thread, medians. Evaluations are counted at the Function for both
 # tools (forward calls / backward calls): deterministic, unlike wall time on a shared machine,
-# whose load is printed at the start and the end.
+# whose load is printed at the start and the end. Beside the totals: each check's evaluations as
+# its report says them (paid fwd/bwd, and what it read from the case's ledger, paid by an
+# earlier check: numerics/ledger.py), and gradcheck alone (the drop-in's yardstick: the first
+# of the two timed calls, counted and timed apart).
 
 from __future__ import annotations
 
@@ -54,7 +57,12 @@ def gradtool_all(cls: type, inputs: list[str]) -> tuple[h.Run, Counter, list[str
     seconds = time.perf_counter() - start
     checks = [c for _, _, c in report.checks()]
     failed = [c.name for c in checks if c.outcome.value not in ("passed", "skipped")]
+    PER_CHECK[cls] = h.per_check(report)
     return h.Run(seconds, counter["forward"], counter["backward"], not failed), counter, failed
+
+
+PER_CHECK: dict[type, str] = {}  # the last run's evaluations per check, by Function
+ALONE: dict[type, h.Run] = {}    # gradcheck alone (the first of gradcheck_both's two calls)
 
 
 def gradcheck_both(cls: type, inputs: list[str]) -> h.Run:
@@ -73,6 +81,9 @@ def gradcheck_both(cls: type, inputs: list[str]) -> h.Run:
             ok.append(bool(check(fn, args, fast_mode=False, raise_exception=False)))
         except Exception:  # noqa: BLE001 - a backward gradgradcheck cannot differentiate
             ok.append(False)
+        if check is gradcheck:
+            ALONE[cls] = h.Run(time.perf_counter() - start, counter["forward"],
+                               counter["backward"], ok[0])
     return h.Run(time.perf_counter() - start, counter["forward"], counter["backward"], all(ok))
 
 
@@ -88,7 +99,8 @@ def row(family: str, bug: str, cls: type, repeats: int) -> dict:
     runs = h.interleaved({"gradtool": ours, "gradcheck": lambda: gradcheck_both(cls, inputs)},
                          repeats)
     out = {name: (statistics.median(r.seconds for r in rs), rs[0]) for name, rs in runs.items()}
-    return {"family": family, "bug": bug, "failed": list(failed), **out}
+    return {"family": family, "bug": bug, "failed": list(failed), **out,
+            "alone": ALONE[cls], "per_check": PER_CHECK[cls]}
 
 
 def load() -> str:
@@ -100,15 +112,17 @@ def load() -> str:
 
 def table(rows: list[dict]) -> list[str]:
     lines = ["| Function | bug | gradtool, every default check | gradcheck + gradgradcheck slow "
-             "| ratio | evaluations gradtool (fwd/bwd) | evaluations gradcheck + gg (fwd/bwd) |",
-             "|---" * 7 + "|"]
+             "| ratio | evaluations gradtool (fwd/bwd) | evaluations gradcheck + gg (fwd/bwd) "
+             "| gradcheck alone (fwd/bwd, time) | gradtool per check (paid, +read) |",
+             "|---" * 9 + "|"]
     for r in rows:
-        (ts, t), (gs, g) = r["gradtool"], r["gradcheck"]
+        (ts, t), (gs, g), a = r["gradtool"], r["gradcheck"], r["alone"]
         verdict = "pass" if t.ok else "FAIL " + ", ".join(r["failed"])
         more = " **more**" if (t.forward + t.backward > g.forward + g.backward) else ""
         lines.append(f"| {r['family']} | {r['bug']} | {ts * 1e3:.1f} ms {verdict} | "
                      f"{gs * 1e3:.1f} ms {'pass' if g.ok else 'FAIL'} | {ts / gs:.2f}× | "
-                     f"{t.forward}/{t.backward}{more} | {g.forward}/{g.backward} |")
+                     f"{t.forward}/{t.backward}{more} | {g.forward}/{g.backward} | "
+                     f"{a.forward}/{a.backward}, {a.seconds * 1e3:.1f} ms | {r['per_check']} |")
     return lines
 
 

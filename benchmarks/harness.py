@@ -226,3 +226,17 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform(), "load_average": os.getloadavg(),
             "max_rss_self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
+
+def per_check(report: Any) -> str:
+    """'contract 0/6, gradient 25/6, layout 1/4+1/1 read': each check's evaluations, paid and
+    read from the case's ledger (forward/backward), as its report says them."""
+    out = []
+    for _, _, c in report.checks():
+        if c.outcome.value == "skipped":
+            continue
+        calls = c.calls
+        text = f"{c.name} {calls.get('forward', 0)}/{calls.get('backward', 0)}"
+        if calls.get("forward read") or calls.get("backward read"):
+            text += f"+{calls.get('forward read', 0)}/{calls.get('backward read', 0)} read"
+        out.append(text)
+    return ", ".join(out)

@@ -182,6 +182,9 @@ def test_an_expensive_forward_whose_gradient_failed_skips_layouts_and_says_how_t
     assert "--check layout runs it" in layout.summary
     asked = result(gradtool.check(_SlowWrong, ["(2,)"], checks=("gradient", "layout")), "layout")
     assert asked.outcome.value != "skipped"
+    assert "--exhaustive" in layout.summary  # which keeps every check whole
+    whole = result(gradtool.check(_SlowWrong, ["(2,)"], exhaustive=True), "layout")
+    assert whole.outcome.value != "skipped"
     correct = gradtool.check(_Slow, ["(2,)"])
     assert result(correct, "layout").outcome.value == "passed"
 

@@ -8,8 +8,10 @@ from typing import Any
 
 import torch
 
+from ..config.registry import BY_NAME
 from ..config.settings import CheckConfig
-from ..numerics.problem import Problem, tensor_outputs
+from ..numerics.ledger import ZERO, Graph
+from ..numerics.problem import Problem, select_outputs, tensor_outputs
 from ..numerics.sparse import dense_output
 from ..results import CheckResult, Finding, Outcome, Severity
 from ..targets.cases import Case
@@ -95,8 +97,30 @@ def _findings(case: Case, target: Target, config: CheckConfig
         r1 = backward(g1)
     found += _finite("contract.gradient_nonfinite", "gradient", [r for r in r1 if r is not None])
     found += linearity(backward, g1, g2, r1, problem, config)
-    found += deterministic(backward, g1, r1, problem, config)
-    return found, notes
+    again = deterministic(backward, g1, r1, problem, config)
+    # backward called again through this graph gave r1 again: later checks may read them
+    if not (modified or again) and any(BY_NAME[name].reads_recorded for name in config.checks):
+        _record(problem, leaves, result, diff_outs, g1, r1)  # g1 as drawn, r1 its backward
+    return found + again, notes
+
+
+def _record(problem: Problem, leaves: list[torch.Tensor], result: Any,
+            diff_outs: list[torch.Tensor], g1: list[torch.Tensor], r1: Sequence[Any]) -> None:
+    """The graph and its backward at g1 in the case's ledger, for the checks after this one at
+    the same point, cotangent and layout (the layout check's contiguous baseline): only where
+    they are what those checks would compute — every differentiable output among the compared
+    ones, a gradient of each input's shape, dtype and device (the raw backward's equals the
+    engine's then)."""
+    outs = select_outputs(result, problem.output_mask)
+    if not all(any(d is o for o in outs) for d in diff_outs) or len(r1) != len(leaves):
+        return
+    if not all(isinstance(r, torch.Tensor) and r.layout == torch.strided and r.shape == v.shape
+               and r.dtype == v.dtype and r.device == v.device for r, v in zip(r1, leaves)):
+        return
+    index = {id(d): k for k, d in enumerate(diff_outs)}
+    grads = [g1[index[id(o)]] if id(o) in index else torch.zeros_like(o) for o in outs]
+    problem.cache.ledger.record_graph(problem.inputs,
+                                      Graph(leaves, outs, grads, list(r1), "contract"))
 
 
 def _finite(rule: str, what: str, tensors: Sequence[torch.Tensor]) -> list[Finding]:
@@ -266,7 +290,9 @@ def _outputs_used(problem: Problem, target: Target, leaves: list[torch.Tensor],
     outputs, and those of them that require grad)."""
     outs, diff_outs = outputs
     zeros = [torch.zeros_like(g) for g in g1]
-    found = _zero_gives_zero(problem, problem.vjp(leaves, diff_outs, zeros), config.nondet_tol)
+    at_zero = problem.vjp(leaves, diff_outs, zeros)
+    problem.cache.ledger.record_backward(problem.inputs, ZERO, at_zero)  # a diagnosis's
+    found = _zero_gives_zero(problem, at_zero, config.nondet_tol)
     if len(diff_outs) < 2:
         return found
     atol, rtol = config.tolerance("atol") + 2 * config.nondet_tol, config.tolerance("rtol")

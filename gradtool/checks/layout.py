@@ -156,18 +156,9 @@ def compare_layouts(problem: Problem, config: CheckConfig, seed: int,
                     ) -> tuple[list[Finding], list[str]]:
     """(findings, what was tried): each grad_output variant through one recorded graph, each
     input variant (on the differentiable inputs numbered in `movable`) through a forward."""
-    leaves, outs = _forward(problem, [v.detach().clone() for v in problem.inputs])
-    gen = torch.Generator().manual_seed(seed + 53)
-    grads = [torch.randn(o.shape, generator=gen, dtype=torch.float64, device="cpu").to(o)
-             if o.requires_grad else torch.zeros_like(o) for o in outs]
-    before = [leaf.detach().clone() for leaf in leaves]
-    base = _backward(problem, leaves, outs, grads)
+    leaves, outs, grads, base, fresh = _baseline(problem, seed)
     check = _Comparer(problem, config, leaves, outs, base, source)
-    check.grads = grads
-    # A backward that wrote to its saved inputs (the contract's finding) left this graph
-    # unusable: a second backward through it reads what the first wrote, which is no layout's
-    # doing. Each layout then runs on a forward of fresh copies of its own.
-    check.fresh = not all(equal(a, b) or both_nan(a, b) for a, b in zip(before, leaves))
+    check.grads, check.fresh = grads, fresh
     tried = []
     for variant in grad_variants:
         if check.grad_output(variant, grads):
@@ -180,6 +171,22 @@ def compare_layouts(problem: Problem, config: CheckConfig, seed: int,
         names = ", ".join(repr(problem.input_names[k]) for k in movable)
         tried.append(f"{'/'.join(moved_words)} inputs {names}")
     return check.findings, tried
+
+
+def _baseline(problem: Problem, seed: int) -> tuple[list[torch.Tensor], ...] | tuple:
+    """(leaves, outs, grad_outputs, gradients, fresh): the contract's, read, else paid."""
+    shared = problem.cache.ledger.graph(problem.inputs)  # its backward wrote nothing it saved
+    if shared is not None:
+        return shared.leaves, shared.outs, shared.grads, shared.result, False
+    leaves, outs = _forward(problem, [v.detach().clone() for v in problem.inputs])
+    gen = torch.Generator().manual_seed(seed + 53)
+    grads = [torch.randn(o.shape, generator=gen, dtype=torch.float64, device="cpu").to(o)
+             if o.requires_grad else torch.zeros_like(o) for o in outs]
+    before = [leaf.detach().clone() for leaf in leaves]
+    base = _backward(problem, leaves, outs, grads)
+    # fresh: backward wrote its saved inputs (the contract's finding), a graph per layout
+    return leaves, outs, grads, base, not all(equal(a, b) or both_nan(a, b)
+                                              for a, b in zip(before, leaves))
 
 
 class _Comparer:
@@ -350,7 +357,6 @@ class _Comparer:
         """A backward that differs from itself is the contract's finding, not a layout's."""
         again = _backward(self.problem, *self._graph(), grads)
         return self._first_difference(again, self.base, self.problem.input_names) is not None
-
 
 
 def _contiguity_fix(exc: Exception, names: str) -> str:

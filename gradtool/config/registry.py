@@ -60,6 +60,9 @@ class CheckInfo:
     # The cost model (run/runner.py:for_cost): skipped on an expensive forward once this check
     # failed in the same run (it waits for that fix; asked for by name, it runs)
     waits_for: str | None = None
+    # reads the contract's graph (and its backward) from the case's ledger (numerics/ledger.py):
+    # the contract records them only when a check that reads them runs
+    reads_recorded: bool = False
 
     @property
     def import_path(self) -> str:
@@ -185,6 +188,7 @@ REGISTRY: tuple[CheckInfo, ...] = (
               probe_graph=True),
     CheckInfo("gradient", "backward's Jacobian against finite differences, element by element",
               variants=(("low_precision", "precision"),), probe_graph=True,
+              reads_recorded=True,
               rules=_jacobian_rules(
                   "gradient", "backward's Jacobian against finite differences (or a declared "
                   "surrogate, or the float64 reference below float64)", FIRST_ORDER_KINDS,
@@ -292,7 +296,7 @@ REGISTRY: tuple[CheckInfo, ...] = (
                           "non-contiguous input (view instead of reshape)"),
                      Rule("layout.input_values", "warning", "forward's values change with its "
                           "input's layout (storage-addressing code may mean it)")),
-              waits_for="gradient"),
+              waits_for="gradient", reads_recorded=True),
 )
 
 BY_NAME = {info.name: info for info in REGISTRY}

@@ -14,6 +14,7 @@ from torch.autograd.variable import Variable
 from ..heartbeat import Calls
 from ..tracebacks import calls_user_code
 from .facts import Facts, output_names  # noqa: F401 - output_names re-exported
+from .ledger import Ledger, graph_key  # noqa: F401 - graph_key re-exported
 from .placement import same_devices
 from .sparse import Encoding, dense_output
 
@@ -60,6 +61,10 @@ class Cache:
     # The dtype the forward computes in where coarser than its inputs', learnt once by
     # numerics/coarse.py:forward_dtype ((None,): not coarser; None: not learnt yet).
     forward_dtype: tuple[Any] | None = None
+    # The case's evaluations recorded by the check that paid them, read by the checks after
+    # it (numerics/ledger.py: the contract's graph and backwards, for the layout check's
+    # baseline and the gradient diagnosis's zero grad_output).
+    ledger: Ledger = field(default_factory=Ledger)
 
     def take_first_graph(self) -> tuple[list[torch.Tensor], Any] | None:
         first, self.first_graph = self.first_graph, None
@@ -286,15 +291,6 @@ class Problem:
 
 RECORDED = 512  # graphs recorded for double backward at most (2 per input element)
 RECORDED_BYTES = 64 * 2**20
-
-
-def graph_key(values: Sequence[torch.Tensor]) -> tuple[tuple[Any, ...], ...]:
-    """The exact values (bits, dtype and shape) of a point, as a dict key."""
-    try:  # numpy's tobytes: row-major whatever the strides, one call, the common case
-        return tuple((v.dtype, v.shape, v.detach().numpy().tobytes()) for v in values)
-    except (TypeError, RuntimeError):  # bfloat16 (no numpy dtype), another device, a neg bit
-        return tuple((v.dtype, v.shape, v.detach().cpu().contiguous().reshape(-1)
-                      .view(torch.uint8).numpy().tobytes()) for v in values)
 
 
 def own_storage(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -120,8 +120,13 @@ def _case_lines(target: TargetResult, case: CaseResult, verbose: bool, quiet: bo
 
 
 def _timing(check: CheckResult) -> str:
-    calls = ", ".join(f"{n} {k}" for k, n in sorted(check.calls.items()))
-    return f"{check.duration_s * 1000:.0f} ms" + (f", {calls} calls" if calls else "")
+    paid = ", ".join(f"{n} {k}" for k, n in sorted(check.calls.items())
+                     if not k.endswith(" read"))
+    read = ", ".join(f"{n} {k[:-len(' read')]}" for k, n in sorted(check.calls.items())
+                     if k.endswith(" read"))
+    text = f"{check.duration_s * 1000:.0f} ms" + (f", {paid} calls" if paid else "")
+    # evaluations an earlier check paid and this one read (numerics/ledger.py)
+    return text + (f" (read from the case's ledger: {read})" if read else "")
 
 
 def _short(check: CheckResult) -> str:

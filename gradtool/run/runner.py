@@ -147,14 +147,14 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     for name in config.checks:
         # Everything done on the check's behalf is its time: the hooks' culprit search, the
         # diagnosis, telling a repeated error once.
-        start = time.perf_counter()
+        start, reads = time.perf_counter(), case.problem.cache.ledger.snapshot()
         costly = for_cost(name, case, checks, job)
         result = _skipped(name, costly) if costly else _run_check(name, case, job)
         if result is None:  # left out of the default run: asking why is setup
             setup += time.perf_counter() - start
             continue
         errors.append(_error_id(result))
-        result = _once(result, checks, case.problem)
+        result = _once(case.problem.cache.ledger.told(result, reads), checks, case.problem)
         checks.append(replace(result, duration_s=time.perf_counter() - start))
         heartbeat.report("check", case=spec.label, result=checks[-1])
     begun = time.perf_counter()
@@ -196,19 +196,20 @@ EXPENSIVE_S = 0.1
 
 def for_cost(name: str, case: Any, earlier: Sequence[CheckResult], job: Job) -> str | None:
     """Why the default run skips this check for cost, or None: on an expensive forward, a
-    check registered to wait for another (`CheckInfo.waits_for`: layouts re-run forward and
-    backward per layout to compare a backward known wrong with itself) waits for its fix once
-    that one failed; a check asked for by name always runs."""
+    check registered to wait for another (`CheckInfo.waits_for`: layouts, a backward known
+    wrong compared with itself) waits for its fix once that one failed; a check asked for by
+    name, or under --exhaustive, always runs."""
     from ..config.registry import BY_NAME, DEFAULT_CHECKS
 
     seconds, first = case.facts.forward_seconds, BY_NAME[name].waits_for
-    if (first is None or job.config.checks != DEFAULT_CHECKS or seconds is None
-            or seconds < EXPENSIVE_S):
+    if (first is None or job.config.checks != DEFAULT_CHECKS or job.config.exhaustive
+            or seconds is None or seconds < EXPENSIVE_S):
         return None
     if not any(c.name == first and c.outcome is Outcome.FAILED for c in earlier):
         return None
     return (f"skipped for cost: each forward takes {seconds:.2g} s and the {first} check "
-            f"failed (backward is already wrong); --check {name} runs it")
+            f"failed (backward is already wrong); --check {name} runs it, and so does "
+            "--exhaustive")
 
 
 def _skipped(name: str, reason: str) -> CheckResult:
