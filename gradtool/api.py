@@ -91,12 +91,33 @@ def check(target: Any, inputs: Any = None, kwargs: dict[str, Any] | None = None,
 
     specs = _input_specs(inputs, kwargs)
     settings = _callable_reference(_given_dtype(specs, settings, target))
-    config = CheckConfig(**{k: (tuple(v) if k == "checks" else v) for k, v in settings.items()})
+    config = _config(settings)
     if isinstance(target, str) and is_spec_argument(target) and specs is not None:
         raise GradtoolError(f"{target} is a spec: its inputs come from the file")
     given = Sources(given=None if specs is None else tuple(specs))
     # The CLI's own run; an argument naming nothing (an empty spec folder) is an empty Report.
     return _quietly(Run((target,), config, given, empty_ok=True).report)
+
+
+def _config(settings: dict[str, Any]) -> CheckConfig:
+    """The CheckConfig of check's settings: an unknown name is an error naming it, the nearest
+    setting and every other (not Python's bare TypeError); `checks` may be one name."""
+    import dataclasses
+    import difflib
+
+    from .errors import ConfigError
+
+    known = [f.name for f in dataclasses.fields(CheckConfig)]
+    for name in settings:
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ConfigError(f"gradtool.check has no setting {name!r}: {hint}"
+                              f"the settings are {', '.join(known)}")
+    checks = settings.get("checks")
+    if isinstance(checks, str):  # checks="gradient": one check, not its letters
+        settings = {**settings, "checks": (checks,)}
+    return CheckConfig(**{k: (tuple(v) if k == "checks" else v) for k, v in settings.items()})
 
 
 def _quietly(fn: Any, *args: Any) -> Report:

@@ -24,6 +24,18 @@ def test_a_bare_report_option_names_what_it_takes():
         assert f"requires an argument: FILE (e.g. {option} {example})" in result.output
 
 
+def test_a_report_option_before_the_target_does_not_take_it_as_its_file():
+    """`gradtool check --json ops.py:Scale` took the target as the JSON file and said "nothing
+    to check" (exit 5, the target unnamed): the target is named, and where the FILE goes."""
+    for target in ("ops.py:Scale", "ops.py", "specs/op.yaml", "pkg.mod:Fn"):
+        result = CliRunner().invoke(main, ["check", "--json", target])
+        assert result.exit_code == 2, result.output
+        assert f"{target!r} reads as a target" in result.output
+        assert f"--json report.json {target}" in result.output
+    assert "reads as a target" not in CliRunner().invoke(
+        main, ["check", "nothing.py", "--json", "out.json"]).output
+
+
 def test_given_values_reproduce_by_the_test_that_gave_them():
     x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     report = gradtool.check(f"{FIXTURES}/catalogue.py:BadSquare", [x], checks=["gradient"])

@@ -165,13 +165,25 @@ def isolation_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def _report_file(_ctx: Any, param: Any, value: str | None) -> str | None:
+    """A report file's name, refused where it reads as a target: a bare `--json` before the
+    target took the target as its FILE and left nothing to check (exit 5, the target unnamed)."""
+    if value and (value.endswith((".py", ".yaml", ".yml")) or ":" in value):
+        option = param.opts[0]
+        raise click.BadParameter(
+            f"{value!r} reads as a target, not a report file: give the FILE right after the "
+            f"option ({option} report.{metavar_example(param)} {value})", param=param)
+    return value
+
+
 def report_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Where and how the report goes: shared by check and trace."""
     options = [
         click.option("--format", "fmt", type=click.Choice(["terminal", "json"]), default=None,
                      help="Report format on stdout [terminal]."),
         *(click.option(form.option, file_param(form.name), type=click.Path(dir_okay=False),
-                       default=None, metavar="FILE", help=f"Write {form.description} to this file.")
+                       default=None, metavar="FILE", callback=_report_file,
+                       help=f"Write {form.description} to this file.")
           for form in registry.FORMATS.values()),
         click.option("--annotations", type=click.Choice(["auto", "github", "none"]),
                      default=None,

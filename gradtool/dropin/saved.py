@@ -16,12 +16,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..run.reproduce import SAVE_INPUTS_ENV
+from ..run.reproduce import REPLAY_VALUES, SAVE_INPUTS_ENV
 
 ENV = SAVE_INPUTS_ENV
-CLI_HINT = "or run with --save-inputs INPUTS.pt"
-DROPIN_HINT = (f"or set {ENV}=DIR (pytest: --gradtool-save-inputs DIR) to save each failing "
-               "call's inputs there")
+CLI_HINT = REPLAY_VALUES
+DROPIN_HINT = (f"{REPLAY_VALUES}, or set {ENV}=DIR (pytest: --gradtool-save-inputs DIR) to save "
+               "each failing call's inputs there")
 _NUMBERS = itertools.count(1)
 
 

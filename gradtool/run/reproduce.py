@@ -111,6 +111,9 @@ def values_caller() -> str | None:
     return f"python {shell_quote(display_path(main))}"
 
 
+# How values given from Python are replayed; the drop-in adds its own way to this sentence.
+REPLAY_VALUES = "torch.save((args, kwargs), 'INPUTS.pt') and pass --inputs-from INPUTS.pt"
+
 # The drop-in saves a failing call's inputs to this folder (dropin/saved.py), so its reproducer
 # replays that file rather than the caller.
 SAVE_INPUTS_ENV = "GRADTOOL_SAVE_INPUTS"

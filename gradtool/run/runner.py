@@ -16,7 +16,8 @@ from ..results import (CaseResult, CheckResult, Finding, Outcome, Rejected, Repo
 from ..targets.inputs import InputSpec
 from ..targets.load import Target
 from .approximate import approximate_noted
-from .reproduce import has_given_values, left_unchecked, pin_flags, reproduce_for
+from .reproduce import (REPLAY_VALUES, has_given_values, left_unchecked, pin_flags,
+                        reproduce_for)
 from .told import kept_notes, report_plan
 
 if TYPE_CHECKING:  # the runner imports torch only when it runs
@@ -169,9 +170,11 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
                      f"takes only scalars, pin them: {pin_flags(case.alternative, config)}")
     unchecked = left_unchecked(case.specs, [info.name for info in case.infos])  # trace's too
     notes += [unchecked] if unchecked and has_given_values(case.specs) else []
-    if has_given_values(case.specs) and not spec.origin:
-        notes.append("inputs given as values: to replay them, torch.save((args, kwargs), "
-                     "'INPUTS.pt'), or run with --save-inputs INPUTS.pt")
+    if has_given_values(case.specs) and not spec.origin and any(
+            c.outcome not in (Outcome.PASSED, Outcome.SKIPPED) for c in checks):
+        # only where a check did not pass: a passing report has nothing to replay (and
+        # --save-inputs, the CLI's option for sampled inputs, is no way from Python)
+        notes.append(f"inputs given as values: to replay them, {REPLAY_VALUES}")
     if case.facts.stochastic:
         notes.append("forward is stochastic: RNG frozen (re-seeded) around every evaluation")
     pin = "" if has_given_values(case.specs) else pin_flags(case.specs, config)
