@@ -13,7 +13,8 @@ SLOW_FILES = {
     "test_triton_op.py",
 }
 SLOW_TESTS = {
-    "test_true_numbers.py": ("test_a_timeout_says_how_far_the_check_got",),
+    "test_true_numbers.py": ("test_a_timeout_says_how_far_the_check_got",
+                             "test_a_timeout_in_contract_or_layout_says_how_far_it_got"),
     "test_mutant_battery.py": ("test_a_visible_mutant_fails",),  # the sample stays quick
     "test_newuser.py": (
         "test_a_slow_check_piped_says_its_estimate_progress_and_how_far_it_got",

@@ -5,6 +5,7 @@ the file's other targets are still checked; hints name -i only for tensor argume
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -131,3 +132,80 @@ def test_an_options_dict_given_as_a_value_is_one_argument():
     assert report.ok(), str(report)
     names = [i.name for i in report.targets[0].cases[0].inputs]
     assert names == ["y0", "t", "method", "options"], names
+
+
+EITHER = '''import torch
+def scaled(x, scale): return x * (scale(x) if callable(scale) else scale)
+def attn(q, bias):
+    if isinstance(bias, str) and bias == "causal": bias = torch.triu(torch.full((q.shape[-1],)*2, float("-inf")), 1)
+    return torch.softmax(q @ q.transpose(-1, -2) + bias, -1)
+def apply_fn(x, fn): return fn(x) * x
+def declared(x, fn: "Callable"): return fn(x) * x
+def early(x, act):
+    if callable(act):
+        return act(x)
+    return x * act
+'''
+
+
+@pytest.fixture
+def either(tmp_path, monkeypatch):
+    (tmp_path / "t.py").write_text(EITHER)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", ["scaled", "attn", "early"])
+def test_an_argument_that_may_be_a_tensor_is_tried_as_one(either, name):
+    """The reviewer's two (a tensor or a callable; a tensor or a mask's name): a use behind a
+    callable()/isinstance() guard is no role, and a role read from the source is only a hint:
+    both gave 4 passing checks before the roles were read, and "REJECTED ... (a callable)"
+    after."""
+    result = run("check", f"t.py::{name}")
+    assert result.exit_code == 0, result.output
+    assert "4 check(s): 4 passed" in result.output, result.output
+    assert "REJECTED" not in result.output
+
+
+def test_a_role_read_from_the_source_is_told_once_tensors_fail(either):
+    """fn(x) with a tensor fn fails on every candidate: then the role is named, with the plain
+    function's words (not 'the module that calls this Function')."""
+    out = run("check", "t.py:apply_fn").output
+    assert "REJECTED t.py:apply_fn" in out, out
+    assert "fn (a callable)" in out, out
+    assert re.search(r"forward refused \d+ tensor candidates \(last error: TypeError", out), out
+    assert "this Function" not in out
+    assert "check the module or function that calls apply_fn" in out, out
+
+
+def test_an_annotation_decides_at_once(either, monkeypatch):
+    """`fn: Callable` refuses before any candidate is built."""
+    from gradtool.targets import infer
+
+    built = []
+    monkeypatch.setattr(infer, "build_case", lambda *a, **k: built.append(a) or 1 / 0)
+    out = run("check", "t.py:declared").output
+    assert "REJECTED t.py:declared" in out and "fn (a callable)" in out, out
+    assert "tensor candidates" not in out and built == [], out
+
+
+def test_guards_hide_only_the_uses_behind_them():
+    import ast
+
+    from gradtool.targets.roles import _walk
+
+    def roles(source: str) -> dict[str, str]:
+        found: dict[str, str] = {}
+        tree = ast.parse(source)
+        _walk(tree, frozenset(), found)
+        return {k: v for k, v in found.items() if k in {a.arg for a in tree.body[0].args.args}}
+
+    assert roles("def f(x, g):\n    return g(x) if callable(g) else x * g\n") == {}
+    assert roles("def f(x, g):\n    if not callable(g):\n        return x * g\n"
+                 "    return g(x)\n") == {}
+    assert roles("def f(x, m):\n    if isinstance(m, str) and m == 'a':\n        m = x\n"
+                 "    return x + m\n") == {}
+    # outside the guard, a use still counts
+    assert roles("def f(x, m, g):\n    if isinstance(m, str):\n        m = lookup[m]\n"
+                 "    return g(x) + m(x)\n") == {"g": "a callable", "m": "a callable"}
+    assert roles("def f(x, o):\n    return x * o.get('s', 1)\n") == {"o": "a dict"}

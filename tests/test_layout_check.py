@@ -7,7 +7,8 @@ import torch
 from conftest import load_fixture, result
 
 import gradtool
-from gradtool.checks.layout import channels_last, difference, expanded, sliced, transposed
+from gradtool.checks.layout import difference
+from gradtool.checks.layout_variants import channels_last, expanded, sliced, transposed
 from gradtool.results import Outcome, Severity
 from gradtool.targets.load import source_of
 

@@ -79,17 +79,25 @@ def expect_evaluations(problem: Problem, config: CheckConfig, mode: str, leaves:
     """Tell the heartbeat how many evaluations the chosen mode makes: full mode its plan's
     forwards and backwards (else two forwards a column and a backward a row), probe mode its
     directions' forwards and its cotangents' backwards."""
+    def count() -> int:
+        plan = problem.cache.plan
+        if mode != "full":
+            return 4 * max(1, config.probes // 4) + min(config.probes, 2)
+        if plan is not None:
+            return plan.forwards + plan.backwards
+        return 2 * sum(v.numel() for v in leaves) + sum(o.numel() for o in outs)
+    declare(count)
+
+
+def declare(evaluations: Callable[[], int]) -> None:
+    """Tell the heartbeat how many more evaluations a check makes on correct code (the contract's
+    and the layout's, counted from what they will call), so a stop says done/total and the time
+    left is measured cost per evaluation times those left; counted only where a supervisor
+    listens."""
     from .. import heartbeat
 
-    if not heartbeat.reporting():
-        return
-    plan = problem.cache.plan
-    if mode == "full":
-        n_in, n_out = sum(v.numel() for v in leaves), sum(o.numel() for o in outs)
-        total = plan.forwards + plan.backwards if plan is not None else 2 * n_in + n_out
-    else:
-        total = 4 * max(1, config.probes // 4) + min(config.probes, 2)
-    heartbeat.expect(total)
+    if heartbeat.reporting():
+        heartbeat.expect(evaluations())
 
 
 def _qualname(cls: type) -> str:

@@ -18,7 +18,7 @@ from ..targets.cases import Case
 from ..targets.load import Target
 from ..targets.probe import _graph_forward, both_nan, equal, probe, stochastic_note
 from ..tracebacks import calls_user_code
-from ._common import Context, calls_since, error_result
+from ._common import Context, calls_since, declare, error_result
 from .contract_rounding import allclose, deterministic, linearity
 
 
@@ -66,7 +66,9 @@ def _findings(case: Case, target: Target, config: CheckConfig
     found = list(problem.facts.findings)  # forward's purity, seen by the probe phase
     note = stochastic_note(problem.facts)
     notes = [note] if note else []
-    leaves, result = problem.take_first_graph() or _graph_forward(problem)
+    first = problem.take_first_graph()  # the probe's graph: no forward of its own then
+    declare(lambda: int(first is None) + _evaluations(problem, target, 1))
+    leaves, result = first or _graph_forward(problem)
     if not tensor_outputs(result):
         return found + [not_a_tensor(result, target)], notes
     outs = [t for t in tensor_outputs(result) if t.is_floating_point() or t.is_complex()]
@@ -76,6 +78,7 @@ def _findings(case: Case, target: Target, config: CheckConfig
         return found + [Finding("contract.no_differentiable_output",
                                 "no output requires grad: forward detaches its result from the "
                                 "inputs (or marks every output non-differentiable)")], notes
+    declare(lambda: _evaluations(problem, target, len(diff_outs)))  # outputs counted now
     saved = [leaf.detach().clone() for leaf in leaves]  # what forward was given (and saved)
     backward = _backward_caller(problem, target, leaves, result, found)
     if backward is None:
@@ -102,6 +105,16 @@ def _findings(case: Case, target: Target, config: CheckConfig
     if not (modified or again) and any(BY_NAME[name].reads_recorded for name in config.checks):
         _record(problem, leaves, result, diff_outs, g1, r1)  # g1 as drawn, r1 its backward
     return found + again, notes
+
+
+def _evaluations(problem: Problem, target: Target, outputs: int) -> int:
+    """The evaluations _findings makes after forward's graph on correct code with this many
+    differentiable outputs: a Function's raw backward (arity and shapes), grad_output left
+    untouched, a zero grad_output, linearity's two, determinism's one, and with several outputs
+    each one unused and zeroed (and a Function's output ignored)."""
+    function = target.kind.function_class and not problem.sparse
+    each = (2 + int(function)) * outputs if outputs > 1 else 0
+    return int(function) + 1 + 1 + each + 2 + 1
 
 
 def _record(problem: Problem, leaves: list[torch.Tensor], result: Any,

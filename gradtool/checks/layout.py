@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -18,7 +17,8 @@ from ..targets.cases import Case
 from ..targets.probe import both_nan, equal
 from ..tracebacks import calls_user_code, gradtool_frame, innermost_user_frame, raised_in_gradtool
 from .contract_rounding import MEASURED_SLACK, measured_noise
-from ._common import Context, calls_since, no_output
+from ._common import Context, calls_since, declare, no_output
+from .layout_variants import GRAD_VARIANTS, INPUT_VARIANTS, Variant, evaluations
 
 NAME = "layout"
 # Same values in another layout may be summed in another order (a different kernel): that is
@@ -33,69 +33,6 @@ ROUNDING_CAP = 1 / 32
 # its own tolerance (the limit: in bfloat16 a real gradient under ~12 % of the largest one).
 NOISE_ULPS = 16
 FLOOR_ULPS = 64
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One layout: its name, how a report says it, and how to build it from a contiguous tensor
-    (k: the tensor's position; None where the layout does not apply or changes nothing)."""
-
-    name: str
-    words: str
-    make: Callable[[torch.Tensor, int], torch.Tensor | None]
-    same_values: bool = True   # False: it carries values of its own (an expanded tensor)
-
-
-def _dense(t: torch.Tensor) -> bool:
-    return t.layout == torch.strided and t.numel() > 0
-
-
-def transposed(t: torch.Tensor, _: int = 0) -> torch.Tensor | None:
-    """The same values, the last two dimensions stored transposed (what .t()/.mT leave)."""
-    if t.dim() < 2 or not _dense(t):
-        return None
-    out = t.mT.contiguous().mT
-    return None if out.is_contiguous() else out  # a 1-element dimension: nothing changes
-
-
-def sliced(t: torch.Tensor, _: int = 0) -> torch.Tensor | None:
-    """The same values every other element of a larger buffer, at storage offset 1 (a slice);
-    the gaps hold NaN, so a backward reading them shows it."""
-    if t.dim() == 0 or not _dense(t) or not (t.is_floating_point() or t.is_complex()):
-        return None
-    pad = torch.full_like(t, float("nan"))
-    return torch.stack([pad, t], dim=-1).flatten(-2)[..., 1::2]
-
-
-def expanded(t: torch.Tensor, _: int = 0) -> torch.Tensor | None:
-    """One value broadcast with stride 0 everywhere: the grad_output `.sum()` gives."""
-    if t.numel() < 2 or not _dense(t):
-        return None
-    # A storage of one element, as autograd's SumBackward gives: reading past it raises.
-    return t.reshape(-1)[:1].clone().reshape((1,) * t.dim()).expand(t.shape)
-
-
-def channels_last(t: torch.Tensor, _: int = 0) -> torch.Tensor | None:
-    """The same values in channels_last (4-d) or channels_last_3d (5-d) memory."""
-    if t.dim() not in (4, 5) or not _dense(t):
-        return None
-    fmt = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
-    out = t.contiguous(memory_format=fmt)
-    return None if out.is_contiguous() else out  # C == 1 or H*W == 1: the same memory
-
-
-GRAD_VARIANTS = (
-    Variant("transposed", "a transposed grad_output", transposed),
-    Variant("sliced", "a sliced grad_output (storage offset 1, stride 2)", sliced),
-    Variant("expanded", "an expanded (stride-0) grad_output, as .sum() produces", expanded,
-            same_values=False),
-    Variant("channels_last", "a channels_last grad_output", channels_last),
-)
-INPUT_VARIANTS = (
-    Variant("transposed", "transposed", transposed),
-    Variant("sliced", "sliced (storage offset 1, stride 2)", sliced),
-    Variant("channels_last", "channels_last", channels_last),
-)
 
 
 def applies(case: Case, context: Context) -> str | None:
@@ -156,9 +93,13 @@ def compare_layouts(problem: Problem, config: CheckConfig, seed: int,
                     ) -> tuple[list[Finding], list[str]]:
     """(findings, what was tried): each grad_output variant through one recorded graph, each
     input variant (on the differentiable inputs numbered in `movable`) through a forward."""
+    # before the baseline, its forward and backward and a guess at the rest; then the count
+    declare(lambda: 2 + len(grad_variants) + 2 * len(input_variants))
     leaves, outs, grads, base, fresh = _baseline(problem, seed)
     check = _Comparer(problem, config, leaves, outs, base, source)
     check.grads, check.fresh = grads, fresh
+    declare(lambda: evaluations(problem, outs, grads, fresh, grad_variants, input_variants,
+                                 movable))
     tried = []
     for variant in grad_variants:
         if check.grad_output(variant, grads):

@@ -52,6 +52,7 @@ class Running:
     announced: bool = False
     done: int = 0    # the current check's evaluations so far
     total: int = 0   # ... and those its mode needs (0: not known yet)
+    spent: tuple[float, int] = (0.0, 0)  # seconds and evaluations of the checks it finished
 
     def check_left(self, now: float) -> float | None:
         """The current check's seconds left: its measured seconds per evaluation (all it took
@@ -59,6 +60,16 @@ class Running:
         if not self.total or not self.done:
             return None
         return max(0, self.total - self.done) * (now - self.check_started) / self.done
+
+    def per_evaluation(self, now: float) -> float | None:
+        """Seconds an evaluation takes, measured over this job's checks so far (the finished
+        ones and the current one: all they took over the evaluations they made); None before
+        any evaluation."""
+        seconds, evaluations = self.spent
+        evaluations += self.done
+        if not evaluations:
+            return None
+        return (seconds + now - self.check_started) / evaluations
 
     def per_call(self) -> dict[str, float] | None:
         """Seconds a call takes, by phase (forward, backward); None before any was timed."""
@@ -94,10 +105,18 @@ class Watch:
 
     def _follow(self, seen: Running, state: dict[str, Any], now: float, job: Any) -> None:
         check, call = state.get("check") or "", (state.get("phase") or "", state.get("call", 0))
-        seen.done, seen.total = state.get("done", 0), state.get("total", 0)
-        if check and (not seen.checks or seen.checks[-1] != check):
+        done = state.get("done", 0)
+        began = bool(check) and (not seen.checks or seen.checks[-1] != check)
+        # a count that starts over under the same name: the probe phase (told under the first
+        # check) ended and the check itself began
+        if began or done < seen.done:
+            if seen.checks:  # what came before finished: its cost per evaluation is known
+                seen.spent = (seen.spent[0] + now - seen.check_started, seen.spent[1] + seen.done)
+            seen.check_started = now
+        if began:
             seen.checks.append(check)
-            seen.check_started, seen.announced = now, False
+            seen.announced = False
+        seen.done, seen.total = done, state.get("total", 0)
         if call != seen.call:
             # a call is published as it starts: the time since the last one began is what
             # that one took (calls between two ticks share the time evenly)
@@ -144,9 +163,9 @@ class Watch:
             # a check not begun counts only if it runs on most targets (CHECK_CALLS): the
             # others (forward_ad without a jvp, complex) are mostly skipped at once
             rest = [c for c in job.checks if c not in seen.checks and c in CHECK_CALLS]
-            lefts.append(left + sum(estimate_s(c, per_call) for c in rest))
-            per_check.append(sum(estimate_s(c, per_call) for c in job.checks
-                                 if c in CHECK_CALLS))
+            cost = _not_begun(per_call, seen.per_evaluation(now))
+            lefts.append(left + sum(map(cost, rest)))
+            per_check.append(sum(cost(c) for c in job.checks if c in CHECK_CALLS))
         left, pending = max(lefts), len(supervisor.pending)
         if pending:
             known = self.finished_s or per_check
@@ -205,6 +224,16 @@ class Watch:
     def stop(self) -> None:
         if self.display is not None:
             self.display.stop()
+
+
+def _not_begun(per_call: dict[str, float], per_evaluation: float | None
+               ) -> Callable[[str], float]:
+    """A check not begun, in seconds: its evaluations (CHECK_CALLS) at the measured cost per
+    evaluation where one was measured (what the job's checks took over the evaluations they
+    made, overheads included), else at the calls' timed costs."""
+    if per_evaluation is None:
+        return lambda check: estimate_s(check, per_call)
+    return lambda check: sum(CHECK_CALLS.get(check, OTHER_CALLS)) * per_evaluation
 
 
 def _duration(seconds: float) -> str:

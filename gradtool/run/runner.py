@@ -188,8 +188,8 @@ def _probe(case: Case, config: CheckConfig) -> None:
     from ..config.registry import BY_NAME
     from ..targets.probe import probe
 
-    # A death or timeout here is reported under the first check (its result would say it).
-    heartbeat.enter(check=config.checks[0] if config.checks else "")
+    heartbeat.enter(check=config.checks[0] if config.checks else "")  # a stop: told under it,
+    heartbeat.expect(2)  # as n of the probe's two forwards (a stochastic one's more)
     probe(case, keep_graph=any(BY_NAME[name].probe_graph for name in config.checks))
 
 

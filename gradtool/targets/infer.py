@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import torch
@@ -45,9 +45,9 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
     flat: Case | None = None      # accepted, every tensor 1-D: a batched one is looked for
     scalar: list[Any] | None = None  # the first all-0-d candidate both ran, passed over
     for specs in _candidates(slots, hinted):
-        tried += 1
-        if tried > MAX_ATTEMPTS or (flat is not None and tried > flat_at + BATCH_LOOKAHEAD):
+        if tried >= MAX_ATTEMPTS or (flat is not None and tried >= flat_at + BATCH_LOOKAHEAD):
             break
+        tried += 1
         if flat is not None and _rank(specs) < 3:
             continue
         try:
@@ -87,6 +87,9 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
         chosen = _prefer_literals(target, fallback, config, seed)
         chosen.alternative = scalar  # the runner says how to pin those, if scalars are meant
         return chosen
+    _refuse_non_tensors(target, f"; forward refused {tried} tensor candidates" + (
+        f" (last error: {type(last_error).__name__}: {_first_line(last_error)})"
+        if last_error else ""))  # a role read from the source, confirmed
     raise InputError(
         f"could not infer inputs for {target.name}: forward({', '.join(target.arg_names)}) "
         f"rejected {tried} candidate shapes"
@@ -96,24 +99,29 @@ def infer_case(target: Target, config: CheckConfig, seed: int) -> Case:
         "(a keyword as -i NAME=SPEC; see gradtool check --help)" + _integer_hint(last_error))
 
 
-def _refuse_non_tensors(target: Target) -> None:
-    """Arguments forward uses as a callable, a dict or a string, with no default: inference
-    samples tensors only, so it says which ones to give and how, instead of trying shapes."""
+def _refuse_non_tensors(target: Target, confirmed: str = "",
+                        shown: Collection[str] | None = None) -> None:
+    """Arguments forward takes as a callable, a dict or a string, with no default: inference
+    samples tensors only, so it says which ones to give and how. Before any candidate only an
+    annotation decides; a role read from the source is told once tensors were tried and
+    `confirmed` says what showed it (forward refused them all; backward gives the arguments
+    `shown` no gradient): an argument may take a tensor or a callable."""
     from .roles import argument_roles, role_hint
 
     roles = argument_roles(target)
-    params = list(target.signature.parameters.values()) if target.signature else []
-    needed = [p.name for p in params if p.name in roles and p.default is inspect.Parameter.empty
+    params = [p for p in (target.signature.parameters.values() if target.signature else [])
+              if p.default is inspect.Parameter.empty
               and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if not needed:
+    needed = [p.name for p in params if p.name in roles]
+    if not any(roles[n].declared or confirmed and (shown is None or n in shown)
+               for n in needed):
         return
-    tensors = [p.name for p in params if p.name not in roles and p.default is
-               inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    tensors = [p.name for p in params if p.name not in roles]
     raise InputError(
         f"could not infer inputs for {target.name}: forward({', '.join(target.arg_names)}) "
-        "takes " + ", ".join(f"{n} ({roles[n]})" for n in needed)
-        + ", which inference does not guess (it samples tensors)",
-        "; ".join([role_hint(n, roles[n]) for n in needed]
+        "takes " + ", ".join(f"{n} ({roles[n].words})" for n in needed)
+        + f", which inference does not guess (it samples tensors){confirmed}",
+        "; ".join([role_hint(n, roles[n], target) for n in needed]
                   + ([f"{', '.join(tensors)}: tensors, e.g. -i 3x4"] if tensors else [])))
 
 
@@ -339,15 +347,16 @@ def _prefer_literals(target: Target, case: Case, config: CheckConfig, seed: int)
             changed = True
     if not changed:
         return case
+    constants = [case.infos[i].name for i, s in enumerate(specs) if s is not case.specs[i]]
+    _refuse_non_tensors(target, f"; backward gives {', '.join(constants)} no gradient",
+                        constants)
     try:
         better = build_case(target, specs, config, seed, inferred=True)
         _run_forward(better)
     except Exception:
         return case
-    better.notes.append("backward returns None for "
-                        + ", ".join(better.infos[i].name for i, s in enumerate(specs)
-                                    if s is not case.specs[i])
-                        + ": treated as a constant")
+    better.notes.append(f"backward returns None for {', '.join(constants)}: treated as a "
+                        "constant")
     return better
 
 
