@@ -18,7 +18,7 @@ from ..targets.load import Target
 from .approximate import approximate_noted
 from .reproduce import (REPLAY_VALUES, has_given_values, left_unchecked, pin_flags,
                         reproduce_for)
-from .told import kept_notes, report_plan
+from .told import error_id, kept_notes, repeats_told, report_plan
 
 if TYPE_CHECKING:  # the runner imports torch only when it runs
     from ..checks._common import Context
@@ -154,12 +154,12 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
         if result is None:  # left out of the default run: asking why is setup
             setup += time.perf_counter() - start
             continue
-        errors.append(_error_id(result))
+        errors.append(error_id(result))
         result = _once(case.problem.cache.ledger.told(result, reads), checks, case.problem)
         checks.append(replace(result, duration_s=time.perf_counter() - start))
         heartbeat.report("check", case=spec.label, result=checks[-1])
     begun = time.perf_counter()
-    checks = approximate_noted(_repeats_told(checks, errors))
+    checks = approximate_noted(repeats_told(checks, errors))
     if job.target.kind.composite and case.problem.cache.first_order is Outcome.PASSED:
         from .inner import inner_algebra_waived
 
@@ -231,7 +231,7 @@ def _once(result: CheckResult, earlier: Sequence[CheckResult], problem: Problem)
                            f"not run: the autograd engine rejects backward's gradient, as the "
                            f"{rejected.rule} finding under contract says", source=result.source)
     same = next((c for c in earlier if c.outcome is Outcome.ERROR
-                 and _error_id(c) == _error_id(result)), None)
+                 and error_id(c) == error_id(result)), None)
     if same is None:
         return result
     if _forward_runs(problem):  # backward raises the same way under each check: told once
@@ -239,27 +239,6 @@ def _once(result: CheckResult, earlier: Sequence[CheckResult], problem: Problem)
                        [:300], details=(), traceback=None)
     return CheckResult(result.name, Outcome.SKIPPED,
                        f"not run: the same error as under {same.name} ({same.summary})"[:300])
-
-
-def _error_id(result: CheckResult) -> tuple[str | None, str | None]:
-    """An error's identity: its exception type and trimmed traceback (never its words)."""
-    return result.exception, result.traceback
-
-
-def _repeats_told(checks: list[CheckResult], errors: list[tuple[str | None, str | None]]
-                  ) -> list[CheckResult]:
-    """The first check to report an error later checks repeated says under how many."""
-    out = list(checks)
-    for k, first in enumerate(checks):
-        if first.outcome is not Outcome.ERROR or first.traceback is None:
-            continue
-        again = [c.name for c, e in zip(checks[k + 1:], errors[k + 1:])
-                 if c.outcome is Outcome.ERROR and c.traceback is None and e == errors[k]]
-        if again:
-            out[k] = replace(first, details=(*first.details, f"the same error under "
-                                             f"{len(again) + 1} checks: {first.name}, "
-                                             f"{', '.join(again)}"))
-    return out
 
 
 # What torch's engine raises when it refuses what backward returned: once the contract has found
