@@ -187,7 +187,7 @@ def _probe(case: Case, config: CheckConfig) -> None:
 
     # A death or timeout here is reported under the first check (its result would say it).
     heartbeat.enter(check=config.checks[0] if config.checks else "")
-    probe(case, keep_graph=any(BY_NAME[name].probe_graph for name in config.checks))
+    probe(case, keep_graph=any(BY_NAME[name].probe_graph for name in config.checks), config=config)
 
 
 # The cost model: a forward this slow (the probe timed it) makes every evaluation count.
