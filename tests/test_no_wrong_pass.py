@@ -204,13 +204,18 @@ def test_a_drift_finite_differences_resolve_fails_and_one_below_passes(drift, ex
     x = torch.randn(12, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     M.DRIFT[0] = drift
     try:
-        check = _gradient(M.drifting_by, (x,))
+        report = gradtool.check(M.drifting_by, (x,), checks=["gradient"])
+        check = result(report, "gradient")
         assert check.outcome.value == expected, check.summary
         assert _gradcheck(M.drifting_by, x) == (expected == "passed")
+        assert gradtool.gradcheck(M.drifting_by, (x.requires_grad_(),),
+                                  raise_exception=False) == (expected == "passed")
     finally:
         M.DRIFT[0] = 0.0
     rules = [f.rule for f in check.findings]
     assert rules == (["gradient.forward_drift"] if expected == "failed" else [])
+    notes = " ".join(report.targets[0].cases[0].notes)
+    assert ("below what the checks resolve" in notes) == (expected == "passed")
     if expected == "failed":
         # the slope's own central difference carries the drift: 24 - 1e-7 / 2e-6
         assert "beyond the 4.79e-08 the checks could resolve" in check.summary

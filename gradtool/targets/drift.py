@@ -156,8 +156,9 @@ def _central(problem: Problem, moves: Sequence[torch.Tensor], h: float) -> list[
 def _direction(value: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
     if k == 0:
         return torch.ones_like(value.detach())
-    signs = torch.randint(0, 2, value.shape, generator=generator).to(value.dtype) * 2 - 1
-    return signs.to(value.device)
+    # drawn on the CPU generator's own device (a seeded CPU generator), then moved to value's
+    signs = torch.randint(0, 2, value.shape, generator=generator, device="cpu")
+    return (signs * 2 - 1).to(device=value.device, dtype=value.dtype)
 
 
 def _outputs(problem: Problem, values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
