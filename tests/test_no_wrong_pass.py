@@ -174,14 +174,78 @@ def test_the_drop_in_fails_a_drifting_forward_as_gradcheck_does(fast_mode):
     assert gradtool.gradcheck(M.steady, (x,), fast_mode=fast_mode, raise_exception=False)
 
 
-def test_last_bit_differences_between_calls_are_no_drift():
-    """A kernel's summation order (CUDA atomics) differs in the last bits between calls:
-    finite differences cannot see it, so it is not the drift rule's."""
-    from gradtool.targets.probe import _last_bits
+def _gradcheck(fn, x):
+    return torch.autograd.gradcheck(fn, (x.detach().requires_grad_(),), raise_exception=False)
 
-    a = torch.randn(50, dtype=torch.float64)
-    assert _last_bits(a, a * (1 + 4e-16)) and not _last_bits(a, a + 1e-6)
-    assert not _last_bits(a, torch.where(torch.arange(50) == 3, float("nan"), a))
+
+@pytest.mark.parametrize("fn,dtype", [("shuffled_sum", torch.float64),
+                                      ("index_added", torch.float64),
+                                      ("index_added", torch.float32)])
+def test_a_summation_order_that_varies_between_calls_is_no_drift(fn, dtype):
+    """CUDA atomics (index_add_ with duplicate indices, scatter_add_): the low bits of a sum
+    differ between calls (up to 1e-10 beside terms of 1e6). Exact maths, a correct gradient:
+    it failed 'forward returns different values ... by up to 2.85e-11'; gradcheck passes it."""
+    x = M.summation_inputs(dtype, big=1e6 if dtype == torch.float64 else 1e4)
+    report = gradtool.check(getattr(M, fn), (x,), checks=["gradient"])
+    check = result(report, "gradient")
+    assert check.outcome.value == "passed", check.summary
+    notes = " ".join(report.targets[0].cases[0].notes)
+    assert "stochastic" not in notes
+    if dtype == torch.float64:
+        assert _gradcheck(getattr(M, fn), x)  # gradcheck judges float64 only
+        assert gradtool.gradcheck(getattr(M, fn), (x.requires_grad_(),), raise_exception=False)
+
+
+@pytest.mark.parametrize("drift,expected", [(1e-7, "failed"), (1e-9, "passed")])
+def test_a_drift_finite_differences_resolve_fails_and_one_below_passes(drift, expected):
+    """2 * x.sum() over 12 elements moved by `drift` every other call: its bound is
+    2 eps (atol + rtol * 24) = 4.8e-8 (|J| estimated along all ones: 24); 1e-7 is beyond it and
+    beyond gradcheck's tolerance (0.05 against 2e-3), 1e-9 within both."""
+    x = torch.randn(12, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    M.DRIFT[0] = drift
+    try:
+        report = gradtool.check(M.drifting_by, (x,), checks=["gradient"])
+        check = result(report, "gradient")
+        assert check.outcome.value == expected, check.summary
+        assert _gradcheck(M.drifting_by, x) == (expected == "passed")
+        assert gradtool.gradcheck(M.drifting_by, (x.requires_grad_(),),
+                                  raise_exception=False) == (expected == "passed")
+    finally:
+        M.DRIFT[0] = 0.0
+    rules = [f.rule for f in check.findings]
+    assert rules == (["gradient.forward_drift"] if expected == "failed" else [])
+    notes = " ".join(report.targets[0].cases[0].notes)
+    assert ("below what the checks resolve" in notes) == (expected == "passed")
+    if expected == "failed":
+        # the slope's own central difference carries the drift: 24 - 1e-7 / 2e-6
+        assert "beyond the 4.79e-08 the checks could resolve" in check.summary
+
+
+def test_a_complex_forward_drifting_fails_and_its_summation_order_passes():
+    x = torch.randn(3, 4, dtype=torch.complex128)
+    check = result(gradtool.check(M.drifting, (x,), checks=["complex"]), "complex")
+    assert [f.rule for f in check.findings] == ["complex.forward_drift"], check.summary
+    z = torch.complex(M.summation_inputs(), M.summation_inputs().flip(0))
+    report = gradtool.check(M.shuffled_sum, (z,))
+    assert report.ok(), [(c.name, c.summary) for _, _, c in report.checks()]
+    assert _gradcheck(M.shuffled_sum, z)
+
+
+def test_judge_compares_complex_outputs_part_by_part_and_names_garbage():
+    """complex outputs always counted as drift (the last-bits test took floating tensors only);
+    a NaN on one call only, or a difference of the values' own size, is drift at any scale."""
+    from gradtool.numerics.problem import Problem
+    from gradtool.targets.drift import judge
+
+    x = torch.randn(6, dtype=torch.complex128)
+    problem = Problem(lambda v: v * 2, [x], ["x"], [0])
+    close = judge(problem, [x], [x * (1 + 4e-16)])
+    assert not close.failing and close.benign and "of 6 elements" in close.benign[0][1]
+    far = judge(problem, [x], [x + 1e-3j])
+    assert far.failing and "beyond the" in far.failing[0][1]
+    nan = torch.where(torch.arange(6) == 3, complex("nan"), x)
+    assert "NaN on one call only at 1" in judge(problem, [x], [nan]).failing[0][1]
+    assert not judge(problem, [x], [x.clone()]).benign
 
 
 # ------------------------------------------------- item 5: an approximate backward named

@@ -196,8 +196,10 @@ REGISTRY: tuple[CheckInfo, ...] = (
                        "inputs, so no gradient can be compared"),
                   Rule("gradient.forward_drift", "failure", "forward returns different "
                        "values on the same inputs with torch's RNG frozen (uninitialised "
-                       "memory, a counter): which outputs, by how much; no gradient can be "
-                       "compared"),
+                       "memory, a counter), by more than a summation order's rounding "
+                       "(atomics, index_add_) and than finite differences resolve (2 eps "
+                       "(atol + rtol |J|)): which outputs, by how much; no gradient can be "
+                       "compared. A smaller drift is checked as deterministic, with a note"),
                   Rule("gradient.forward_precision", "failure", "forward computes coarser "
                        "than the dtype it is given (float64 in, float32 inside: every output a "
                        "float32 number); its gradient is then judged at that precision"),
@@ -243,7 +245,12 @@ REGISTRY: tuple[CheckInfo, ...] = (
               rules=_jacobian_rules(
                   "complex", "the real map's Jacobian against finite differences",
                   (("conj", "backward returns the conjugate of PyTorch's gradient (a missing "
-                            ".conj())"), *FIRST_ORDER_KINDS), unsilenceable=NEVER_SILENCED),
+                            ".conj())"), *FIRST_ORDER_KINDS),
+                  Rule("complex.forward_drift", "failure", "forward returns different values "
+                       "on the same inputs with torch's RNG frozen, beyond what finite "
+                       "differences resolve (as gradient.forward_drift, real and imaginary parts "
+                       "apart)"),
+                  unsilenceable=NEVER_SILENCED),
               variants=(("low_precision", "complex_precision"),)),
     CheckInfo("compiled", "first- and second-order gradients under torch.compile equal eager's "
                           "(opt-in)", default=False,

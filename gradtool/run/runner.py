@@ -190,7 +190,8 @@ def _probe(case: Case, config: CheckConfig) -> None:
 
     heartbeat.enter(check=config.checks[0] if config.checks else "")  # a stop: told under it,
     heartbeat.expect(2)  # as n of the probe's two forwards (a stochastic one's more)
-    probe(case, keep_graph=any(BY_NAME[name].probe_graph for name in config.checks))
+    probe(case, keep_graph=any(BY_NAME[name].probe_graph for name in config.checks),
+          config=config)
 
 
 # The cost model: a forward this slow (the probe timed it) makes every evaluation count.

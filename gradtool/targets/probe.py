@@ -8,20 +8,23 @@ from typing import Any
 
 import torch
 
+from ..config.settings import CheckConfig
 from ..errors import InternalError
-from ..numerics.facts import Facts, output_facts, output_names
+from ..numerics.facts import Facts, output_facts
 from ..numerics.problem import Problem, frozen_rng, function_nodes, tensor_outputs
 from ..numerics.rounding import FINEST_FIRST, dtype_name
 from ..numerics.sparse import dense_output
 from ..results import Finding
 from ..tracebacks import calls_user_code, gradtool_frame, raised_in_gradtool
 from .cases import Case
+from .drift import judge
+from .drift import note as drift_note
 
 LEAF_INPLACE = "leaf Variable that requires grad is being used in an in-place operation"
 STOCHASTIC = "forward is stochastic"  # the opening of the note every report shows
 
 
-def probe(case: Case, keep_graph: bool = True) -> Facts:
+def probe(case: Case, keep_graph: bool = True, config: CheckConfig | None = None) -> Facts:
     """Learn the case's facts once, before any check (a no-op when already learnt).
 
     Two forwards: one without a graph, on copies (does forward write its inputs?), one with a
@@ -29,7 +32,9 @@ def probe(case: Case, keep_graph: bool = True) -> Facts:
     torch's RNG, or outputs that differ between them, mean forward is stochastic, and the RNG is frozen from then on (a third
     forward, under the frozen RNG, gives the graph). keep_graph: keep that graph forward for
     the first check that needs one (the contract check, else the priming forward of the
-    gradient check): it replaces a forward that check made. The
+    gradient check): it replaces a forward that check made. Outputs that the frozen RNG does not
+    hold still drift: a failure only beyond what the checks resolve at config's tolerances
+    (targets/drift.py). The
     user's code raising is no result here: what was learnt stays, and each check that runs
     forward reports the exception itself.
     """
@@ -37,7 +42,7 @@ def probe(case: Case, keep_graph: bool = True) -> Facts:
     if problem.facts.learnt:
         return problem.facts
     try:
-        _learn(case, keep_graph)
+        _learn(case, keep_graph, config)
     except (Exception, SystemExit) as exc:
         if isinstance(exc, Exception) and raised_in_gradtool(exc):
             raise InternalError(exc, gradtool_frame(exc)) from exc
@@ -45,7 +50,7 @@ def probe(case: Case, keep_graph: bool = True) -> Facts:
     return problem.facts
 
 
-def _learn(case: Case, keep_graph: bool) -> None:
+def _learn(case: Case, keep_graph: bool, config: CheckConfig | None) -> None:
     """Each fact is recorded as soon as it is known, so a later forward raising keeps it."""
     problem = case.problem
     given = problem.facts  # what a creator already knew (a captured Function's seed, say)
@@ -74,9 +79,12 @@ def _learn(case: Case, keep_graph: bool) -> None:
         if not _same(tensor_outputs(result), tensor_outputs(again[1])):
             problem.learn(problem.facts.with_(seed=case.seed))
             again = _graph_forward(problem)  # again, under the frozen RNG
-            drift = _drift(problem, tensor_outputs(again[1]))
-            if drift:  # the frozen RNG does not hold it still: not stochastic, drifting
-                problem.learn(problem.facts.with_(seed=None, drift=drift))
+            found = judge(problem, tensor_outputs(again[1]),
+                          tensor_outputs(_graph_forward(problem)[1]), config)
+            if found.failing or found.benign:  # the frozen RNG does not hold it still: no seed
+                problem.learn(problem.facts.with_(seed=None, drift=found.failing))
+            if found.benign and not found.failing:  # a summation order: checked as it is
+                case.notes.append(drift_note(found.benign))
         leaves, result = again
     outs = tensor_outputs(result)
     tracked = [o for o in outs if (o.is_floating_point() or o.is_complex()) and o.requires_grad]
@@ -165,54 +173,6 @@ def _graph_forward(problem: Problem) -> tuple[list[torch.Tensor], Any]:
                 raise
             problem.learn(problem.facts.with_(mutates=True))
     raise AssertionError("unreachable")
-
-
-def _drift(problem: Problem, first: Sequence[torch.Tensor]) -> tuple[tuple[str, str], ...]:
-    """One more graph forward under the same frozen RNG: per output that still differs from
-    `first`, its name and by how much (a forward that follows no seed gradtool can hold)."""
-    second = tensor_outputs(_graph_forward(problem)[1])
-    names = problem.output_labels or output_names(len(first))
-    found = []
-    for k, (a, b) in enumerate(zip(first, second)):
-        if a.shape == b.shape and (equal(a, b) or both_nan(a, b) or _last_bits(a, b)):
-            continue
-        name = names[k] if k < len(names) else f"output {k}"
-        found.append((name, _how_far(a.detach(), b.detach())))
-    if len(first) != len(second):
-        found.append(("outputs", f"{len(first)} then {len(second)} tensors"))
-    return tuple(found)
-
-
-# Differences this many units of the outputs' largest value are a kernel's summation order
-# (CUDA atomics in scatter_add, index_add): no drift finite differences could see.
-LAST_BITS = 64
-
-
-def _last_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if not a.is_floating_point() or a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    a, b = a.detach(), b.detach()
-    d = (a.double() - b.double()).abs()
-    if not bool((torch.isnan(a) == torch.isnan(b)).all()) or bool(torch.isinf(d).any()):
-        return False
-    scale = float(torch.maximum(a.abs(), b.abs()).double().nan_to_num(0, 0, 0).max())
-    return float(d.nan_to_num(0).max()) <= LAST_BITS * torch.finfo(a.dtype).eps * scale
-
-
-def _how_far(a: torch.Tensor, b: torch.Tensor) -> str:
-    """'by up to 0.001 at 12 of 12 elements' (NaN at some on one call only: said so)."""
-    if a.shape != b.shape:
-        return f"shape {tuple(a.shape)} then {tuple(b.shape)}"
-    a, b = comparable(a), comparable(b)
-    if not (a.is_floating_point() or a.is_complex()):
-        return f"at {int((a != b).sum())} of {a.numel()} elements"
-    nan = torch.isnan(a) != torch.isnan(b)
-    d = (a - b).abs()
-    moved = nan | (d > 0)
-    d = d[torch.isfinite(d) & moved]
-    size = f"by up to {float(d.max()):.3g}" if d.numel() else "by inf"
-    also = f", NaN on one call only at {int(nan.sum())}" if bool(nan.any()) else ""
-    return f"{size} at {int(moved.sum())} of {a.numel()} elements{also}"
 
 
 def released(t: Any) -> bool:
