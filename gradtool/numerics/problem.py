@@ -16,6 +16,7 @@ from ..tracebacks import calls_user_code
 from .facts import Facts, output_names  # noqa: F401 - output_names re-exported
 from .ledger import Ledger, graph_key  # noqa: F401 - graph_key re-exported
 from .placement import same_devices
+from .rng import frozen_rng  # noqa: F401 - re-exported: probe.py imports it from here
 from .sparse import Encoding, dense_output
 
 
@@ -313,35 +314,6 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
 def _fresh(t: torch.Tensor) -> torch.Tensor:
     """A copy of t's value with no history: its own identity, storage and autograd state."""
     return _copy(t.detach())
-
-
-@contextlib.contextmanager
-def frozen_rng(seed: int) -> Iterator[None]:
-    # manual_seed seeds every CUDA generator: each initialised one is forked (the user's RNG
-    # state is theirs; CPU arguments do not keep a forward from drawing on a GPU).
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices), _other_rngs_frozen(seed):
-        torch.manual_seed(seed)
-        yield
-
-
-@contextlib.contextmanager
-def _other_rngs_frozen(seed: int) -> Iterator[None]:
-    """numpy's global RNG and Python's `random` seeded too, and their states given back after:
-    a forward drawing its dropout mask from np.random is as stochastic as one drawing from
-    torch's (it read as a forward drifting under a frozen RNG)."""
-    import random
-
-    import numpy as np
-
-    numpy_state, python_state = np.random.get_state(), random.getstate()
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
-    try:
-        yield
-    finally:
-        np.random.set_state(numpy_state)
-        random.setstate(python_state)
 
 
 @calls_user_code
