@@ -50,10 +50,11 @@ def test_crash_exit_and_hang_are_errors_and_the_correct_target_still_passes(tmp_
     assert got["fine"][0] == "passed"
     assert got["segfault"] == ("error", "process died: SIGSEGV (segmentation fault) while "
                                "running forward of " + f"{MOD}:segfault, case 0 (contract check, "
-                               "forward call 1)")
+                               "forward call 1; 1/2 evaluations, 50%)")
     assert got["hard_exit"][1].startswith("process died: exit code 4 while running forward of")
     assert got["exits"] == ("error", "SystemExit raised: 3")
-    assert got["hangs"] == ("error", "timed out after 2 s in contract check (forward call 1)")
+    assert got["hangs"] == ("error", "timed out after 2 s in contract check (forward call 1; 1/2 "
+                            "evaluations, 50%)")
     assert got["says"][1].startswith("forward returned str, not a tensor")
     hang = next(k for t in report["targets"] if t["target"].endswith("hangs")
                 for c in t["cases"] for k in c["checks"])

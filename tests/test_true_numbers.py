@@ -189,7 +189,7 @@ def slowfwd(x):
 
 
 @pytest.mark.parametrize("target, check, after", [("SlowBack", "contract", "4"),
-                                                   ("slowfwd", "layout", "5")])
+                                                   ("slowfwd", "layout", "2")])
 def test_a_timeout_in_contract_or_layout_says_how_far_it_got(tmp_path, target, check, after):
     """A 1 s backward (forward) stopped in the contract (layout) check: 'N/M evaluations, P%'."""
     (tmp_path / "slow.py").write_text(SLOW_CALLS)

@@ -45,7 +45,8 @@ class Running:
     index: int
     started: float
     checks: list[str] = field(default_factory=list)  # the checks begun, in order
-    check_started: float = 0.0
+    check_started: float = 0.0   # when the current count began (the probe's, then the check's)
+    check_began: float = 0.0     # when the current check began: what its whole time counts from
     call: tuple[str, int] = ("", 0)
     changed: float = 0.0
     intervals: dict[str, list[float]] = field(default_factory=dict)  # seconds a call took
@@ -115,7 +116,7 @@ class Watch:
             seen.check_started = now
         if began:
             seen.checks.append(check)
-            seen.announced = False
+            seen.check_began, seen.announced = now, False
         seen.done, seen.total = done, state.get("total", 0)
         if call != seen.call:
             # a call is published as it starts: the time since the last one began is what
@@ -129,8 +130,9 @@ class Watch:
         if check and not seen.announced and per_call is not None:
             predicted = estimate_s(check, per_call)
             measured = seen.check_left(now)
-            if measured is not None:  # the mode's evaluations at their measured cost
-                predicted = measured + now - seen.check_started
+            if measured is not None:  # the mode's evaluations at their measured cost; early
+                # on, cheap backwards can make that average hide slow forwards still to come
+                predicted = max(predicted, measured + now - seen.check_began)
             if predicted > LONG_S:
                 seen.announced = True
                 calls = ", ".join(f"{t:.2g} s a {phase} call" for phase, t in per_call.items())
@@ -159,7 +161,7 @@ class Watch:
             job = supervisor._job(seen.index)
             current = seen.checks[-1] if seen.checks else ""
             left = measured if measured is not None else \
-                max(0.0, estimate_s(current, per_call) - (now - seen.check_started))
+                max(0.0, estimate_s(current, per_call) - (now - seen.check_began))
             # a check not begun counts only if it runs on most targets (CHECK_CALLS): the
             # others (forward_ad without a jvp, complex) are mostly skipped at once
             rest = [c for c in job.checks if c not in seen.checks and c in CHECK_CALLS]

@@ -126,7 +126,7 @@ def _timing(check: CheckResult) -> str:
                      if k.endswith(" read"))
     text = f"{check.duration_s * 1000:.0f} ms" + (f", {paid} calls" if paid else "")
     # evaluations an earlier check paid and this one read (numerics/ledger.py)
-    return text + (f" (read from the case's ledger: {read})" if read else "")
+    return text + (f"; read from the case's ledger: {read}" if read else "")
 
 
 def _short(check: CheckResult) -> str:
