@@ -245,13 +245,10 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
             scaled_names.append(name)
             failed += 1
             forward_bad += kind == "forward"
-        # Beyond the bound, but the dtype cannot resolve the value itself: no verdict there.
-        vague = over & ~capped & (tol >= 0.5 * ex.abs()) & (diff <= 3 * tol)
-        # Where the door cut a finite simulated bound (terms that cancel, (x-1)^10 expanded in
-        # bfloat16): a difference rounding could explain (within the simulated bound) is never
-        # passed, for the cap will not let it, nor failed as wrong: no verdict there either.
+        # Beyond the bound, but the dtype cannot resolve the value itself: no verdict there; nor
+        # within a finite simulated bound the door cut (terms that cancel): never a pass, nor wrong
         uncut = capped & torch.isfinite(simulated) & (diff <= simulated)
-        vague = vague | (over & uncut)
+        vague = over & ((~capped & (tol >= 0.5 * ex.abs()) & (diff <= 3 * tol)) | uncut)
         bad = over & ~vague
         failed += int(bad.sum())
         unresolved += int(vague.sum())
@@ -268,9 +265,8 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
                                   UNIT_ROUNDOFF[bound.dtype],
                                   lambda flat, t=tensor: bound.explain(t, flat), places)
         for index in torch.nonzero(vague.reshape(-1)).reshape(-1)[:1].tolist():
-            need = finest_resolving(bound.dtype, float(torch.where(
-                uncut, simulated, tol).reshape(-1)[index])
-                                    / float(diff.reshape(-1)[index]))
+            need = finest_resolving(bound.dtype, float(
+                torch.where(uncut, simulated, tol).flatten()[index] / diff.flatten()[index]))
             finer += [need] if need else []
     outcome = (Outcome.FAILED if failed else Outcome.INCONCLUSIVE if unresolved
                else Outcome.PASSED)
