@@ -266,3 +266,86 @@ def test_a_wrong_linear_backward_is_not_called_approximate():
     assert check.outcome.value == "failed"
     assert not any("approximate" in d for d in check.details)
     assert approximate_noted([check]) == [check]  # no contract finding: nothing said
+
+
+def _additive_mask(s_factor: float, mask_factor: float = 1.0):
+    """softmax(s + mask) with its gradients scaled (1.0: correct): the -1e9 additive mask of
+    attention, as a second input."""
+    class Attn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, s, mask):
+            p = torch.softmax(s + mask, -1)
+            ctx.save_for_backward(p)
+            return p
+
+        @staticmethod
+        def backward(ctx, g):
+            p, = ctx.saved_tensors
+            gs = p * (g - (g * p).sum(-1, keepdim=True))
+            return gs * s_factor, gs * mask_factor
+    return Attn.apply
+
+
+def _masked_inputs(fill: float, into_scores: bool = False):
+    gen = torch.Generator().manual_seed(5)
+    s = torch.randn(4, 8, dtype=torch.float64, generator=gen)
+    mask = torch.zeros(4, 8, dtype=torch.float64)
+    if into_scores:      # the huge value in the same input as the scores beside it
+        s[:, 5:] = fill
+    else:
+        mask[:, 5:] = fill
+    return [s.requires_grad_(), mask.requires_grad_()]
+
+
+@pytest.mark.parametrize("fill", [-1e9, -3.4e38])
+@pytest.mark.parametrize("into_scores", [False, True])
+@pytest.mark.parametrize("s_factor,mask_factor,expected", [
+    (1.0, 1.0, "passed"), (1.5, 1.0, "failed"), (1.1, 1.0, "failed"), (1.7, 1.0, "failed"),
+    (0.6, 1.0, "failed"), (1.0, 1.5, "failed")])
+def test_a_huge_finite_mask_does_not_loosen_the_first_bound(fill, into_scores, s_factor,
+                                                           mask_factor, expected):
+    """The measured first bound's step-rounding term read max |x| over every input: a -1e9
+    additive mask gave rtol 1.8, and a gradient 50 % wrong passed (gradcheck fails it). Each
+    column's rtol is now its own |x_j|; the verdicts match gradcheck's."""
+    inputs = _masked_inputs(fill, into_scores)
+    fn = _additive_mask(s_factor, mask_factor)
+    check = _gradient(fn, inputs)
+    assert check.outcome.value == expected, check.summary
+    theirs = torch.autograd.gradcheck(fn, inputs, raise_exception=False)
+    assert theirs == (expected == "passed")
+
+
+def _expanded(x):
+    """(x - 1)^10 as its expanded polynomial: correct, terms up to 252 cancel."""
+    import math
+    coefficients = [math.comb(10, k) * (-1) ** (10 - k) for k in range(11)]
+    return sum(c * x ** k for k, c in enumerate(coefficients))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fn,x", [
+    (_expanded, lambda: 0.5 + torch.rand(8, dtype=torch.float64, generator=torch.Generator()
+                                         .manual_seed(0))),
+    (lambda x: x * 1000.0 - x * 999.0, lambda: torch.randn(8, generator=torch.Generator()
+                                                           .manual_seed(0)))])
+def test_correct_cancellation_in_low_precision_is_never_a_wrong_forward(dtype, fn, x):
+    """The door cut a genuinely simulated rounding bound (terms that cancel) and called correct
+    bfloat16 code a wrong forward; a difference within the uncut simulated bound is
+    inconclusive (never passed by the cap, never failed as wrong)."""
+    check = _gradient(fn, [x().to(dtype)])
+    assert check.outcome.value in ("passed", "inconclusive"), check.summary
+    if check.outcome.value == "inconclusive":
+        assert "cannot resolve" in check.summary
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_wrong_cancelling_forward_in_low_precision_still_fails(dtype):
+    """The twin: the same cancellation with a term off (999 -> 900), beyond any rounding the
+    simulation saw, fails."""
+    x = torch.randn(8, generator=torch.Generator().manual_seed(0)).to(dtype)
+    check = _gradient(lambda v: v * 1000.0 - v * 999.0, [x], reference=f"{__file__}:_wrong_ref")
+    assert check.outcome.value == "failed", check.summary
+
+
+def _wrong_ref(v):
+    return v.double() * 1000.0 - v.double() * 900.0

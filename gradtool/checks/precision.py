@@ -234,7 +234,7 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
         # a summed normalisation's, is rounding of terms the size of the gradients)
         door = admit(tol, lo, ex, origin=f"simulated {bound.dtype} rounding", floor=floor,
                      scale=scale)
-        tol, capped = door.tol, door.capped
+        simulated, tol, capped = tol, door.tol, door.capped
         doors.append(door)
         over = ~(diff <= tol)  # NaN too: a low-precision overflow or NaN is beyond any bound
         # Elements beyond their bound are reported as such; the fit looks for what hides below.
@@ -245,9 +245,10 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
             scaled_names.append(name)
             failed += 1
             forward_bad += kind == "forward"
-        # Beyond the bound, but the dtype cannot resolve the value itself: no verdict there.
-        # (never where the door cut the bound: a difference beyond the cap is not rounding)
-        vague = over & ~capped & (tol >= 0.5 * ex.abs()) & (diff <= 3 * tol)
+        # Beyond the bound, but the dtype cannot resolve the value itself: no verdict there; nor
+        # within a finite simulated bound the door cut (terms that cancel): never a pass, nor wrong
+        uncut = capped & torch.isfinite(simulated) & (diff <= simulated)
+        vague = over & ((~capped & (tol >= 0.5 * ex.abs()) & (diff <= 3 * tol)) | uncut)
         bad = over & ~vague
         failed += int(bad.sum())
         unresolved += int(vague.sum())
@@ -264,8 +265,8 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
                                   UNIT_ROUNDOFF[bound.dtype],
                                   lambda flat, t=tensor: bound.explain(t, flat), places)
         for index in torch.nonzero(vague.reshape(-1)).reshape(-1)[:1].tolist():
-            need = finest_resolving(bound.dtype, float(tol.reshape(-1)[index])
-                                    / float(diff.reshape(-1)[index]))
+            need = finest_resolving(bound.dtype, float(
+                torch.where(uncut, simulated, tol).flatten()[index] / diff.flatten()[index]))
             finer += [need] if need else []
     outcome = (Outcome.FAILED if failed else Outcome.INCONCLUSIVE if unresolved
                else Outcome.PASSED)

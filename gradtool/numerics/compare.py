@@ -46,6 +46,10 @@ class BlockTally:
     kink_rtol: float | None = None
     scale: float = 0.0  # the largest |numerical| compared
     capped: int = 0     # elements whose tolerance the door (numerics/bounds.py) cut
+    # per input element (flat): the rtol of the column perturbing it (the measured first
+    # bound's, numerics/measured.column_rtol); None: `rtol` for every column. `rtol` is then
+    # its largest, for comparisons of sums over columns (a compressed sweep's screen).
+    column_rtol: torch.Tensor | None = None
 
     def kink_tolerance(self, numerical: float) -> float:
         atol = self.atol if self.kink_atol is None else self.kink_atol
@@ -65,6 +69,9 @@ class BlockTally:
         diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
         if numerical.numel():  # the Jacobian's scale: a cancelled gradient's rounding is of it
             self.scale = max(self.scale, float(numerical.abs().nan_to_num(0, 0, 0).max()))
+        if tol is None and self.column_rtol is not None and diff.numel():
+            tol = self.atol + self._rtols(cols, col_offset, diff.shape[1], numerical) \
+                * numerical.abs()
         tol = self.admitted(analytical, numerical, tol)
         bad = diff > tol
         self.checked += diff.numel()
@@ -90,6 +97,14 @@ class BlockTally:
             self.worst.append((excess[flat].item(), r, col,
                                analytical[r, c].item(), numerical[r, c].item()))
         self.worst = sorted(self.worst, key=lambda w: -w[0])[: self.keep]
+
+    def _rtols(self, cols: torch.Tensor | None, col_offset: int, n_cols: int,
+               numerical: torch.Tensor) -> torch.Tensor:
+        """The chunk's per-column rtol (1, n_cols), in the comparison's dtype."""
+        assert self.column_rtol is not None
+        index = cols if cols is not None else torch.arange(
+            col_offset, col_offset + n_cols, device=self.column_rtol.device)
+        return self.column_rtol.to(numerical.device)[index].to(numerical.abs().dtype)[None, :]
 
     def admitted(self, analytical: torch.Tensor, numerical: torch.Tensor,
                  tol: torch.Tensor | None = None) -> torch.Tensor:

@@ -308,13 +308,18 @@ def judged_tallies(problem: Problem, config: CheckConfig, leaves: Sequence[torch
     if not config.measured:
         return _tallies(problem, leaves, outs, config.tolerance("atol"),
                         config.tolerance("rtol"), config.max_worst)
-    from .measured import first_bound
+    from .measured import column_rtol, first_bound
 
-    atol, rtol = first_bound(problem.inputs, flat_cat(outs).detach(), config.tolerance("eps"))
-    tallies = _tallies(problem, leaves, outs, atol, rtol, config.max_worst)
-    for row in tallies:
+    f0, h = flat_cat(outs).detach(), config.tolerance("eps")
+    atol, _ = first_bound(problem.inputs, f0, h)
+    tallies = _tallies(problem, leaves, outs, atol, 0.0, config.max_worst)
+    for value, row in zip(problem.inputs, tallies):
+        # each input's columns by their own |x_j|: a huge mask in one input must not loosen
+        # another's bound, nor its own elements' beside it (measured.column_rtol)
+        rtols = column_rtol(value, f0, h)
         for t in row:
             t.flagged, (t.kink_atol, t.kink_rtol) = [], _fixed(config)
+            t.rtol, t.column_rtol = float(rtols.max()) if rtols.numel() else 0.0, rtols
     return tallies
 
 

@@ -42,11 +42,25 @@ STEPS = (-3, -2, -1, 1, 2, 3)
 
 
 def first_bound(values: Sequence[torch.Tensor], f0: torch.Tensor, h: float) -> tuple[float, float]:
-    """(atol, rtol) of the sweep's tight first comparison, from the largest |f| and |x|."""
+    """(atol, rtol) of the sweep's tight first comparison, from the largest |f| and |x|: the
+    loosest over every input (a scalar for a caller without columns); the sweep compares each
+    column by its own rtol (`column_rtol`)."""
     u = FINITE_MACHINE.get(f0.dtype, 2.2e-16)
     # the finite values only: a -inf mask or padding in x made rtol inf, and every gradient pass
     fmax, xmax = finite_max(f0), finite_max(*values)
     return ROUND_C * u * fmax / h, FIRST_RTOL + 8 * u * xmax / h
+
+
+def column_rtol(value: torch.Tensor, f0: torch.Tensor, h: float) -> torch.Tensor:
+    """Per element of one input (flat): the first bound's rtol for the column perturbing it.
+    The step x_j + h is rounded at |x_j|, so the rounding term is that element's size, not the
+    largest |x| over every input: a -1e9 additive mask (rtol 1.8 read globally) loosened the
+    bound of the scores beside it until a gradient 50 % wrong passed. Non-finite elements read
+    0 (their columns' differences are not finite: judged as such, never passed by a bound)."""
+    u = FINITE_MACHINE.get(f0.dtype, 2.2e-16)
+    x = value.detach().reshape(-1).abs().double()
+    x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+    return FIRST_RTOL + 8 * u * x / h
 
 
 @dataclass
