@@ -35,6 +35,9 @@ class Facts:
     # forward's outputs differ between calls on the same inputs with torch's RNG frozen (no
     # randomness gradtool controls: uninitialised memory, a counter): (output, how) per output
     drift: tuple[tuple[str, str], ...] = ()
+    # the largest difference of a drift below what the checks resolve (a summation order): a
+    # central difference may move by twice it over 2h, so the first bound allows for that
+    drift_size: float = 0.0
 
     @property
     def stochastic(self) -> bool:

@@ -29,6 +29,7 @@ Found = tuple[tuple[str, str], ...]  # (output name, 'by up to ... at k of n ele
 class Drift:
     failing: Found = ()  # outputs whose drift corrupts what the checks measure
     benign: Found = ()  # outputs that differ, but below what the checks resolve
+    size: float = 0.0  # the largest benign difference: finite differences' error allows for it
 
 
 def judge(problem: Problem, first: Sequence[torch.Tensor], second: Sequence[torch.Tensor],
@@ -37,6 +38,7 @@ def judge(problem: Problem, first: Sequence[torch.Tensor], second: Sequence[torc
     names = problem.output_labels or output_names(len(first))
     failing: list[tuple[str, str]] = []
     benign: list[tuple[str, str]] = []
+    largest = 0.0
     slopes: list[float] | None = None  # |J| per output, estimated only where it is needed
     for k, (a, b) in enumerate(zip(first, second)):
         name = names[k] if k < len(names) else f"output {k}"
@@ -52,9 +54,10 @@ def judge(problem: Problem, first: Sequence[torch.Tensor], second: Sequence[torc
             failing.append((name, f"{how}, beyond the {bound:.3g} the checks could resolve"))
         else:
             benign.append((name, how))
+            largest = max(largest, size)
     if len(first) != len(second):
         failing.append(("outputs", f"{len(first)} then {len(second)} tensors"))
-    return Drift(tuple(failing), tuple(benign))
+    return Drift(tuple(failing), tuple(benign), largest)
 
 
 def _size(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -82,7 +82,8 @@ def _learn(case: Case, keep_graph: bool, config: CheckConfig | None) -> None:
             found = judge(problem, tensor_outputs(again[1]),
                           tensor_outputs(_graph_forward(problem)[1]), config)
             if found.failing or found.benign:  # the frozen RNG does not hold it still: no seed
-                problem.learn(problem.facts.with_(seed=None, drift=found.failing))
+                problem.learn(problem.facts.with_(seed=None, drift=found.failing,
+                                                  drift_size=found.size))
             if found.benign and not found.failing:  # a summation order: checked as it is
                 case.notes.append(drift_note(found.benign))
         leaves, result = again
