@@ -46,8 +46,16 @@ def verdicts(obj: object) -> tuple:
                  for _, _, c in report.checks())
 
 
+# A backward that adds fresh noise from torch's RNG at every call: its verdicts (double
+# backward's failed or inconclusive) vary run to run whatever the ledger, and a third run alike
+# the second by chance failed the comparison below (1 run in a few).
+NOISY = ("SquareNoisyBackward",)
+
+
 def both_ways(fixture: str, monkeypatch, functions_only: bool = False) -> None:
     for name, obj in targets(fixture, functions_only):
+        if name in NOISY:
+            continue
         monkeypatch.setenv(SWITCH, "1")
         shared = verdicts(obj)
         monkeypatch.setenv(SWITCH, "0")
