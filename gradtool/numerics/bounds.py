@@ -6,8 +6,7 @@ enforces what no rule that makes or widens a bound may override.
              larger |value| at the element plus CAP_SCALE of the largest |value| compared, so
              a difference as large as the values (a sign flip, a roll, a dropped term on a
              non-negligible element) is never "within rounding";
-  named      each bound carries its origin and the widenings applied to it (their factors), so
-             a report can say why an element passed, and where a cap cut a bound.
+  named      each bound carries its origin, so a report can say where a cap cut a bound.
 
 The cap has a floor the caller may give: the tolerance the user (or gradcheck's default) set,
 |a - n| <= atol + rtol |n|, which keeps gradcheck's verdict at the tolerance given. A rule that
@@ -16,8 +15,7 @@ widens beyond the floor widens at most to the cap.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,17 +28,6 @@ CAP_REL = 0.5
 CAP_SCALE = 0.1
 
 
-@dataclass(frozen=True)
-class Widening:
-    """One rule that made a bound larger: its name and by what factor (or to what size)."""
-
-    origin: str
-    factor: float
-
-    def words(self) -> str:
-        return f"{self.origin} (x{self.factor:.3g})"
-
-
 @dataclass
 class Admitted:
     """A bound after the door: per-element tolerance, and what the door did to it."""
@@ -49,22 +36,19 @@ class Admitted:
     origin: str
     capped: torch.Tensor            # per element: the bound was cut to the cap
     nonfinite: int = 0              # elements whose bound was NaN or inf before the cut
-    widenings: tuple[Widening, ...] = field(default_factory=tuple)
 
     @property
     def n_capped(self) -> int:
         return int(self.capped.sum())
 
     def words(self) -> str | None:
-        """A sentence for the report, or None when the door changed nothing and nothing widened."""
+        """A sentence for the report, or None when the door changed nothing."""
         parts = []
         if self.nonfinite:
             parts.append(f"{self.nonfinite} element(s) had a NaN or inf bound")
         if self.n_capped > self.nonfinite:
             parts.append(f"{self.n_capped - self.nonfinite} element(s) had a bound as large as "
                          "the values compared")
-        if self.widenings:
-            parts.append("widened by " + ", ".join(w.words() for w in self.widenings))
         if not parts:
             return None
         cut = (f"; cut to {CAP_REL:g} |value| + {CAP_SCALE:g} max |value|"
@@ -93,7 +77,7 @@ def cap(values: tuple[torch.Tensor, ...], scale: float | None = None) -> torch.T
 
 
 def admit(tol: Any, *values: torch.Tensor, origin: str, scale: float | None = None,
-          floor: Any = None, widenings: tuple[Widening, ...] = ()) -> Admitted:
+          floor: Any = None) -> Admitted:
     """The bound `tol` (a number or a per-element tensor) for comparing `values` element by
     element, through the door: finite, at most the cap (or `floor`, the user's tolerance, where
     that is larger), named. `scale`: the largest |value| of the whole comparison when `values`
@@ -108,8 +92,7 @@ def admit(tol: Any, *values: torch.Tensor, origin: str, scale: float | None = No
                                                  torch.zeros_like(floor)))
     bad = ~torch.isfinite(tol)
     capped = bad | (tol > limit)
-    return Admitted(torch.where(capped, limit, tol), origin, capped, int(bad.sum()),
-                    tuple(widenings))
+    return Admitted(torch.where(capped, limit, tol), origin, capped, int(bad.sum()))
 
 
 def finite_max(*tensors: Any) -> float:
@@ -123,11 +106,3 @@ def finite_max(*tensors: Any) -> float:
             if m.numel():
                 best = max(best, float(m.max()))
     return best
-
-
-def check_finite(value: float, what: str) -> float:
-    """A scalar bound that must be finite and non-negative: an internal error otherwise (never
-    a pass, never torch's 'atol must be greater than or equal to zero, but got -nan')."""
-    if not (math.isfinite(value) and value >= 0):  # gradtool's own: reported as internal
-        raise ValueError(f"{what}: a bound of {value!r} (a bound must be finite and >= 0)")
-    return value
