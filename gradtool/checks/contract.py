@@ -20,6 +20,7 @@ from ..targets.probe import _graph_forward, both_nan, equal, probe, stochastic_n
 from ..tracebacks import calls_user_code
 from ._common import Context, calls_since, declare, error_result
 from .contract_rounding import allclose, deterministic, linearity
+from .linear_rows import defer
 
 
 def check_contract(case: Case, target: Target, config: CheckConfig) -> CheckResult:
@@ -99,7 +100,8 @@ def _findings(case: Case, target: Target, config: CheckConfig
     if modified:  # what it wrote to is not g1: the linearity and determinism tests need g1's
         r1 = backward(g1)
     found += _finite("contract.gradient_nonfinite", "gradient", [r for r in r1 if r is not None])
-    found += linearity(backward, g1, g2, r1, problem, config)
+    if modified or not defer(problem, backward, g1, g2, r1, result, diff_outs, config):
+        found += linearity(backward, g1, g2, r1, problem, config)  # else the gradient check's rows
     again = deterministic(backward, g1, r1, problem, config)
     # backward called again through this graph gave r1 again: later checks may read them
     if not (modified or again) and any(BY_NAME[name].reads_recorded for name in config.checks):

@@ -63,6 +63,9 @@ class CheckInfo:
     # reads the contract's graph (and its backward) from the case's ledger (numerics/ledger.py):
     # the contract records them only when a check that reads them runs
     reads_recorded: bool = False
+    # its linearity test reads this check's one-hot rows when this one runs right after it
+    # (checks/linear_rows.py): left pending until then
+    rows_from: str | None = None
 
     @property
     def import_path(self) -> str:
@@ -185,7 +188,7 @@ REGISTRY: tuple[CheckInfo, ...] = (
                           "linearity, purity, determinism)", rules=CONTRACT_RULES,
               hooks=(("composite", "gradtool.run.inner:with_inner_contracts"),
                      ("has_ops", "gradtool.run.ops_inside:with_op_contracts")),
-              probe_graph=True),
+              probe_graph=True, rows_from="gradient"),
     CheckInfo("gradient", "backward's Jacobian against finite differences, element by element",
               variants=(("low_precision", "precision"),), probe_graph=True,
               reads_recorded=True,

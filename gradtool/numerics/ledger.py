@@ -161,12 +161,13 @@ class Ledger:
                                for r in result]
 
     def backward(self, point: Sequence[torch.Tensor], cotangent: Any,
-                 layout: str = CONTIGUOUS) -> list[Any] | None:
-        """The recorded gradients, read (one backward), or None: the caller pays."""
+                 layout: str = CONTIGUOUS, count: bool = True) -> list[Any] | None:
+        """The recorded gradients, read (one backward, where `count`), or None: the caller
+        pays."""
         if not enabled():
             return None
         found = self.backwards.get((point_key(point), _cotangent_key(cotangent), layout))
-        if found is not None:
+        if found is not None and count:
             self.read.update(backward=1)
         return found
 

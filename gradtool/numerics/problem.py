@@ -45,6 +45,10 @@ class Cache:
     first_order: Any = None
     # The contract's linearity test in this run: backward linear in grad_output (None: not run).
     linear: bool | None = None
+    # ... deferred to read the gradient check's one-hot rows (checks/linear_rows.py): the
+    # runner asks for it (defer_linearity), the contract leaves what it needs (pending).
+    defer_linearity: bool = False
+    pending_linearity: Any = None
     # The analytical Jacobian full mode computed (rows of backward): double backward's G along
     # grad_output is linear, and these are its exact columns there (numerics/jacobian.py).
     jacobian: Any = None

@@ -34,6 +34,7 @@ class AnalyticalJacobian:
     cols: torch.Tensor | None = None
     vals: torch.Tensor | None = None
     vjps: int = 0           # one-hot-equivalent rows it took (for reports and tests)
+    one_hot: bool = False   # every row a backward at a one-hot grad_output (none decoded)
 
     @property
     def device(self) -> torch.device:
@@ -91,7 +92,7 @@ def analytical_jacobian(problem: Problem, leaves: Sequence[torch.Tensor],
         strides, trials = find_strides(problem, leaves, outs)
     if not any(strides):
         dense = analytical_rows(problem, leaves, outs, torch.arange(n_out, device=outs[0].device))
-        return AnalyticalJacobian(n_out, n_in, dense=dense, vjps=n_out)
+        return AnalyticalJacobian(n_out, n_in, dense=dense, vjps=n_out, one_hot=True)
     return _grouped(problem, leaves, outs, strides, trials or {})
 
 

@@ -30,7 +30,8 @@ class ByOutput:
         self.problem, self.leaves, self.outs, self.bounds = problem, leaves, outs, bounds
         n_in = sum(v.numel() for v in leaves)
         self.jac = AnalyticalJacobian(bounds[-1], n_in, dense=torch.full(
-            (bounds[-1], n_in), float("nan"), dtype=leaves[0].dtype, device=leaves[0].device))
+            (bounds[-1], n_in), float("nan"), dtype=leaves[0].dtype, device=leaves[0].device),
+            one_hot=True)
         self.known = 0  # outputs [0, known) computed
 
     @property

@@ -145,7 +145,12 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     checks: list[CheckResult] = []
     errors: list[tuple[str | None, str | None]] = []  # each result's error identity, as raised
     setup = time.perf_counter() - begun  # sampling and the probe phase: told as the case's
+    from ..checks.linear_rows import rows_pair
+
+    pair = rows_pair(config.checks)  # the contract's linearity test waits for these rows
+    case.problem.cache.defer_linearity = bool(pair)
     for name in config.checks:
+        checks = _settled(case, checks, job) if pair and name not in pair else checks
         # Everything done on the check's behalf is its time: the hooks' culprit search, the
         # diagnosis, telling a repeated error once.
         start, reads = time.perf_counter(), case.problem.cache.ledger.snapshot()
@@ -158,7 +163,7 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
         result = _once(case.problem.cache.ledger.told(result, reads), checks, case.problem)
         checks.append(replace(result, duration_s=time.perf_counter() - start))
         heartbeat.report("check", case=spec.label, result=checks[-1])
-    begun = time.perf_counter()
+    begun, checks = time.perf_counter(), _settled(case, checks, job)
     checks = approximate_noted(repeats_told(checks, errors))
     if job.target.kind.composite and case.problem.cache.first_order is Outcome.PASSED:
         from .inner import inner_algebra_waived
@@ -214,6 +219,15 @@ def for_cost(name: str, case: Any, earlier: Sequence[CheckResult], job: Job) -> 
     return (f"skipped for cost: each forward takes {seconds:.2g} s and the {first} check "
             f"failed (backward is already wrong); --check {name} runs it, and so does "
             "--exhaustive")
+
+
+def _settled(case: Case, checks: list[CheckResult], job: Job) -> list[CheckResult]:
+    """The contract's linearity test, once the gradient check's rows are there."""
+    from ..checks.linear_rows import settled
+
+    seconds = case.facts.forward_seconds
+    return checks if case.problem.cache.pending_linearity is None else settled(
+        case.problem, checks, job.config, job.target, (seconds or 0.0) >= EXPENSIVE_S)
 
 
 def _skipped(name: str, reason: str) -> CheckResult:
