@@ -117,5 +117,7 @@ class CheckConfig:
         return data
 
     def with_(self, **changes: Any) -> CheckConfig:
-        """A copy with some fields changed (None values are ignored)."""
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+        """A copy with some fields changed (None values are ignored); itself when none is (it is
+        frozen: every check of a run asks, most with no change)."""
+        changed = {k: v for k, v in changes.items() if v is not None}
+        return replace(self, **changed) if changed else self
