@@ -79,11 +79,12 @@ def test_without_rows_the_contract_pays_its_own_test():
 
 
 class _SlowWrong(torch.autograd.Function):
-    """x * 2 with a 110 ms forward (the probe times it: an expensive target), backward 3·g."""
+    """x * 2 with a 12 ms forward (the probe times it: an expensive target once the cost
+    model's threshold is 10 ms, as below), backward 3·g."""
 
     @staticmethod
     def forward(ctx, x):
-        time.sleep(0.11)
+        time.sleep(0.012)
         return x * 2
 
     @staticmethod
@@ -97,7 +98,8 @@ class _SlowRight(_SlowWrong):
         return 2 * g
 
 
-def test_an_expensive_target_whose_gradient_failed_cuts_the_test_and_says_so():
+def test_an_expensive_target_whose_gradient_failed_cuts_the_test_and_says_so(monkeypatch):
+    monkeypatch.setattr("gradtool.run.runner.EXPENSIVE_S", 0.01)  # 0.1 s: ten times the wait
     cut = gradtool.check(_SlowWrong, ["(3,)"], mode="probe")
     whole = gradtool.check(_SlowWrong, ["(3,)"], mode="probe", exhaustive=True)
     assert result(cut, "gradient").outcome.value == "failed"
