@@ -3,9 +3,11 @@
 backward is linear in grad_output: backward(g) = Σ_k g_k·backward(e_k), and the gradient check's
 full mode computes every backward(e_k) (its analytical rows, one-hot grad_outputs). So the
 contract, which has backward(g1) already, needs no backward of its own for the test: it leaves
-(g1, backward(g1)) here (`defer`), and once the gradient check has run the runner `settle`s it
-against g1ᵀJ. A backward using grad_output nonlinearly (g·|g|, ignoring it, a constant term)
-gives backward(g1) ≠ g1ᵀJ at a random g1, as it gave backward(2·g1 + 3·g2) ≠ 2·r1 + 3·r2.
+(g1, g2, backward(g1)) here (`defer`), and once the gradient check has run the runner `settle`s
+it: backward(g1) against the affine map the rows and backward at zero make (g·|g| is right at
+every one-hot grad_output, wrong at a random g1), then the contract's own 2·g1 + 3·g2 test on
+that map (a constant term, affine, is judged nonlinear where the contract's own two
+backwards judged it so).
 
 Only where that is the same test: float64 real tensors (below float64 the rounding model of
 contract_rounding.linearity judges, and it needs backward's own calls), every row one-hot (a
