@@ -1,7 +1,8 @@
 """The seeded-bug battery (issue 55): benchmarks/mutants.py's operators on fixtures where -inf,
 one-hot rows and one-element normalisations are by design, in every comparison mode: float64
 full and probe, float32/bfloat16 against a reference and against float64, a module, the drop-in
-fast and slow, a sparse input (masked), complex values, a size sweep and a trace of a script.
+fast and slow, a sparse input (masked) and complex values (library and drop-in), a size sweep
+and a trace of a script.
 Every visible mutant fails; every correct twin passes. The quick tier runs a sample (masked
 attention, negate and roll, every mode); the rest is `slow` (tests/slow_tests.py)."""
 
@@ -97,12 +98,12 @@ def mode_inputs(name: str, mode: str, size: int | None = None):
     the elements its gradient is compared at), the complex mode's later inputs complex."""
     fn, values = _inputs(name, size=size)
     masks: list = [None] * len(values)
-    if mode == "sparse":
+    if mode.startswith("sparse"):
         at = SPARSE_AT[name]
         masks[at] = pattern(values[at])
         values[at] = (values[at] * masks[at]).to_sparse()
         return densified(fn), values, masks
-    if mode == "complex":  # -inf masks and softmax rows stay real; the values they weigh not
+    if mode.startswith("complex"):  # -inf masks and softmax rows stay real, the values not
         g = torch.Generator().manual_seed(1)
         values = values[:1] + [torch.complex(v, torch.randn(v.shape, generator=g,
                                                                dtype=torch.float64))
@@ -113,7 +114,8 @@ def mode_inputs(name: str, mode: str, size: int | None = None):
 FIXTURES = ("masked_attention", "padded_attention", "one_hot_softmax", "norm_over_one")
 MODES = ("float64 full", "float64 probe", "float32 vs reference", "float32 vs float64",
          "bfloat16 vs reference", "bfloat16 vs float64", "module", "drop-in fast",
-         "drop-in slow", "sparse", "complex", "sweep", "trace")
+         "drop-in slow", "sparse", "sparse drop-in", "complex", "complex drop-in", "sweep",
+         "trace")
 # A mutant counts as visible in a mode when its VJP moves beyond what that mode can resolve:
 # gradcheck's tolerance in float64 (benchmarks/mutants.py:kept); below, this fraction of the
 # largest gradient element (x1.01 is 1 % of each element: not resolvable in bfloat16).
@@ -142,7 +144,7 @@ def visible(fn, values, kind, position, mode, masks=()) -> bool:
         return False  # x1.001 is below float32's test threshold and bfloat16's rounding
     if kind == mu.DROP and mode not in ("float64 full", "drop-in slow"):
         return False  # double backward is judged in those modes here
-    if mode == "sparse":  # the VJP of the dense function, compared where the mode compares
+    if mode.startswith("sparse"):  # the dense function's VJP, compared where the mode does
         dense = [v.to_dense() if v.layout != torch.strided else v for v in values]
         return mu.kept(fn, dense, kind, position, masks)
     if _dtype(mode) == torch.float64:
@@ -158,7 +160,7 @@ def visible(fn, values, kind, position, mode, masks=()) -> bool:
 
 def verdict(fn, values, mutation, mode, name: str = "") -> bool:
     """Whether gradtool passes the (mutated) Function in this mode."""
-    if mode in ("sparse", "complex", "sweep", "trace"):
+    if mode in NEW_MODES:
         return NEW_MODES[mode](fn, values, mutation, name)
     dtype = _dtype(mode)
     cls = mu.wrap(fn, [v.to(dtype) for v in values], mutation)
@@ -260,8 +262,17 @@ def _trace_passes(fn, values, mutation, name) -> bool:
             return False
 
 
+def _dropin_passes(fn, values, mutation, name, masked=False) -> bool:
+    """gradtool.gradcheck (slow mode, gradcheck's default) on the sparse or complex inputs."""
+    cls = mu.wrap(fn, values, mutation)
+    rg = tuple(v.detach().clone().requires_grad_(True) for v in values)
+    return bool(gradtool.gradcheck(cls.apply, rg, masked=masked, raise_exception=False))
+
+
 NEW_MODES = {"sparse": _sparse_passes, "complex": _complex_passes, "sweep": _sweep_passes,
-             "trace": _trace_passes}
+             "trace": _trace_passes,
+             "sparse drop-in": lambda *a: _dropin_passes(*a, masked=True),
+             "complex drop-in": _dropin_passes}
 
 
 def _cases():
