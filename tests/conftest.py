@@ -36,6 +36,19 @@ def result(report, name: str):
     return next(check for _, _, check in report.checks() if check.name == name)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one intra-op thread for a module's tests (restored after): on tiny tensors two
+    threads per op cost ~10x the op on a loaded machine (the seeded-bug battery's dropped
+    double-backward term, ~260 backward calls in drop-in slow: 8-14 s at load 8, 0.5 s)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def contract_cases():
     return load_fixture("contract_cases")
