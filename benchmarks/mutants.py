@@ -42,9 +42,11 @@ def wrap(fn: Callable[..., Any], values: Sequence[torch.Tensor], mutation: Mutat
     except Exception:  # noqa: BLE001
         return None
     outs = tensor_outputs(result)
-    # float64 for the OpInfo benchmark; the battery's, its inputs' floating dtype
+    # float64 for the OpInfo benchmark; the battery's, its inputs' floating dtype (or, where an
+    # input is complex, the battery's complex mode, its complex counterpart)
     dtype = next((v.dtype for v in values if v.is_floating_point()), torch.float64)
-    if not outs or not all(o.dtype == dtype and o.requires_grad and o.numel() for o in outs):
+    dtypes = {dtype, _complex(dtype)} if any(v.is_complex() for v in values) else {dtype}
+    if not outs or not all(o.dtype in dtypes and o.requires_grad and o.numel() for o in outs):
         return None
     single = isinstance(result, torch.Tensor)
 
@@ -73,7 +75,10 @@ def _vjp(fn: Callable[..., Any], xs: Sequence[torch.Tensor], grads: Sequence[tor
         outs = tensor_outputs(fn(*inner))
         got = torch.autograd.grad(outs, inner, grads, create_graph=create_graph,
                                   allow_unused=True)
-    got = [torch.zeros_like(x) if g is None else g for g, x in zip(got, xs)]
+    # a sparse input's gradient densified (the battery's sparse mode): a mutation moves elements
+    # anywhere, and autograd takes a strided gradient for a sparse input
+    got = [torch.zeros(x.shape, dtype=x.dtype, device=x.device) if g is None else
+           g.to_dense() if g.layout != torch.strided else g for g, x in zip(got, xs)]
     if kind == SCALE:
         got[position] = got[position] * 1.01
     elif kind == ELEMENT:
@@ -97,6 +102,10 @@ def _vjp(fn: Callable[..., Any], xs: Sequence[torch.Tensor], grads: Sequence[tor
     elif kind == FINE:
         got[position] = got[position] * 1.001
     return tuple(got)
+
+
+def _complex(dtype: torch.dtype) -> torch.dtype:
+    return {torch.float64: torch.complex128, torch.float32: torch.complex64}.get(dtype, dtype)
 
 
 def _roll_dim(shape: torch.Size) -> int:
@@ -123,9 +132,10 @@ def applicable(values: Sequence[torch.Tensor], kind: str, position: int) -> bool
     return True
 
 
-def kept(fn: Callable[..., Any], values: Sequence[torch.Tensor], kind: str, position: int
-         ) -> bool:
-    """Whether the mutation moves the (first, or for DROP second) order VJP beyond tolerance."""
+def kept(fn: Callable[..., Any], values: Sequence[torch.Tensor], kind: str, position: int,
+         masks: Sequence[torch.Tensor | None] = ()) -> bool:
+    """Whether the mutation moves the (first, or for DROP second) order VJP beyond tolerance;
+    masks: per input, the elements compared (a sparse input's specified ones; None: all)."""
     if not applicable(values, kind, position):
         return False
     good, bad = wrap(fn, values, None), wrap(fn, values, (kind, position))
@@ -135,7 +145,9 @@ def kept(fn: Callable[..., Any], values: Sequence[torch.Tensor], kind: str, posi
         a, b = _probe(good, values, kind == DROP), _probe(bad, values, kind == DROP)
     except Exception:  # noqa: BLE001 - e.g. torch has no double backward for the op
         return False
-    return any(bool(((x - y).abs() > ATOL + RTOL * x.abs()).any()) for x, y in zip(a, b))
+    masks = list(masks) + [None] * (len(a) - len(masks))
+    return any(bool(((x - y).abs() > ATOL + RTOL * x.abs())[True if m is None else m].any())
+               for x, y, m in zip(a, b, masks))
 
 
 def _probe(cls: type[Function], values: Sequence[torch.Tensor], second: bool

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 from slow_tests import SLOW_FILES, SLOW_TESTS
+
+# Under pytest-xdist the workers already fill the cores: torch's own intra-op threads on top
+# oversubscribe them, and on tiny tensors a thread hand-off costs ~10x the op (the quick tier took
+# 543 s at load 8 on 2 cores, 266 s with one thread each). Each worker gets its share of the
+# cores, its gradtool subprocesses too (OMP_NUM_THREADS); a run without -n keeps torch's default.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _share = (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -34,6 +43,19 @@ def outcomes(report) -> dict[str, str]:
 
 def result(report, name: str):
     return next(check for _, _, check in report.checks() if check.name == name)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one intra-op thread for a module's tests (restored after): on tiny tensors two
+    threads per op cost ~10x the op on a loaded machine (the seeded-bug battery's dropped
+    double-backward term, ~260 backward calls in drop-in slow: 8-14 s at load 8, 0.5 s)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -168,6 +168,18 @@ def test_shifted_by_one_rolled_along_last_axis() -> None:
     assert "shifted by one element" in msg and "along the last input axis, wrapping round" in msg
 
 
+def test_a_constant_row_with_its_edge_dropped_is_not_called_a_shift() -> None:
+    # A mean's Jacobian row is constant: every shift of it matches on the overlap, so zeroing
+    # the first element's gradient read as "shifted by one" before; it is elements wrong.
+    def bwd(g: np.ndarray, x: np.ndarray) -> tuple[np.ndarray]:
+        out = np.repeat(g, x.shape[-1], axis=-1) / x.shape[-1]
+        out[:, 0] = 0.0
+        return (out,)
+    msg = diagnose(lambda x: x.mean(-1, keepdims=True), bwd, [rand(4, 5)])
+    assert "shifted" not in msg
+    assert msg.startswith("4 of 80 elements wrong, the rest agree")
+
+
 def test_one_element_wrong_is_listed() -> None:
     def bwd(g: np.ndarray, x: np.ndarray) -> tuple[np.ndarray]:
         out = np.zeros_like(x)

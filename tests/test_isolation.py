@@ -65,6 +65,16 @@ def test_crash_exit_and_hang_are_errors_and_the_correct_target_still_passes(tmp_
     assert "SIGSEGV" in out.stdout
 
 
+def test_a_timeout_in_forward_points_at_forward(tmp_path):
+    out, report, _ = gradtool(f"{MOD}:HangsInForward", "--timeout", "2", tmp_path=tmp_path)
+    assert out.returncode == 1, out.stderr
+    stopped = report["targets"][0]["cases"][0]["checks"][0]
+    assert stopped["summary"].startswith("timed out after 2 s in "), stopped
+    line = next(n for n, text in enumerate(open(MOD), 1) if "the line a timeout's" in text)
+    assert stopped["source"].endswith(f"misbehaving.py:{line - 1}"), stopped["source"]
+    assert report["targets"][0]["source"] != stopped["source"]  # the target's is backward's
+
+
 def torch_data_bytes() -> int:
     """A process's data segment once torch is imported: ~0.2 GB for the CPU wheel, ~0.7 GB for
     a CUDA build (its libraries' mappings), which any --max-rss must leave room for."""

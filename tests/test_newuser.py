@@ -326,7 +326,7 @@ def test_the_terminal_display_under_a_pseudo_terminal(project):
     text = seen.decode(errors="replace")
     assert process.returncode == 0, text
     assert "fusedlib/slow.py:Sleepy · " in text and " check (forward call " in text, text
-    assert "/7" in text and "s left" in text, text
+    assert "4/4" in text and "/7" not in text and "s left" in text, text  # the 4 that apply
 
 
 # --- the progress watch, on a fake clock ---------------------------------------------------
@@ -334,7 +334,7 @@ def test_the_terminal_display_under_a_pseudo_terminal(project):
 
 class FakeWorker:
     def __init__(self, index, state):
-        self.index, self._state = index, state
+        self.index, self._state, self.steps = index, state, []
 
     def state(self):
         return dict(self._state)
@@ -362,7 +362,7 @@ def test_the_watch_times_calls_announces_a_long_check_once_and_tells_progress_in
     now = [0.0]
     lines: list[str] = []
     watch = Watch(lines.append, live=False, clock=lambda: now[0])
-    job = SimpleNamespace(name="slow.py:Sleepy", cases=[object()],
+    job = SimpleNamespace(name="slow.py:Sleepy", cases=[SimpleNamespace(label="case 0")], mode="auto",
                           checks=("contract", "gradient", "layout"))
     state = {"target": job.name, "case": "case 0", "check": "", "phase": "", "call": 0}
     worker = FakeWorker(0, state)
@@ -381,6 +381,35 @@ def test_the_watch_times_calls_announces_a_long_check_once_and_tells_progress_in
     assert "left — slow.py:Sleepy: gradient check (forward call 4)" in progress[0]
 
 
+def test_the_watch_counts_the_checks_a_case_plans_and_never_hints_the_mode_it_runs_in():
+    from types import SimpleNamespace
+
+    from gradtool.cli.progress import Watch
+    from gradtool.cli.protocol import Step
+
+    now = [0.0]
+    lines: list[str] = []
+    watch = Watch(lines.append, live=False, clock=lambda: now[0])
+    job = SimpleNamespace(name="slow.py:Sleepy", cases=[SimpleNamespace(label="case 0")],
+                          mode="probe", checks=("contract", "gradient", "double_backward",
+                                                "forward_ad", "vmap", "complex", "layout"))
+    worker = FakeWorker(0, {"check": "contract", "phase": "forward", "call": 1})
+    supervisor = FakeSupervisor([job], [worker])
+    assert watch.done_total(supervisor) == (0, 7)  # before its plan: every check of its kind
+    worker.steps += [Step(0, "plan", {"case": "case 0", "checks": ("contract", "gradient",
+                                                                   "double_backward", "layout")}),
+                     Step(0, "check", {"case": "case 0"})]
+    assert watch.done_total(supervisor) == (1, 4)
+    for second in range(30):  # the gradient check's forward calls, 3 s each
+        now[0] = float(second)
+        worker._state.update(check="gradient", call=second // 3 + 1)
+        watch.tick(supervisor)
+    announced = [line for line in lines if "is estimated at" in line]
+    assert announced and "--mode probe" not in announced[0], announced
+    assert "a smaller -i" in announced[0]
+    assert any(line.startswith("gradtool: progress 1/4 checks") for line in lines), lines
+
+
 def test_the_watch_says_nothing_of_a_quick_run():
     from types import SimpleNamespace
 
@@ -389,7 +418,7 @@ def test_the_watch_says_nothing_of_a_quick_run():
     now = [0.0]
     lines: list[str] = []
     watch = Watch(lines.append, live=False, clock=lambda: now[0])
-    job = SimpleNamespace(name="fast.py:F", cases=[object()], checks=("gradient",))
+    job = SimpleNamespace(name="fast.py:F", cases=[SimpleNamespace(label="case 0")], mode="auto", checks=("gradient",))
     worker = FakeWorker(0, {"check": "gradient", "phase": "forward", "call": 0})
     supervisor = FakeSupervisor([job], [worker])
     for tick in range(50):  # 5 s, a call every 0.1 s
@@ -407,7 +436,7 @@ def test_time_left_counts_workers_side_by_side_not_one_after_another():
     def left(workers: int) -> float:
         now = [0.0]
         watch = Watch(lambda _: None, live=False, clock=lambda: now[0])
-        jobs = [SimpleNamespace(name=f"t{k}", cases=[object()], checks=("gradient", "layout"))
+        jobs = [SimpleNamespace(name=f"t{k}", cases=[SimpleNamespace(label="case 0")], mode="auto", checks=("gradient", "layout"))
                 for k in range(workers)]
         states = [FakeWorker(k, {}) for k in range(workers)]
         supervisor = FakeSupervisor(jobs, states)

@@ -54,7 +54,7 @@ def test_the_heartbeat_counts_evaluations_against_the_mode_s_total(published):
 
 class FakeWorker:
     def __init__(self, index, state):
-        self.index, self._state = index, state
+        self.index, self._state, self.steps = index, state, []
 
     def state(self):
         return dict(self._state)
@@ -65,7 +65,7 @@ def test_time_left_is_the_measured_cost_times_the_evaluations_left():
     ~0 s left from the first line on."""
     now = [0.0]
     watch = Watch(lambda _: None, live=False, clock=lambda: now[0])
-    job = SimpleNamespace(name="t", cases=[object()], checks=("gradient",))
+    job = SimpleNamespace(name="t", cases=[SimpleNamespace(label="case 0")], mode="auto", checks=("gradient",))
     worker = FakeWorker(0, {"check": "gradient", "phase": "forward", "call": 0})
     supervisor = SimpleNamespace(collected=SimpleNamespace(jobs=[job]), workers=[worker],
                                  results={}, pending=deque(), _job=lambda i: job)
@@ -156,7 +156,7 @@ def test_time_left_of_a_check_not_begun_is_its_evaluations_at_the_measured_cost(
     checks to come (10 evaluations each) counted nothing before, 15 s told for 75 s."""
     now = [0.0]
     watch = Watch(lambda _: None, live=False, clock=lambda: now[0])
-    job = SimpleNamespace(name="t", cases=[object()], checks=("contract", "gradient", "layout"))
+    job = SimpleNamespace(name="t", cases=[SimpleNamespace(label="case 0")], mode="auto", checks=("contract", "gradient", "layout"))
     worker = FakeWorker(0, {"check": "contract", "phase": "forward", "call": 1, "done": 1,
                             "total": 6})
     supervisor = SimpleNamespace(collected=SimpleNamespace(jobs=[job]), workers=[worker],

@@ -30,9 +30,9 @@ def estimate_s(check: str, per_call: dict[str, float]) -> float:
     return forwards * per_call.get("forward", 0.0) + backwards * per_call.get("backward", 0.0)
 
 
-def how_to_cut(check: str, checks: tuple[str, ...]) -> str:
-    """The cheapest ways to cut a long check, cheapest first."""
-    ways = ["--mode probe", "a smaller -i (fewer elements)"]
+def how_to_cut(check: str, checks: tuple[str, ...], mode: str = "auto") -> str:
+    """The cheapest ways to cut a long check, cheapest first (never the mode it runs in)."""
+    ways = [*(["--mode probe"] if mode != "probe" else []), "a smaller -i (fewer elements)"]
     if len(checks) > 1:
         ways.insert(0, f"--check naming only the checks you need (leaving {check} out)")
     return ", or ".join(ways)
@@ -89,6 +89,7 @@ class Watch:
         self.last_line: float | None = None
         self.first_job: float | None = None   # when the first job was handed out
         self.running: dict[int, Running] = {}  # by job index
+        self.planned: dict[int, dict[str, int]] = {}  # job index -> case -> checks that apply
         self.finished_s: list[float] = []      # durations of finished jobs
         self.display: Any = None
 
@@ -138,14 +139,23 @@ class Watch:
                 calls = ", ".join(f"{t:.2g} s a {phase} call" for phase, t in per_call.items())
                 self._say(f"gradtool: {job.name}: the {check} check is estimated at "
                           f"~{predicted:.0f} s ({calls}); to cut it: "
-                          f"{how_to_cut(check, job.checks)}")
+                          f"{how_to_cut(check, job.checks, job.mode)}")
 
     def done_total(self, supervisor: Any) -> tuple[int, int]:
-        """(checks finished, checks in the run), over every case of every job."""
+        """(checks finished, checks in the run), over every case of every job: a case's checks
+        are those its plan says apply once it is set up (a real target skips complex, a
+        Function without jvp forward_ad), before that every check its kind can run."""
+        for worker in supervisor.workers:
+            if worker.index is not None:
+                self.planned.setdefault(worker.index, {}).update(
+                    (s.data["case"], len(s.data["checks"])) for s in worker.steps
+                    if s.kind == "plan")
         jobs = supervisor.collected.jobs
-        size = [len(job.checks) * len(job.cases) for job in jobs]
+        size = [sum(self.planned.get(i, {}).get(case.label, len(job.checks))
+                    for case in job.cases) for i, job in enumerate(jobs)]
         done = sum(size[i] for i in supervisor.results)
-        done += sum(max(0, len(seen.checks) - 1) for seen in self.running.values())
+        done += sum(sum(s.kind == "check" for s in w.steps) for w in supervisor.workers
+                    if w.index is not None and w.index not in supervisor.results)
         return done, sum(size)
 
     def left_s(self, supervisor: Any, now: float) -> float | None:

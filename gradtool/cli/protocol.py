@@ -35,6 +35,8 @@ class JobOutline:
     cases: tuple[CaseOutline, ...]
     timeout: float
     checks: tuple[str, ...]  # those that can apply to its kind of target, in order
+    mode: str = "auto"  # the Jacobian mode asked for: a long check's hints leave out that one
+    forward_source: str | None = None  # a Function's forward, where a stop in forward points
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,7 @@ def outline(job: Any) -> JobOutline:
     checks = tuple(c for c in job.config.checks if c not in BY_NAME
                    or t.kind.applies(BY_NAME[c]) is None) or tuple(job.config.checks)
     return JobOutline(t.name, str(t.kind), t.qualname, t.source, job.spec, cases,
-                      job.config.timeout, checks)
+                      job.config.timeout, checks, job.config.mode, t.forward_source)
 
 
 def _inputs(specs: list[Any] | None, job: Any) -> tuple[tuple[str, str], ...] | None:

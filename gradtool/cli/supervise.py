@@ -235,7 +235,8 @@ class Supervisor:
                 " (their results are above)"] if finished and set(finished) <= set(applies)
                else [f"checks finished before it: {', '.join(finished)}"] if finished else []),
              *([f"checks not begun: {', '.join(rest)}"] if rest else [])),
-            source=job.source, duration_s=time.monotonic() - worker.started)
+            source=(job.forward_source if state.get("phase") == "forward" and job.forward_source
+                    else job.source), duration_s=time.monotonic() - worker.started)
 
     def _what_happened(self) -> str:
         rerun = "rerun this target with --no-isolate to debug it in-process"

@@ -78,6 +78,8 @@ def _shift_views(b: Any) -> Iterator[tuple[str, str, np.ndarray, int]]:
 def shifted(b: Any) -> str | None:
     for side, where, view, axis in _shift_views(b):
         for step in (1, -1):
+            if np.allclose(np.roll(view, step, axis=axis), view, rtol=b.rtol, atol=b.atol):
+                continue  # numerical is constant along the axis: every shift of it matches
             for wrap in (False, True):
                 if b.matches(_shift(view, step, axis, wrap).reshape(b.n.shape)):
                     rolled, sign = (", wrapping round" if wrap else ""), ("-" if step > 0 else "+")
