@@ -16,6 +16,7 @@ SLOW_TESTS = {
     "test_true_numbers.py": ("test_a_timeout_says_how_far_the_check_got",
                              "test_a_timeout_in_contract_or_layout_says_how_far_it_got"),
     "test_mutant_battery.py": ("test_a_visible_mutant_fails",),  # the sample stays quick
+    "test_linear_rows.py": ("test_opinfo_samples_keep_the_contract_s_verdicts_with_the_rows",),
     "test_newuser.py": (
         "test_a_slow_check_piped_says_its_estimate_progress_and_how_far_it_got",
         "test_every_kind_of_reproduce_line_runs_as_printed",

@@ -126,3 +126,44 @@ def test_a_cheap_failing_target_is_never_cut():
     contract = result(report, "contract")
     assert not any(d.startswith("not checked") for d in contract.details)
     assert contract.calls["backward"] == 6
+
+
+def test_opinfo_samples_keep_the_contract_s_verdicts_with_the_rows(monkeypatch):
+    """PyTorch's OpInfo ops (every 40th), each wrapped in a Function whose backward is the op's
+    VJP — as is, with a constant added, ×1.01 on one input (benchmarks/mutants.py) —: the
+    contract's verdict and rule ids read from the rows are those of its own two backwards.
+    (All 1317 such cases: the same, 1138 of them read from the rows; benchmarks/README.md.)"""
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    import opinfo_ops as oo
+
+    if oo.unavailable():
+        pytest.skip(oo.unavailable())
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from mutants import CONSTANT, SCALE, kept, wrap
+
+    read = 0
+    for name in sorted(oo.autograd_ops())[::40]:
+        op = oo.autograd_ops()[name]
+        if oo.declared(op).gradient != "run":
+            continue
+        _, fn, values = oo.samples(op)[0]
+        if oo.is_sparse(values):
+            continue
+        for mutation in (None, (CONSTANT, 0), (SCALE, 0)):
+            cls = wrap(fn, values, mutation)
+            if cls is None or (mutation and not kept(fn, values, *mutation)):
+                continue
+            seen = []
+            for switch in ("1", "0"):
+                monkeypatch.setenv(SWITCH, switch)
+                report = gradtool.check(cls, [v.detach().requires_grad_(True) for v in values],
+                                        checks=("contract", "gradient"))
+                contract = result(report, "contract")
+                read += switch == "1" and "backward read" in contract.calls
+                seen.append((contract.outcome, sorted(f.rule for f in contract.findings)))
+            assert seen[0] == seen[1], (name, mutation, seen)
+    assert read
