@@ -1,0 +1,54 @@
+"""Each rule routed through the one door (numerics/bounds.py) beside a seeded mutant the rule
+let pass without the door's cap, now failing, and its correct twin passing."""
+
+from __future__ import annotations
+
+import torch
+
+import gradtool
+
+FLIP = {"on": False}
+
+
+class SmallBias(torch.autograd.Function):
+    """x·10 + b in bfloat16; b's gradient about 0.115 of the largest gradient: under layout's
+    NOISE_ULPS of it, so taken for a gradient that cancels whole and compared at FLOOR_ULPS
+    (half the largest gradient). Broken: b's gradient negated for a non-contiguous
+    grad_output (a layout bug on a real, non-negligible gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, b):
+        return x * 10 + b
+
+    @staticmethod
+    def backward(ctx, g):
+        gx = g * 10
+        gb = g[0] / g[0].abs().max() * (0.115 * float(gx.abs().max()))
+        if FLIP["on"] and not g.is_contiguous():
+            gb = -gb
+        return gx, gb
+
+
+def _layout(on: bool):
+    FLIP["on"] = on
+    try:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(4, 5, generator=gen).bfloat16()
+        b = torch.randn(5, generator=gen).bfloat16()
+        report = gradtool.check(SmallBias.apply, (x, b), checks=["layout"])
+    finally:
+        FLIP["on"] = False
+    return next(c for _, _, c in report.checks() if c.name == "layout")
+
+
+def test_layout_a_sign_flip_under_the_cancelling_floor_fails_and_names_the_cut():
+    # without the cap: 64 bfloat16 ulps of the largest gradient (0.5 of it) passed the
+    # flipped gradient (2 x 0.115 of it apart)
+    result = _layout(True)
+    assert result.outcome.name == "FAILED"
+    assert "'b'" in result.summary and "cut to 0.5 |value| + 0.1 max |value|" in result.summary
+    assert "64 ulps of its terms' scale" in result.summary
+
+
+def test_layout_its_correct_twin_passes():
+    assert _layout(False).outcome.name == "PASSED"
