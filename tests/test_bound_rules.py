@@ -52,3 +52,26 @@ def test_layout_a_sign_flip_under_the_cancelling_floor_fails_and_names_the_cut()
 
 def test_layout_its_correct_twin_passes():
     assert _layout(False).outcome.name == "PASSED"
+
+
+def test_contract_a_measured_rounding_as_large_as_the_values_cannot_pass_a_sign_flip():
+    from gradtool.checks.contract_rounding import MEASURED_WORDS, beyond_rounding
+
+    gen = torch.Generator().manual_seed(1)
+    grad = (torch.randn(32, generator=gen) + 3).bfloat16()
+    # backward's measured rounding as large as the gradient (a noisy or nonlinear backward
+    # measures itself so): without the cap it let the negated gradient through
+    measured = 12 * grad.double().abs().max()
+    flipped = beyond_rounding(-grad, [(1, grad)], "bfloat16", 32, 0.0, False,
+                              measured=measured, widened=MEASURED_WORDS)
+    assert flipped is not None and "cut to 0.5 |value| + 0.1 max |value|" in flipped
+    assert MEASURED_WORDS in flipped
+    assert beyond_rounding(grad, [(1, grad)], "bfloat16", 32, 0.0, False,
+                           measured=measured, widened=MEASURED_WORDS) is None
+
+
+def test_contract_the_users_nondet_tol_is_never_cut():
+    from gradtool.checks.contract_rounding import beyond_rounding
+
+    grad = torch.ones(8, dtype=torch.float32)
+    assert beyond_rounding(-grad, [(1, grad)], "float32", 8, 2.5, False) is None
