@@ -75,3 +75,54 @@ def test_contract_the_users_nondet_tol_is_never_cut():
 
     grad = torch.ones(8, dtype=torch.float32)
     assert beyond_rounding(-grad, [(1, grad)], "float32", 8, 2.5, False) is None
+
+
+MUTANT = {"kind": None}
+
+
+class TanhLayer(torch.autograd.Function):
+    """tanh(x @ w); x's gradient negated or 1.5x as MUTANT says."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return torch.tanh(x @ w)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        y = torch.tanh(x @ w)
+        gz = g * (1 - y * y)
+        gx = gz @ w.T
+        gx = {"negate": -gx, "scale": 1.5 * gx}.get(MUTANT["kind"], gx)
+        return gx, x.T @ gz
+
+
+def tanh_reference(x, w):
+    return torch.tanh(x.double() @ w.double())
+
+
+def _against_reference(kind):
+    MUTANT["kind"] = kind
+    try:
+        gen = torch.Generator().manual_seed(0)
+        x, w = torch.randn(5, 6, generator=gen), torch.randn(6, 3, generator=gen)
+        report = gradtool.check(TanhLayer.apply, (x, w), checks=["gradient"],
+                                reference=tanh_reference)
+    finally:
+        MUTANT["kind"] = None
+    return next(c for _, _, c in report.checks())
+
+
+def test_a_negated_gradient_against_a_reference_is_a_sign_flip_not_rounding():
+    result = _against_reference("negate")
+    assert result.outcome.name == "FAILED"
+    assert "sign flipped" in result.summary
+    assert [f.rule for f in result.findings][0] == "gradient.sign"
+
+
+def test_a_scaled_gradient_is_no_sign_flip_and_the_correct_twin_passes():
+    scaled = _against_reference("scale")
+    assert scaled.outcome.name == "FAILED" and "sign" not in scaled.summary
+    assert "gradient.sign" not in [f.rule for f in scaled.findings]
+    assert _against_reference(None).outcome.name == "PASSED"
