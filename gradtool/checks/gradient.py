@@ -11,7 +11,7 @@ import torch
 
 from ..config.registry import BY_NAME
 from ..config.settings import CheckConfig
-from ..numerics.coarse import (at_precision, forward_dtype, judged_note,
+from ..numerics.coarse import (at_precision, forward_dtype, judged_note, reworded,
                                second_order_dtype, second_order_whose, with_finding)
 from ..numerics.jacobian import Reference, Verdict, check_full, choose_mode, prime
 from ..numerics.ledger import ZERO
@@ -104,6 +104,8 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
         finally:
             problem.recording(False)
         coarse = None
+        if dtype is not None:  # not a kink shown: the coarse dtype's rounding
+            verdict = replace(verdict, details=reworded(verdict.details, dtype))
         if dtype is not None and forward is None:
             verdict, coarse = with_finding(problem, verdict, dtype)
         elif dtype is not None:

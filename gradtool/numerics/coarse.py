@@ -161,6 +161,19 @@ def judged_note(dtype: torch.dtype, whose: str = "the forward's") -> str:
             f"and tolerances")
 
 
+def reworded(details: Sequence[str], dtype: torch.dtype) -> list[str]:
+    """The verdict's notes where the forward (or backward) is shown to compute in `dtype`:
+    finite differences that disagree across steps there are its rounding as likely as a
+    kink, and are not called a kink (issue 55: "kink" only where one is shown)."""
+    from .confirm import KINK_CAUSE
+
+    name = _name(dtype)
+    cause = (f"it computes in {name} (its outputs are {name} numbers), whose rounding finite "
+             f"differences at {name}'s steps cannot resolve here, not a kink shown; check it in "
+             f"{name} against a float64 reference (--dtype {name} --reference module:fn)")
+    return [d.replace(KINK_CAUSE, cause) for d in details]
+
+
 def with_finding(problem: Problem, verdict: Verdict, dtype: torch.dtype) -> tuple[
         Verdict, Finding]:
     """A first-order verdict judged at a coarse forward's precision, failed by the finding
