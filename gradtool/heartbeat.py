@@ -12,7 +12,9 @@ _told: Callable[[str, dict[str, Any]], None] | None = None  # a worker's pipe: w
 # done/total: evaluations (forward and backward calls) the current check has made, and the
 # number it is expected to make once its mode is known (0: not known yet)
 _where: dict[str, Any] = {"target": "", "case": "", "check": "", "phase": "", "call": 0,
-                          "done": 0, "total": 0}
+                          "done": 0, "total": 0, "case_done": 0, "case_total": 0}
+# case_done/case_total: the same over the whole case (the probe phase's and every check's),
+# the total its cost plan counted before the first check (run/plan.py; 0: not planned)
 
 
 def install(sink: Callable[[bytes], None] | None) -> None:
@@ -42,6 +44,15 @@ def report(kind: str, **data: Any) -> None:
 def enter(**fields: Any) -> None:
     """The run moved on: a new target, case or check (the phase and the counts start over)."""
     _where.update(fields, phase="", call=0, done=0, total=0)
+    if "case" in fields:  # a new case: its count starts over
+        _where.update(case_done=0, case_total=0)
+    _publish()
+
+
+def expect_case(evaluations: int) -> None:
+    """The current case will make this many more evaluations, every check's (its cost plan,
+    counted once the probe phase ended): the time left covers the checks still to come."""
+    _where["case_total"] = int(_where["case_done"]) + max(0, int(evaluations))
     _publish()
 
 
@@ -65,9 +76,11 @@ class Calls(Counter):
         grew = value - self.get(key, 0)
         super().__setitem__(key, value)
         if _sink is not None:
-            done = _where["done"] + max(0, grew)
+            done, case = _where["done"] + max(0, grew), _where["case_done"] + max(0, grew)
             _where.update(phase=key, call=value, done=done,
-                          total=max(done, _where["total"]) if _where["total"] else 0)
+                          total=max(done, _where["total"]) if _where["total"] else 0,
+                          case_done=case, case_total=max(case, _where["case_total"])
+                          if _where["case_total"] else 0)
             _publish()
 
 

@@ -155,6 +155,28 @@ def headline(findings: tuple[Finding, ...] | list[Finding]) -> Finding | None:
 
 
 @dataclass(frozen=True)
+class PlannedCost:
+    """One check's evaluations in its case's cost plan (run/plan.py), counted before any check
+    ran: the forwards and backwards it will pay on correct code, those the case's ledger will
+    serve it instead (read from `read_from`), and whether the count is `exact` or an upper
+    bound ("at most"); no counts (None): not planned (a variant judges, an opt-in check, a mode
+    only timing decides). A failure pays more than planned: its confirmation calls."""
+
+    check: str
+    mode: str = ""
+    forward: int | None = None
+    backward: int | None = None
+    forward_read: int = 0
+    backward_read: int = 0
+    bound: str = ""
+    read_from: str = ""
+
+    @property
+    def planned(self) -> bool:
+        return self.forward is not None and self.backward is not None
+
+
+@dataclass(frozen=True)
 class InputInfo:
     """How one forward argument was made: name, description, whether it is differentiable and
     whether it is a module's parameter (its layout is the module's, never the caller's)."""
@@ -181,6 +203,7 @@ class CaseResult:
     # its behalf, its hooks' culprit search included): sampling the inputs, the probe phase,
     # a first sample found inconclusive and resampled.
     setup_s: float = 0.0
+    plan: tuple[PlannedCost, ...] = ()  # the cost plan: each check's evaluations, before any ran
 
     @property
     def outcome(self) -> Outcome:

@@ -52,15 +52,8 @@ def run(case: Case, context: Context) -> CheckResult:
         return CheckResult(NAME, Outcome.SKIPPED, no_output(problem))
     before = dict(problem.calls)
     source = context.target.source
-    # A stochastic forward's draws (rand_like) follow its input's memory layout: another
-    # layout is another mask, not a bug. Only grad_output layouts are tried then. A sparse
-    # input is rebuilt in its own layout for every call: gradtool's strides never reach it.
-    sparse = {problem.diff.index(p) for p in problem.sparse}
-    movable = [] if problem.freeze_seed is not None else \
-        [k for k, info in enumerate(_diff_infos(case)) if not _is_parameter(info)
-         and k not in sparse]
     findings, tried = compare_layouts(problem, context.config, case.seed, GRAD_VARIANTS,
-                                      INPUT_VARIANTS, movable, source)
+                                      INPUT_VARIANTS, movable(case), source)
     calls = calls_since(problem, before)
     elapsed = time.perf_counter() - start
     if not tried:
@@ -76,6 +69,19 @@ def run(case: Case, context: Context) -> CheckResult:
     return CheckResult(NAME, Outcome.FAILED, failures[0].message, source=failures[0].source,
                        calls=calls, duration_s=elapsed, findings=(*failures, *(
                            f for f in findings if f.severity is not Severity.FAILURE)))
+
+
+def movable(case: Case) -> list[int]:
+    """The differentiable inputs (numbered among them) whose layout is tried: none on a
+    stochastic forward, whose draws (rand_like) follow its input's memory layout (another layout
+    is another mask, not a bug: only grad_output layouts are tried then); never a module's
+    parameter, nor a sparse input (rebuilt in its own layout for every call: gradtool's strides
+    never reach it). The cost plan (run/plan.py) counts from the same list."""
+    problem = case.problem
+    sparse = {problem.diff.index(p) for p in problem.sparse}
+    return [] if problem.freeze_seed is not None else \
+        [k for k, info in enumerate(_diff_infos(case)) if not _is_parameter(info)
+         and k not in sparse]
 
 
 def _diff_infos(case: Case) -> list[object]:

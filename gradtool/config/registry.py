@@ -66,6 +66,9 @@ class CheckInfo:
     # its linearity test reads this check's one-hot rows when this one runs right after it
     # (checks/linear_rows.py): left pending until then
     rows_from: str | None = None
+    # records its graph (and backward through it) in the case's ledger for the checks that
+    # read it (`reads_recorded`): the cost plan (run/plan.py) runs it before them
+    records: bool = False
 
     @property
     def import_path(self) -> str:
@@ -188,7 +191,7 @@ REGISTRY: tuple[CheckInfo, ...] = (
                           "linearity, purity, determinism)", rules=CONTRACT_RULES,
               hooks=(("composite", "gradtool.run.inner:with_inner_contracts"),
                      ("has_ops", "gradtool.run.ops_inside:with_op_contracts")),
-              probe_graph=True, rows_from="gradient"),
+              probe_graph=True, rows_from="gradient", records=True),
     CheckInfo("gradient", "backward's Jacobian against finite differences, element by element",
               variants=(("low_precision", "precision"),), probe_graph=True,
               reads_recorded=True,

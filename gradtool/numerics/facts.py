@@ -25,6 +25,8 @@ class Facts:
     seed: int | None = None           # forward is stochastic: torch's RNG re-seeded with this
     output_mask: tuple[bool, ...] | None = None  # which tensor outputs are compared (None: all)
     output_names: tuple[str, ...] = ()  # the compared outputs' names
+    # the compared outputs' (shape, dtype, tracked by autograd): the cost plan counts from them
+    output_shapes: tuple[tuple[tuple[int, ...], str, bool], ...] = ()
     left_out: tuple[str, ...] = ()    # float outputs autograd does not track
     complex: bool | None = None       # a complex input or output (None: not known yet)
     has_functions: bool = False       # the user's custom Function nodes in forward's graph
@@ -66,6 +68,8 @@ def output_facts(outs: Sequence[Any], labels: Sequence[str] | None, keep_all: bo
     return {
         "output_mask": tuple(mask),
         "output_names": tuple(n for n, keep in zip(names, mask) if keep),
+        "output_shapes": tuple((tuple(o.shape), str(o.dtype).replace("torch.", ""),
+                                bool(o.requires_grad)) for o, keep in zip(outs, mask) if keep),
         "left_out": tuple(n for n, f, keep in zip(names, floats, mask) if f and not keep),
         "complex": any(v.is_complex() for v in leaves) or any(o.is_complex() for o in outs),
     }

@@ -9,7 +9,7 @@ from typing import Any
 from ..results import (PLAIN_TEXT, Block, CaseResult, CheckResult, Outcome, Report, Reproducer,
                        TargetResult)
 from .words import (LABELS, Line, block_lines, check_body, check_text, element_text,
-                    inputs_lines, literal_hint, time_text, warnings_text)
+                    inputs_lines, literal_hint, plan_text, time_text, warnings_text)
 
 __all__ = ["LABELS", "block_lines", "check_body", "check_text", "element_text", "heatmap_lines",
            "report_lines", "summary_line", "warnings_text"]
@@ -113,6 +113,8 @@ def _case_lines(target: TargetResult, case: CaseResult, verbose: bool, quiet: bo
                 if block.mismatched and block.grid is not None:
                     yield from (("  " + line, style) for line, style in heatmap_lines(block))
         yield f"  reproduce: {case.reproduce}", "cyan"
+    if verbose and case.plan:  # the evaluations counted before the first check ran
+        yield f"  {plan_text(case.plan)}", "dim"
     if case.inferred and not shown_inputs and not quiet:
         yield from inputs_lines(case)  # inferred inputs are shown so they can be pinned
     elif not shown_inputs and not quiet:  # a note (a stochastic forward, say) holds on a pass too

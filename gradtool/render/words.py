@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..results import (Block, CaseResult, CheckResult, Element, Outcome, Report,
+from ..results import (Block, CaseResult, CheckResult, Element, Outcome, PlannedCost, Report,
                        TargetResult)
 
 Line = tuple[str, str]  # (text, rich style name)
@@ -160,6 +160,27 @@ def time_text(report: Report) -> str:
             f"diagnosis), {parts['setup']:.2f}s setting up cases (inputs, probe phase), "
             f"{parts['run']:.2f}s the run's own (collection, workers, --repro) = "
             f"{report.duration_s:.2f}s")
+
+
+def plan_text(plan: tuple[PlannedCost, ...]) -> str:
+    """'plan: contract 4 backward (2 read from the gradient rows), gradient full at most 24
+    forward 12 backward (1 forward read from the contract's graph), ...; paid/read': the case's
+    cost plan, made before its first check (what each check then paid is its calls)."""
+    told = [_planned(p) for p in plan if p.planned]
+    left = [p.check for p in plan if not p.planned]
+    text = "plan: " + (", ".join(told) or "nothing counted")
+    return text + (f"; not planned: {', '.join(left)}" if left else "")
+
+
+def _planned(p: PlannedCost) -> str:
+    paid = " ".join(f"{n} {kind}" for n, kind in ((p.forward, "forward"),
+                                                   (p.backward, "backward")) if n)
+    mode = f" {p.mode}" if p.mode else ""
+    bound = " at most" if p.bound == "at most" else ""
+    read = " and ".join(f"{n} {kind}" for n, kind in ((p.forward_read, "forward"),
+                                                        (p.backward_read, "backward")) if n)
+    read = f" ({read} read from {p.read_from})" if read else ""
+    return f"{p.check}{mode}{bound} {paid or 'nothing'}{read}"
 
 
 def check_text(target: TargetResult, case: CaseResult, check: CheckResult) -> str:

@@ -18,7 +18,8 @@ from ..targets.load import Target
 from .approximate import approximate_noted
 from .reproduce import (REPLAY_VALUES, has_given_values, left_unchecked, pin_flags,
                         reproduce_for)
-from .told import error_id, kept_notes, repeats_told, report_plan
+from .plan import announce, ordered
+from .told import error_id, kept_notes, repeats_told
 
 if TYPE_CHECKING:  # the runner imports torch only when it runs
     from ..checks._common import Context
@@ -90,7 +91,7 @@ def run_one(job: Job) -> TargetResult | Rejected:
 
 
 def run_job(job: Job) -> TargetResult:
-    cases = [_run_case_with_resample(job, spec) for spec in job.cases]
+    cases = [_run_case_with_resample(ordered(job), spec) for spec in job.cases]  # plan.py's
     t = job.target
     return TargetResult(t.name, str(t.kind), t.qualname, t.source, tuple(cases), job.spec)
 
@@ -108,8 +109,8 @@ def _run_case_with_resample(job: Job, spec: CaseSpec) -> CaseResult:
                 f"resampled with seed {seed}")
         # The inconclusive sample's whole time is the retry's setup: nothing of it is reported.
         spent = result.setup_s + sum(c.duration_s for c in result.checks)
-        result = CaseResult(retry.label, retry.seed, retry.inputs, retry.checks, retry.inferred,
-                            (*retry.notes, note), retry.reproduce, setup_s=retry.setup_s + spent)
+        result = replace(retry, notes=(*retry.notes, note), pin="",
+                         setup_s=retry.setup_s + spent)
     return result
 
 
@@ -139,7 +140,7 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
         case = case_for(job, spec)
         _probe(case, config)
         reproduce = reproduce_for(job, case.specs, spec.seed, spec.origin)
-        report_plan(job, case, spec, applicable)
+        plan = announce(job, case, spec)  # every check's evaluations (run/plan.py)
     # The default run reports the faces a target has; a check asked for by name that does not
     # apply is reported skipped, with the reason.
     checks: list[CheckResult] = []
@@ -185,7 +186,7 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
     pin = "" if has_given_values(case.specs) else pin_flags(case.specs, config)
     setup += time.perf_counter() - begun
     return CaseResult(case.label, spec.seed, tuple(case.infos), tuple(checks), case.inferred,
-                      tuple(dict.fromkeys(notes)), reproduce, pin, setup)
+                      tuple(dict.fromkeys(notes)), reproduce, pin, setup, plan)
 
 
 def _probe(case: Case, config: CheckConfig) -> None:
