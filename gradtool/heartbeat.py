@@ -12,9 +12,11 @@ _told: Callable[[str, dict[str, Any]], None] | None = None  # a worker's pipe: w
 # done/total: evaluations (forward and backward calls) the current check has made, and the
 # number it is expected to make once its mode is known (0: not known yet)
 _where: dict[str, Any] = {"target": "", "case": "", "check": "", "phase": "", "call": 0,
-                          "done": 0, "total": 0, "case_done": 0, "case_total": 0}
+                          "done": 0, "total": 0, "case_done": 0, "case_total": 0, "after": 0}
 # case_done/case_total: the same over the whole case (the probe phase's and every check's),
-# the total its cost plan counted before the first check (run/plan.py; 0: not planned)
+# the total its cost plan counted before the first check (run/plan.py; 0: not planned); after:
+# the evaluations planned for the checks after the current one
+_plan: dict[str, int] = {}  # the case's cost plan: check -> evaluations, in the run's order
 
 
 def install(sink: Callable[[bytes], None] | None) -> None:
@@ -44,15 +46,24 @@ def report(kind: str, **data: Any) -> None:
 def enter(**fields: Any) -> None:
     """The run moved on: a new target, case or check (the phase and the counts start over)."""
     _where.update(fields, phase="", call=0, done=0, total=0)
-    if "case" in fields:  # a new case: its count starts over
-        _where.update(case_done=0, case_total=0)
+    if "case" in fields:  # a new case: its count starts over, its plan not made yet
+        _plan.clear()
+        _where.update(case_done=0, case_total=0, after=0)
+    elif fields.get("check") in _plan:
+        names = list(_plan)
+        _where["after"] = sum(_plan[n] for n in names[names.index(fields["check"]) + 1:])
     _publish()
 
 
-def expect_case(evaluations: int) -> None:
-    """The current case will make this many more evaluations, every check's (its cost plan,
-    counted once the probe phase ended): the time left covers the checks still to come."""
-    _where["case_total"] = int(_where["case_done"]) + max(0, int(evaluations))
+def expect_case(plan: dict[str, int]) -> None:
+    """The current case's cost plan (run/plan.py, made once the probe phase ended): each check's
+    evaluations, in the order they run. The case's total then covers every check, and `after`
+    the checks after the running one: the progress line's time left counts the checks still to
+    come."""
+    _plan.clear()
+    _plan.update(plan)
+    total = sum(max(0, int(n)) for n in plan.values())
+    _where.update(case_total=int(_where["case_done"]) + total, after=total)
     _publish()
 
 

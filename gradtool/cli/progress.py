@@ -54,6 +54,9 @@ class Running:
     done: int = 0    # the current check's evaluations so far
     total: int = 0   # ... and those its mode needs (0: not known yet)
     spent: tuple[float, int] = (0.0, 0)  # seconds and evaluations of the checks it finished
+    # the evaluations the case's cost plan counts for the checks after the current one
+    # (run/plan.py); None: the case was not planned (a check it could not count)
+    after: int | None = None
 
     def check_left(self, now: float) -> float | None:
         """The current check's seconds left: its measured seconds per evaluation (all it took
@@ -119,6 +122,7 @@ class Watch:
             seen.checks.append(check)
             seen.check_began, seen.announced = now, False
         seen.done, seen.total = done, state.get("total", 0)
+        seen.after = state.get("after", 0) if state.get("case_total") else None
         if call != seen.call:
             # a call is published as it starts: the time since the last one began is what
             # that one took (calls between two ticks share the time evenly)
@@ -176,7 +180,8 @@ class Watch:
             # others (forward_ad without a jvp, complex) are mostly skipped at once
             rest = [c for c in job.checks if c not in seen.checks and c in CHECK_CALLS]
             cost = _not_begun(per_call, seen.per_evaluation(now))
-            lefts.append(left + sum(map(cost, rest)))
+            lefts.append(left + _planned(seen, now, per_call) if seen.after is not None
+                         else left + sum(map(cost, rest)))
             per_check.append(sum(cost(c) for c in job.checks if c in CHECK_CALLS))
         left, pending = max(lefts), len(supervisor.pending)
         if pending:
@@ -246,6 +251,15 @@ def _not_begun(per_call: dict[str, float], per_evaluation: float | None
     if per_evaluation is None:
         return lambda check: estimate_s(check, per_call)
     return lambda check: sum(CHECK_CALLS.get(check, OTHER_CALLS)) * per_evaluation
+
+
+def _planned(seen: Running, now: float, per_call: dict[str, float]) -> float:
+    """The checks after the running one, in seconds: the evaluations the case's cost plan
+    counted for them at the measured cost per evaluation (else a forward call's)."""
+    per = seen.per_evaluation(now)
+    if per is None:
+        per = max(per_call.values(), default=0.0)
+    return (seen.after or 0) * per
 
 
 def _duration(seconds: float) -> str:

@@ -250,7 +250,7 @@ def announce(job: Any, case: Case, spec: Any) -> tuple[PlannedCost, ...]:
         return ()
     costs = plan_case(case, job, order([name for name, why in pairs if why is None]))
     if costs and all(p.planned for p in costs):
-        heartbeat.expect_case(sum((p.forward or 0) + (p.backward or 0) for p in costs))
+        heartbeat.expect_case({p.check: (p.forward or 0) + (p.backward or 0) for p in costs})
     return costs
 
 
