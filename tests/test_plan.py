@@ -27,6 +27,12 @@ from gradtool.run.plan import EXACT, order
 NOT_COUNTED = {"WithPlaceholder": "contract"}
 
 
+def measured(check) -> bool:
+    """Elements beyond the first bound measured at 2h and 3h (numerics/measured.py: noisy finite
+    differences, an iterative solver's): evaluations outside the plan, said in the details."""
+    return check.tolerance.get("measured_error", 0.0) > 0
+
+
 def paid(check) -> tuple[int, int, int, int]:
     calls = check.calls
     return (calls.get("forward", 0), calls.get("backward", 0), calls.get("forward read", 0),
@@ -68,7 +74,8 @@ def compare(fixture: str, functions_only: bool = False) -> int:
             for check in case.checks:
                 cost = costs.get(check.name)
                 if check.outcome is not Outcome.PASSED or cost is None or not cost.planned \
-                        or NOT_COUNTED.get(name) == check.name:
+                        or NOT_COUNTED.get(name) == check.name or measured(check) \
+                        or check.findings:  # a warning's confirmations: beyond the plan too
                     continue
                 assert holds(cost, paid(check)), (fixture, name, check.name, cost, check.calls)
                 compared += 1
@@ -81,9 +88,22 @@ def test_the_plan_counts_what_correct_code_pays(fixture):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fixture", ("truth", "bugs", "wolf", "models", "layout_ops"))
+@pytest.mark.parametrize("fixture", ("truth", "bugs", "wolf", "models", "catalogue",
+                                     "three_functions", "sharp", "expensive"))
 def test_the_plan_counts_what_correct_code_pays_everywhere(fixture):
-    assert compare(fixture) >= 10
+    assert compare(fixture) >= 5
+
+
+def test_a_measured_tolerance_is_outside_the_plan_and_said():
+    """A CG solve (expensive.cg, correct): its noisy finite differences are measured at 2h and
+    3h beyond the first bound; those evaluations are beyond the plan's columns, and the
+    details say the tolerance was measured."""
+    case = _case(load_fixture("expensive").cg, checks=["gradient"])
+    gradient, cost = case.checks[0], case.plan[0]
+    assert gradient.outcome is Outcome.PASSED and measured(gradient)
+    assert paid(gradient)[0] > cost.forward
+    assert any(d.startswith("tolerance measured: finite-difference error") for d in
+               gradient.details)
 
 
 def _case(obj, **kwargs):

@@ -24,7 +24,7 @@ default order already is that order (tests/test_plan.py holds it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import heartbeat
@@ -71,8 +71,11 @@ def _rows_adjacent(names: tuple[str, ...]) -> tuple[str, ...]:
     return names
 
 
-def plan_case(case: Case, job: Any, runs: Sequence[str]) -> tuple[PlannedCost, ...]:
-    """Each check in `runs` (those that apply, in the run's order), counted before any runs."""
+def plan_case(case: Case, job: Any, runs: Sequence[str], when: Mapping[str, Callable[..., bool]]
+              ) -> tuple[PlannedCost, ...]:
+    """Each check in `runs` (those that apply, in the run's order), counted before any runs;
+    `when`: the runner's conditions (a registry variant, the low-precision judge, is not
+    planned)."""
     from ..numerics import ledger
 
     shared = ledger.enabled()
@@ -80,26 +83,12 @@ def plan_case(case: Case, job: Any, runs: Sequence[str]) -> tuple[PlannedCost, .
         any(BY_NAME[n].reads_recorded for n in runs)
     costs: list[PlannedCost] = []
     for name in runs:
-        config = job.config.with_(**job.check_config.get(name, {}))
-        costs.append(_count(name, case, job, config, runs, recorded, shared))
+        config, counter = _config(job, name), _COUNTERS.get(BY_NAME[name].import_path)
+        if counter is None or any(when[w](case, job, config) for w, _ in BY_NAME[name].variants):
+            costs.append(PlannedCost(name))  # not planned: counted when it runs
+        else:
+            costs.append(counter(name, case, job, config, runs, recorded, shared))
     return tuple(costs)
-
-
-def _count(name: str, case: Case, job: Any, config: Any, runs: Sequence[str], recorded: bool,
-           shared: bool) -> PlannedCost:
-    info = BY_NAME[name]
-    if any(_when(when, case, job, config) for when, _ in info.variants):
-        return PlannedCost(name, "")  # a variant judges (low precision): not planned
-    counter = _COUNTERS.get(info.import_path)
-    if counter is None:
-        return PlannedCost(name, "")
-    return counter(name, case, job, config, runs, recorded, shared)
-
-
-def _when(when: str, case: Case, job: Any, config: Any) -> bool:
-    from .runner import WHEN
-
-    return WHEN[when](case, job, config)
 
 
 def _sizes(case: Case) -> tuple[int, int, int]:
@@ -121,8 +110,10 @@ def _numel(shape: Sequence[int]) -> int:
 def _contract(name: str, case: Case, job: Any, config: Any, runs: Sequence[str],
               recorded: bool, shared: bool) -> PlannedCost:
     """`_evaluations` after the probe's graph (kept for it); linearity's two backwards read
-    from the gradient check's rows where the runner defers the test and the rows will be one-hot
-    and whole."""
+    from the gradient check's rows where the runner defers the test and the gradient check will
+    run in full mode (its rows one-hot and whole; where a timed plan groups them, or the rows
+    are not the inputs' shapes, an engine-summed gradient, the two are paid instead: the
+    total holds, the reads are at most those planned)."""
     from ..checks.contract import _evaluations
     from ..checks.linear_rows import rows_pair
 
@@ -131,8 +122,8 @@ def _contract(name: str, case: Case, job: Any, config: Any, runs: Sequence[str],
     total = _evaluations(problem, job.target, diff) if diff else 0
     pair = rows_pair(runs)
     read = 2 if (diff and shared and pair is not None and pair[0] == name
-                 and _float64(case) and _gradient_mode(case, _config(job, pair[1]))
-                 == ("full", False)) else 0
+                 and _float64(case) and _gradient_mode(case, _config(job, pair[1]))[0]
+                 == "full") else 0
     first = problem.cache.first_graph is None  # a forward of its own: the probe kept none
     return PlannedCost(name, "", int(first), total - read, 0, read, EXACT,
                        "the gradient rows" if read else "")
@@ -201,7 +192,7 @@ def _double_backward(name: str, case: Case, job: Any, config: Any, runs: Sequenc
     n_in, n_out, _ = _sizes(case)
     tensors = len(case.problem.inputs) + len(case.problem.facts.output_shapes)
     if config.mode == "probe" or n_in * (n_in + n_out) > SMALL:
-        return PlannedCost(name, "")
+        return PlannedCost(name)
     return PlannedCost(name, "full", 2 * (n_in + n_out) + tensors + 1, n_in + 2 * tensors, 0,
                        0, AT_MOST)
 
@@ -215,8 +206,7 @@ def _layout(name: str, case: Case, job: Any, config: Any, runs: Sequence[str],
     from ..checks.layout import movable
     from ..checks.layout_variants import GRAD_VARIANTS, INPUT_VARIANTS, evaluations
 
-    outs = [torch.empty(shape, dtype=getattr(torch, dtype), device="meta")
-            .requires_grad_(tracked and (dtype.startswith("float") or dtype.startswith("complex")))
+    outs = [_meta(torch, shape, getattr(torch, dtype), tracked)
             for shape, dtype, tracked in case.problem.facts.output_shapes]
     grads = [torch.empty_like(o) for o in outs]
     grads_only = evaluations(case.problem, outs, grads, False, GRAD_VARIANTS, (), ())
@@ -227,18 +217,28 @@ def _layout(name: str, case: Case, job: Any, config: Any, runs: Sequence[str],
                        EXACT, "the contract's graph" if recorded else "")
 
 
+def _meta(torch: Any, shape: tuple[int, ...], dtype: Any, tracked: bool) -> Any:
+    """An output of this shape and dtype with no memory (a layout is built, never evaluated)."""
+    out = torch.empty(shape, dtype=dtype, device="meta")
+    return out.requires_grad_() if tracked and (out.is_floating_point() or out.is_complex()) \
+        else out
+
+
 # Each planned check's counter, by its module (a name is the registry's to compare).
 _COUNTERS = {"gradtool.checks.contract": _contract, "gradtool.checks.gradient": _gradient,
              "gradtool.checks.double_backward": _double_backward,
              "gradtool.checks.layout": _layout}
 
 
-def announce(job: Any, case: Case, spec: Any) -> tuple[PlannedCost, ...]:
+def announce(job: Any, case: Case, spec: Any,
+             applicable: Callable[[Any, Any], list[tuple[str, str | None]]],
+             when: Mapping[str, Callable[..., bool]]) -> tuple[PlannedCost, ...]:
     """The case's plan, made once it is set up (the runner's call after the probe phase): the
     checks that apply sent to a supervisor (told.report_plan), and their planned evaluations to
     the heartbeat, so the progress line's time left covers the checks still to come (where one
-    of them is not planned, the running check's own total only, as before)."""
-    from .runner import applicable
+    of them is not planned, the running check's own total only, as before). `applicable` and
+    `when`: the runner's gate over the configured checks and its conditions (the runner passes
+    them: it imports this module)."""
     from .told import report_plan
 
     try:
@@ -248,7 +248,7 @@ def announce(job: Any, case: Case, spec: Any) -> tuple[PlannedCost, ...]:
     report_plan(job, case, spec, lambda *_: _given(pairs))
     if pairs is None:
         return ()
-    costs = plan_case(case, job, order([name for name, why in pairs if why is None]))
+    costs = plan_case(case, job, order([name for name, why in pairs if why is None]), when)
     if costs and all(p.planned for p in costs):
         heartbeat.expect_case({p.check: (p.forward or 0) + (p.backward or 0) for p in costs})
     return costs

@@ -140,7 +140,7 @@ def run_case(job: Job, spec: CaseSpec) -> CaseResult:
         case = case_for(job, spec)
         _probe(case, config)
         reproduce = reproduce_for(job, case.specs, spec.seed, spec.origin)
-        plan = announce(job, case, spec)  # every check's evaluations (run/plan.py)
+        plan = announce(job, case, spec, applicable, WHEN)  # every check's evaluations
     # The default run reports the faces a target has; a check asked for by name that does not
     # apply is reported skipped, with the reason.
     checks: list[CheckResult] = []
