@@ -9,12 +9,11 @@ from collections import deque
 from types import SimpleNamespace
 
 import pytest
-import torch
 from conftest import load_fixture
 from test_ledger import targets
+from test_true_numbers import published  # noqa: F401 - the heartbeat's states, as published
 
 import gradtool
-from gradtool import heartbeat
 from gradtool.cli.progress import Watch
 from gradtool.config.registry import BY_NAME, DEFAULT_CHECKS
 from gradtool.numerics.ledger import SWITCH
@@ -55,14 +54,14 @@ def holds(cost, got: tuple[int, int, int, int]) -> bool:
     return reads and all(a <= b for a, b in totals)
 
 
-def compare(fixture: str, functions_only: bool = False) -> int:
+def compare(fixture: str, functions_only: bool = False, **options) -> int:
     """Every check of every correct target the fixture defines (every check passed or did not
     apply: a failure anywhere loses shares and pays confirmations) against its plan; the count
     of checks compared."""
     compared = 0
     for name, obj in targets(fixture, functions_only):
         try:
-            report = gradtool.check(obj, seed=0)
+            report = gradtool.check(obj, seed=0, **options)
         except Exception:  # noqa: BLE001 - an input that cannot be inferred: nothing to plan
             continue
         for case in (c for t in report.targets for c in t.cases):
@@ -85,6 +84,11 @@ def compare(fixture: str, functions_only: bool = False) -> int:
 @pytest.mark.parametrize("fixture", ("layouts", "contract_cases"))
 def test_the_plan_counts_what_correct_code_pays(fixture):
     assert compare(fixture, functions_only=True) >= 12
+
+
+def test_the_plan_counts_probe_mode_too():
+    """--mode probe: the gradient check's and double backward's probes, at most."""
+    assert compare("layouts", functions_only=True, mode="probe") >= 12
 
 
 @pytest.mark.slow
@@ -173,16 +177,6 @@ def test_the_runner_runs_in_the_plan_s_order():
     assert paid(case.checks[1])[2:] == (1, 1)
 
 
-@pytest.fixture
-def published():
-    states: list[dict] = []
-    heartbeat.install(lambda data: states.append(json.loads(data)))
-    heartbeat.install_reports(lambda kind, data: None)
-    yield states
-    heartbeat.install(None)
-    heartbeat.install_reports(None)
-
-
 def test_the_heartbeat_gets_the_case_s_whole_total(published):
     """From the plan on, case_total covers the probe phase and every check; `after` the checks
     after the running one; a correct target ends within it (a bound: at most)."""
@@ -247,4 +241,3 @@ def test_verbose_prints_the_plan_and_json_carries_it(tmp_path):
     assert plan[0] == {"check": "contract", "mode": "", "forward": 0, "backward": 4,
                        "forward_read": 0, "backward_read": 2, "bound": "exact",
                        "read_from": "the gradient rows"}
-    assert torch is not None

@@ -82,11 +82,17 @@ def expect_evaluations(problem: Problem, config: CheckConfig, mode: str, leaves:
     def count() -> int:
         plan = problem.cache.plan
         if mode != "full":
-            return 4 * max(1, config.probes // 4) + min(config.probes, 2)
+            return sum(probe_evaluations(config))
         if plan is not None:
             return plan.forwards + plan.backwards
         return 2 * sum(v.numel() for v in leaves) + sum(o.numel() for o in outs)
     declare(count)
+
+
+def probe_evaluations(config: CheckConfig) -> tuple[int, int]:
+    """Probe mode's (forwards, backwards) on correct code: its directions' forwards and its
+    cotangents' backwards (the cost plan's count too, run/plan.py)."""
+    return 4 * max(1, config.probes // 4), min(config.probes, 2)
 
 
 def declare(evaluations: Callable[[], int]) -> None:

@@ -171,14 +171,11 @@ def _gradient(name: str, case: Case, job: Any, config: Any, runs: Sequence[str],
     if mode == "full":
         forward, backward = 2 * n_in + len(case.problem.inputs) + 1, n_out
     else:
-        forward, backward = probe_counts(config)
+        from ..checks._common import probe_evaluations
+
+        forward, backward = probe_evaluations(config)
     return PlannedCost(name, mode, forward, backward + 2 * timed, int(recorded), 0, AT_MOST,
                        "the contract's graph" if recorded else "")
-
-
-def probe_counts(config: Any) -> tuple[int, int]:
-    """Probe mode's (forwards, backwards): checks/_common.expect_evaluations' count."""
-    return 4 * max(1, config.probes // 4), min(config.probes, 2)
 
 
 def _double_backward(name: str, case: Case, job: Any, config: Any, runs: Sequence[str],
@@ -186,12 +183,17 @@ def _double_backward(name: str, case: Case, job: Any, config: Any, runs: Sequenc
     """G(x, v) = vᵀ∂f/∂x in full mode: at most two evaluations of G a column (x's and v's;
     G is linear in v and its rows may be the gradient check's: fewer), one more at the point,
     a backward per row of G (x's elements) and one per batched input trusted against a plain
-    call. A Jacobian past the small rule is not planned (its mode is timed)."""
+    call; --mode probe: its probes. A Jacobian past the small rule is not planned (its mode is
+    timed)."""
     from ..numerics.jacobian import SMALL
+
+    from ..checks._common import probe_evaluations
 
     n_in, n_out, _ = _sizes(case)
     tensors = len(case.problem.inputs) + len(case.problem.facts.output_shapes)
-    if config.mode == "probe" or n_in * (n_in + n_out) > SMALL:
+    if config.mode == "probe":  # G probed as the gradient check probes f
+        return PlannedCost(name, "probe", *probe_evaluations(config), 0, 0, AT_MOST)
+    if n_in * (n_in + n_out) > SMALL:
         return PlannedCost(name)
     return PlannedCost(name, "full", 2 * (n_in + n_out) + tensors + 1, n_in + 2 * tensors, 0,
                        0, AT_MOST)
