@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import heartbeat
-from ..config.registry import BY_NAME
+from ..config import registry
 from ..results import PlannedCost
 
 if TYPE_CHECKING:
@@ -51,10 +51,10 @@ def order(names: Sequence[str]) -> tuple[str, ...]:
 
 def _must_follow(name: str, other: str) -> bool:
     """Whether `name` reads what `other` pays (so runs after it)."""
-    mine, theirs = BY_NAME.get(name), BY_NAME.get(other)
+    mine, theirs = registry.BY_NAME.get(name), registry.BY_NAME.get(other)
     if mine is None or theirs is None:
         return False
-    first_order = {info.rows_from for info in BY_NAME.values() if info.rows_from}
+    first_order = {info.rows_from for info in registry.BY_NAME.values() if info.rows_from}
     return ((mine.reads_recorded and theirs.records) or mine.waits_for == other
             or (mine.reuses_graph and other in first_order))
 
@@ -62,7 +62,7 @@ def _must_follow(name: str, other: str) -> bool:
 def _rows_adjacent(names: tuple[str, ...]) -> tuple[str, ...]:
     """A check whose linearity test reads another's rows runs right before that one."""
     for name in names:
-        rows = BY_NAME[name].rows_from if name in BY_NAME else None
+        rows = registry.BY_NAME[name].rows_from if name in registry.BY_NAME else None
         if rows in names and names.index(rows) != names.index(name) + 1:
             rest = [n for n in names if n != name]
             at = rest.index(rows)
@@ -79,12 +79,13 @@ def plan_case(case: Case, job: Any, runs: Sequence[str], when: Mapping[str, Call
     from ..numerics import ledger
 
     shared = ledger.enabled()
-    recorded = shared and any(BY_NAME[n].records for n in runs) and \
-        any(BY_NAME[n].reads_recorded for n in runs)
+    infos = {name: registry.BY_NAME[name] for name in runs}  # read now: a test may swap it
+    recorded = shared and any(i.records for i in infos.values()) and \
+        any(i.reads_recorded for i in infos.values())
     costs: list[PlannedCost] = []
-    for name in runs:
-        config, counter = _config(job, name), _COUNTERS.get(BY_NAME[name].import_path)
-        if counter is None or any(when[w](case, job, config) for w, _ in BY_NAME[name].variants):
+    for name, info in infos.items():
+        config, counter = _config(job, name), _COUNTERS.get(info.import_path)
+        if counter is None or any(when[w](case, job, config) for w, _ in info.variants):
             costs.append(PlannedCost(name))  # not planned: counted when it runs
         else:
             costs.append(counter(name, case, job, config, runs, recorded, shared))
