@@ -199,7 +199,7 @@ def test_verbose_terminal_shows_a_text_heat_map_and_plain_output_is_unchanged():
     # the map is the only addition: the rest is the plain report (timing on the header line,
     # the case's cost plan, and where the run's time went)
     rest = [line for line in verbose.splitlines() if "│" not in line and "|a − n|" not in line
-            and not line.startswith(("time: ", "  plan: "))]
+            and not line.startswith(("time: ", "  plan: ", "  beyond the plan: "))]
     assert [line.split("  (")[0] if line.startswith("FAIL") else line for line in rest] == \
         plain.splitlines()
     styled = heat_text("│··█×│")

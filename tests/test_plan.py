@@ -17,6 +17,7 @@ import gradtool
 from gradtool.cli.progress import Watch
 from gradtool.config.registry import BY_NAME, DEFAULT_CHECKS
 from gradtool.numerics.ledger import SWITCH
+from gradtool.render.words import beyond_text
 from gradtool.results import Outcome
 from gradtool.run.plan import EXACT, order
 
@@ -144,6 +145,10 @@ def test_a_failing_target_pays_confirmations_outside_the_plan():
                                                           if c.name == "layout")
     assert layout.outcome is Outcome.FAILED
     assert paid(layout)[1] > costs["layout"].backward  # the confirmations
+    extra = paid(layout)[1] + paid(layout)[3] - costs["layout"].backward - \
+        costs["layout"].backward_read
+    assert beyond_text(case) == (f"beyond the plan: layout {extra} backward (it failed: "
+                                 "confirmations, diagnosis)")
     case = _case(load_fixture("contract_cases").SquareAddsConstant)
     costs, gradient = {p.check: p for p in case.plan}, next(c for c in case.checks
                                                             if c.name == "gradient")
@@ -238,6 +243,7 @@ def test_verbose_prints_the_plan_and_json_carries_it(tmp_path):
         in text, text
     data = json.loads(render_json(report))
     plan = data["targets"][0]["cases"][0]["plan"]
+    assert "beyond the plan" not in text  # correct code pays no more than planned
     assert plan[0] == {"check": "contract", "mode": "", "forward": 0, "backward": 4,
                        "forward_read": 0, "backward_read": 2, "bound": "exact",
                        "read_from": "the gradient rows"}

@@ -8,8 +8,9 @@ from typing import Any
 
 from ..results import (PLAIN_TEXT, Block, CaseResult, CheckResult, Outcome, Report, Reproducer,
                        TargetResult)
-from .words import (LABELS, Line, block_lines, check_body, check_text, element_text,
-                    inputs_lines, literal_hint, plan_text, time_text, warnings_text)
+from .words import (LABELS, Line, beyond_text, block_lines, check_body, check_text,
+                    element_text, inputs_lines, literal_hint, plan_text, time_text,
+                    warnings_text)
 
 __all__ = ["LABELS", "block_lines", "check_body", "check_text", "element_text", "heatmap_lines",
            "report_lines", "summary_line", "warnings_text"]
@@ -115,6 +116,8 @@ def _case_lines(target: TargetResult, case: CaseResult, verbose: bool, quiet: bo
         yield f"  reproduce: {case.reproduce}", "cyan"
     if verbose and case.plan:  # the evaluations counted before the first check ran
         yield f"  {plan_text(case.plan)}", "dim"
+        if beyond_text(case):  # a failure's confirmations: outside the plan, said
+            yield f"  {beyond_text(case)}", "dim"
     if case.inferred and not shown_inputs and not quiet:
         yield from inputs_lines(case)  # inferred inputs are shown so they can be pinned
     elif not shown_inputs and not quiet:  # a note (a stochastic forward, say) holds on a pass too

@@ -172,6 +172,25 @@ def plan_text(plan: tuple[PlannedCost, ...]) -> str:
     return text + (f"; not planned: {', '.join(left)}" if left else "")
 
 
+def beyond_text(case: CaseResult) -> str:
+    """'beyond the plan: layout 4 backward (it failed: confirmations, diagnosis)': what each
+    check paid and read past its planned count (an upper bound's slack is not beyond), or ''."""
+    by = {c.name: c for c in case.checks}
+    told = []
+    for p in (p for p in case.plan if p.planned and p.check in by):
+        check = by[p.check]
+        more = [(check.calls.get(kind, 0) + check.calls.get(f"{kind} read", 0)
+                 - (planned or 0) - read, kind) for kind, planned, read in
+                (("forward", p.forward, p.forward_read), ("backward", p.backward,
+                                                           p.backward_read))]
+        more = [f"{n} {kind}" for n, kind in more if n > 0]
+        if more:
+            why = "it failed: confirmations, diagnosis" if check.outcome is Outcome.FAILED \
+                else "found as it ran"
+            told.append(f"{p.check} {' '.join(more)} ({why})")
+    return f"beyond the plan: {', '.join(told)}" if told else ""
+
+
 def _planned(p: PlannedCost) -> str:
     paid = " ".join(f"{n} {kind}" for n, kind in ((p.forward, "forward"),
                                                    (p.backward, "backward")) if n)
