@@ -278,10 +278,11 @@ def bind_module(target: Target, n_args: int, config: CheckConfig, seed: int) -> 
         module.to(device=device, dtype=dtype)  # casts floating parameters and buffers only
     # the engine's values are plain tensors; forward sees each as its parameter's class
     like = dict(module.named_parameters())
-    params = [(name, plain(state[name] if name in state else p).clone())
+    params = [(name, plain(state[name]) if name in state else plain(p).clone())
               for name, p in like.items()
               if p.requires_grad and p.is_floating_point() and config.module_parameters]
     names = [n for n, _ in params]
+    kept = {n: like[n] for n in names if keeps_class(like[n])}  # forward sees their class
 
     @contextlib.contextmanager
     def scope(args: Sequence[Any]) -> Iterator[None]:
@@ -289,7 +290,9 @@ def bind_module(target: Target, n_args: int, config: CheckConfig, seed: int) -> 
             yield                    # swap (reparametrizing costs ~30 us a call for nothing)
             return
         # Swapped into the module (tied weights kept tied); nested scopes restore in turn.
-        swapped = {n: retyped(a, like[n]) for n, a in zip(names, args[n_args:])}
+        swapped = dict(zip(names, args[n_args:]))
+        for name, template in kept.items():
+            swapped[name] = retyped(swapped[name], template)
         with _reparametrize_module(module, {**state, **swapped}, tie_weights=True):
             yield
 
@@ -299,7 +302,7 @@ def bind_module(target: Target, n_args: int, config: CheckConfig, seed: int) -> 
             return module(*args[:n_args], **kwargs)
 
     # vmap's batched values are no subclass's: a subclass parameter is called plainly
-    return call, None if any(keeps_class(like[n]) for n in names) else call, params, scope
+    return call, None if kept else call, params, scope
 
 
 def private_copy(target: Target, seed: int) -> tuple[torch.nn.Module, bool]:

@@ -62,6 +62,8 @@ def retyped(value: Any, like: Any) -> Any:
 
 def clone_keeping(tensor: Any) -> Any:
     """A detached clone of tensor of its class (its values cloned as a plain tensor's)."""
+    if not keeps_class(tensor):
+        return tensor.detach().clone()
     return retyped(plain(tensor).clone(), tensor)
 
 
