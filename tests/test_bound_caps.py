@@ -98,7 +98,7 @@ def test_the_simulated_rounding_bound_inflated_is_never_a_pass(monkeypatch):
                         property(lambda self: [HUGE * t + 1.0 for t in real.fget(self)]))
     # the scale-error fit over the elements within their bounds (0.4 x for this roll) is a
     # second guard, bound-free: off, so that the cap is seen to hold alone
-    monkeypatch.setattr(precision, "_scale_line", lambda *args, **kwargs: None)
+    monkeypatch.setattr(precision, "scale_line", lambda *args, **kwargs: None)
     _caught_only_by_the_cap(monkeypatch, _low, ROLLED)
 
 

@@ -49,6 +49,25 @@ def test_cube_without_second_order_term_fails_double_backward_only(contract_case
     assert got["double_backward"] == "failed"
 
 
+def test_a_second_order_diagnosis_names_elements_in_their_shapes():
+    class RootBackward(torch.autograd.Function):  # backward's sqrt(|x|) has no derivative at 0
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * (1 + (x - x.detach()).abs().sqrt())
+
+    report = gradtool.check(RootBackward, ["3x4"], checks=["double_backward"])
+    check = result(report, "double_backward")
+    assert check.outcome.value == "failed"
+    diagnosis = check.blocks[0].diagnosis or ""
+    assert "NaN/inf" in diagnosis and "first (0,0)->(0,0)" in diagnosis, diagnosis
+
+
 def test_saved_intermediate_loses_second_derivative(contract_cases):
     report = gradtool.check(contract_cases.CubeSavedIntermediate, ["(6,)"])
     check = result(report, "double_backward")

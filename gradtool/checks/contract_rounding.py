@@ -47,30 +47,42 @@ def shared_scale(*results: Sequence[torch.Tensor | None], weights: Sequence[floa
 
 def beyond_rounding(result: torch.Tensor, terms: list[tuple[float, torch.Tensor]], dtype: str,
                      summed: int, noise: float, rounded_input: bool = True,
-                     shared: float = 0.0) -> str | None:
+                     shared: float = 0.0, measured: float | torch.Tensor = 0.0,
+                     widened: str | None = None) -> str | None:
     """How far `result` is from sum c·t beyond what rounding in `dtype` allows (the worst
     element, and its bound), or None within it everywhere. `rounded_input`: the two sides ran
     on grad_outputs rounded differently (the linearity test; determinism's are the same).
-    `shared`: the scale of the backward's other gradients (shared_scale)."""
+    `shared`: the scale of the backward's other gradients (shared_scale). `noise`: the user's
+    --nondet-tol share, never cut; `measured`: backward's own rounding, measured, named by
+    `widened`. The bound goes through the door (numerics/bounds.py): finite, and below the
+    size of the values compared (the largest of them, or `shared` where the tensor cancels)."""
+    from ..numerics.bounds import admit, finite_max
     from ..numerics.rounding import combination_bound
 
     expected = sum(c * t.detach().double() for c, t in terms)
     diff = (result.detach().double() - expected).abs()
     bound = combination_bound([(1, result), *terms], dtype, summed, rounded_input,
-                              shared) + noise
+                              shared) + noise + measured
+    origin = f"{dtype} rounding of the combination" + (f" + {widened}" if widened else "")
+    door = admit(bound, result.detach(), expected, origin=origin, floor=noise,
+                 scale=max(finite_max(result, expected, *(t for _, t in terms)), shared))
+    bound = door.tol
     beyond = ~(diff <= bound) & ~(diff.isnan() & expected.isnan() & result.isnan())
     if not bool(beyond.any()):
         return None
     worst = int(torch.argmax(torch.where(beyond, diff / bound, torch.zeros_like(diff))))
+    cut = door.words() if bool(door.capped.reshape(-1)[worst]) else None
     return (f"by {float(diff.reshape(-1)[worst]):.3g} at element {worst}, beyond the "
             f"{float(bound.reshape(-1)[worst]):.3g} that rounding in {dtype} allows there "
-            f"({int(beyond.sum())} of {diff.numel()} elements beyond it)")
+            f"({int(beyond.sum())} of {diff.numel()} elements beyond it"
+            f"{f'; {cut}' if cut else ''})")
 
 
 SCALE = FOLLOW_SCALE  # numerics/rounding.py: what backward must follow but for rounding
 # Rounding noise measured so, allowed this many times in a combination of three backwards
 # (2·B(g1) + 3·B(g2) - B(2·g1 + 3·g2): weights 6 in all, twice for the noise's spread).
 MEASURED_SLACK = 12.0
+MEASURED_WORDS = f"{MEASURED_SLACK:g} x backward's measured rounding"
 # A tensor whose measured noise is this many units of its own largest value is noise itself.
 CANCELLED = 64.0
 
@@ -171,23 +183,27 @@ def linearity(backward, g1, g2, r1, problem: Problem, config: CheckConfig) -> li
             continue
         low = rounded(config, a, b, m)
         if low is not None:
-            def beyond(extra: float | torch.Tensor = 0.0, floor: float = shared) -> str | None:
+            def beyond(extra: float | torch.Tensor = 0.0, floor: float = shared,
+                       widened: str | None = None) -> str | None:
                 return beyond_rounding(m, [(2, a), (3, b)], low, summed(g1),
-                                       6 * config.nondet_tol + extra, shared=floor)
-            off, measured = beyond(), 0.0
+                                       6 * config.nondet_tol, shared=floor, measured=extra,
+                                       widened=widened)
+            off, measured, how = beyond(), 0.0, None
             if off is not None:  # beyond the model: against backward's measured rounding too
                 noise = noise or measured_noise(backward, *calls)
-                measured = MEASURED_SLACK * noise[k]
-                off = beyond(measured)
+                measured, how = MEASURED_SLACK * noise[k], MEASURED_WORDS
+                off = beyond(measured, widened=how)
             if off is not None:  # and each element against its own measured rounding
                 elements = elements or measured_elements(backward, *calls)
                 if elements[k] is not None:
                     measured = MEASURED_SLACK * (noise[k] + elements[k])
-                    off = beyond(measured)
+                    how = f"{MEASURED_WORDS}, the tensor's and each element's"
+                    off = beyond(measured, widened=how)
             if off is not None:  # and a tensor that cancels whole, at its terms' scale
                 if terms is None:
                     terms = terms_floor(backward, (g12, 1), (g1, 2), (g2, 3))
-                off = beyond(measured, max(shared, terms.get(m.numel(), 0.0)))
+                off = beyond(measured, max(shared, terms.get(m.numel(), 0.0)),
+                             " and ".join(filter(None, (how, "its terms' scale"))))
         else:
             off = None if allclose(m, 2 * a + 3 * b, atol=atol, rtol=rtol) else \
                 f"by {(m - (2 * a + 3 * b)).abs().max().item():.3g}"
@@ -224,7 +240,8 @@ def deterministic(backward, g1, r1, problem: Problem, config: CheckConfig) -> li
             if off is not None:  # a tensor that cancels whole, at its terms' scale
                 terms = terms_floor(backward, (g1, 2)) if terms is None else terms
                 off = beyond_rounding(b, [(1, a)], low, summed(g1), config.nondet_tol, False,
-                                      shared=max(shared, terms.get(b.numel(), 0.0)))
+                                      shared=max(shared, terms.get(b.numel(), 0.0)),
+                                      widened="its terms' scale")
         else:
             diff = (a - b).abs().max().item() if a.numel() else 0.0
             off = f"by {diff:.3g} (> nondet_tol {config.nondet_tol:g})" \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import re
 import sys
 from dataclasses import replace
@@ -384,12 +385,20 @@ def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
 
     analytical, numerical = pair
     found = classify_double_backward(as_numpy(analytical), as_numpy(numerical),
-                                     atol=config.tolerance("atol"), rtol=config.tolerance("rtol"))
+                                     atol=config.tolerance("atol"), rtol=config.tolerance("rtol"),
+                                     input_shape=_shape(block.input_shape, analytical.shape[1]),
+                                     output_shape=_shape(block.output_shape, analytical.shape[0]))
     # only where no pattern is seen (a zero second derivative already says untracked): two
     # forwards, once per check, name the saved tensor with no graph
     if found is None or found.kind == "no_pattern":
         return _untracked(problem) or found
     return found
+
+
+def _shape(shape: Any, size: int) -> tuple[int, ...] | None:
+    """A block's shape where it fits the columns or rows compared (a partial block's may not)."""
+    shape = tuple(shape or ())
+    return shape if shape and math.prod(shape) == size else None
 
 
 def _untracked(derived: Problem) -> Diagnosis | None:

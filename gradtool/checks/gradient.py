@@ -11,7 +11,8 @@ import torch
 
 from ..config.registry import BY_NAME
 from ..config.settings import CheckConfig
-from ..numerics.coarse import at_precision, forward_dtype, judged_note, with_finding
+from ..numerics.coarse import (at_precision, forward_dtype, judged_note, reworded,
+                               second_order_dtype, second_order_whose, with_finding)
 from ..numerics.jacobian import Reference, Verdict, check_full, choose_mode, prime
 from ..numerics.ledger import ZERO
 from ..numerics.probe import check_probe
@@ -91,7 +92,7 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
         dtype = None
         if (first_order or forward is not None) and reference is None:
             dtype = (forward_dtype(problem, outs) if forward is None
-                     else forward_dtype(forward))
+                     else second_order_dtype(forward, problem, outs))
         if dtype is not None:
             config = at_precision(config, dtype)
         if not first_order and config.measured:  # the measured tolerance is first order's
@@ -103,10 +104,13 @@ def jacobian_result(name: str, problem: Problem, target: Target, config: CheckCo
         finally:
             problem.recording(False)
         coarse = None
+        if dtype is not None:  # not a kink shown: the coarse dtype's rounding
+            verdict = replace(verdict, details=reworded(verdict.details, dtype))
         if dtype is not None and forward is None:
             verdict, coarse = with_finding(problem, verdict, dtype)
         elif dtype is not None:
-            verdict = replace(verdict, details=[*verdict.details, judged_note(dtype)])
+            verdict = replace(verdict, details=[*verdict.details, judged_note(
+                dtype, second_order_whose(forward, dtype))])
     except MemoryError as exc:
         return CheckResult(name, Outcome.ERROR, str(exc),
                            details=("use --mode probe, or raise --max-memory",))

@@ -9,6 +9,7 @@ import torch
 
 from ..config.settings import CheckConfig
 from ..errors import InternalError
+from ..numerics.bounds import admit
 from ..numerics.compare import unravel
 from ..numerics.problem import Problem, select_outputs, vjp
 from ..numerics.terms import terms_scale
@@ -262,12 +263,12 @@ class _Comparer:
         for k, (have, expect, name, scale) in enumerate(zip(got, want, names, scales)):
             text = difference(have, expect, self.config.nondet_tol, name, scale, floor)
             if text and gradients and self.grads:  # against backward's measured rounding too
-                text = difference(have, expect, self.config.nondet_tol + MEASURED_SLACK
-                                  * self._noise()[k], name, scale, floor)
+                text = difference(have, expect, self.config.nondet_tol, name, scale, floor,
+                                  MEASURED_SLACK * self._noise()[k])
             if text and gradients and self.grads:  # a tensor that cancels whole: its terms'
-                text = difference(have, expect, self.config.nondet_tol + MEASURED_SLACK
-                                  * self._noise()[k], name, scale,
-                                  max(floor, self._terms().get(have.numel(), 0.0)))
+                text = difference(have, expect, self.config.nondet_tol, name, scale,
+                                  max(floor, self._terms().get(have.numel(), 0.0)),
+                                  MEASURED_SLACK * self._noise()[k], "its terms' scale")
             if text:
                 return name, text
         return None
@@ -321,10 +322,15 @@ def _identical(have: torch.Tensor, want: torch.Tensor) -> bool:
 
 
 def difference(have: torch.Tensor, want: torch.Tensor, nondet_tol: float, name: str,
-               scale: float = 0.0, floor: float = 0.0) -> str | None:
+               scale: float = 0.0, floor: float = 0.0, measured: float = 0.0,
+               floor_from: str = "the backward's largest gradient") -> str | None:
     """'gradient of x at (1, 0): 0.3, contiguous 1.2; 6 of 12 elements differ', or None when
     the two agree within the dtype's rounding (of their own scale, and FLOOR_ULPS of `floor`:
-    the largest gradient of the backward that gave them)."""
+    the largest gradient of the backward that gave them; `measured`: backward's own rounding,
+    measured, MEASURED_SLACK times). The bound goes through the door (numerics/bounds.py):
+    finite, below the size of the values the backward compares (a sign flip of a gradient a
+    tenth of the largest is no rounding in bfloat16, whose 64 ulps are half of it), and
+    never tighter than --nondet-tol."""
     if have.shape != want.shape:
         return f"{name}: shape {tuple(have.shape)}, contiguous {tuple(want.shape)}"
     if want.numel() == 0 or not (want.is_floating_point() or want.is_complex()):
@@ -335,21 +341,35 @@ def difference(have: torch.Tensor, want: torch.Tensor, nondet_tol: float, name: 
     eps = torch.finfo(want.real.dtype if want.is_complex() else want.dtype).eps
     scale = max(_max_abs(want), scale)
     noise = scale <= NOISE_ULPS * eps * floor  # it cancels whole: the backward's scale
-    tol = max(min(ROUNDING_ULPS * eps, ROUNDING_CAP) * max(scale, 1e-30),
-              FLOOR_ULPS * eps * floor if noise else 0.0) + nondet_tol
+    own = min(ROUNDING_ULPS * eps, ROUNDING_CAP) * max(scale, 1e-30)
+    tol = max(own, FLOOR_ULPS * eps * floor if noise else 0.0) + nondet_tol + measured
+    door = admit(tol, have, want, origin=_origin(noise, floor_from, measured),
+                 scale=max(scale, floor if noise else 0.0), floor=own + nondet_tol)
     diff = (have - want).abs().nan_to_num(float("inf"))
     same_nan = torch.isnan(have.abs()) == torch.isnan(want.abs())
-    bad = ((diff > tol) & ~(torch.isnan(want.abs()) & same_nan)) | ~same_nan
+    bad = ((diff > door.tol) & ~(torch.isnan(want.abs()) & same_nan)) | ~same_nan
     if not bool(bad.any()):
         return None
     flat = int(torch.where(bad, diff, torch.zeros_like(diff)).reshape(-1).argmax())
     index = tuple(unravel(flat, tuple(want.shape)))
     a, b = have.reshape(-1)[flat].item(), want.reshape(-1)[flat].item()
     shown = _apart(a, b)
+    cut = door.words() if bool(door.capped.reshape(-1)[flat]) else None
     return (f"'{name}'{list(index)}: {shown[0]}, contiguous {shown[1]} (differing by "
             f"{abs(a - b):.3g}, "
-            f"beyond the {float(tol):.3g} allowed); {int(bad.sum())} of {want.numel()} "
+            f"beyond the {float(door.tol.reshape(-1)[flat]):.3g} allowed"
+            f"{f'; {cut}' if cut else ''}); {int(bad.sum())} of {want.numel()} "
             "elements differ")
+
+
+def _origin(noise: bool, floor_from: str, measured: float) -> str:
+    """Where difference's bound came from, each widening with its factor."""
+    parts = [f"{ROUNDING_ULPS} ulps of the gradient's scale (at most {ROUNDING_CAP:g} of it)"]
+    if noise:
+        parts.append(f"{FLOOR_ULPS} ulps of {floor_from} (the gradient cancels whole)")
+    if measured:
+        parts.append(f"{MEASURED_SLACK:g} x backward's measured rounding")
+    return " + ".join(parts)
 
 
 def _apart(a: complex | float, b: complex | float) -> tuple[str, str]:

@@ -21,7 +21,6 @@ from ..numerics.rounding import (
     dtype_name,
     finest_resolving,
     measure_bound,
-    scale_error,
 )
 from ..numerics.sparse import masked_places
 from ..results import Block, CheckResult, Finding, Outcome
@@ -29,15 +28,11 @@ from ..targets.cases import Case
 from ..targets.load import Target
 from ._common import calls_since, error_result
 from .precision_reference import load_reference, reference_of  # noqa: F401 - re-exported
-from .precision_zero import (SCALE, ZERO_MEASURED, ZERO_UNITS, measured_rounding, zero_noise,
-                             zero_tensors)
+from .precision_zero import (SCALE, ZERO_MEASURED, ZERO_UNITS, measured_rounding, scale_line,
+                             sign_line, zero_noise, zero_tensors)
 
 NAME = "gradient"
 GRADIENT = "gradient"  # the output label of a gradient block (the VJP of every output)
-# A fitted scale error counts when it is this many standard errors out, and larger than this
-# many unit roundoffs (a biased rounding mode could shift every element by about u).
-SCALE_SIGNIFICANCE = 6.0
-SCALE_BIAS = 4.0
 DRAWS = 1   # grad_output draws (one VJP of random grad_outputs covers every input element)
 
 
@@ -197,6 +192,7 @@ class Verdict:
     lines: list[str]
     resolve_with: str | None
     scaled: list[str]   # tensors whose every element is off by one common factor
+    flipped: list[str]  # gradients the negated reference at every element beyond its bound
 
 
 def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = False,
@@ -212,6 +208,7 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
     stats: dict[tuple[str, str], list[Any]] = {}
     finer: list[str] = []
     scaled_names: list[str] = []
+    flipped: list[str] = []
     doors: list[Admitted] = []
     # the door's scale: the run's largest value, inputs too (a one-element normalisation's
     # output is 0 exactly, in float32 rounding of its inputs' size)
@@ -238,8 +235,8 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
         doors.append(door)
         over = ~(diff <= tol)  # NaN too: a low-precision overflow or NaN is beyond any bound
         # Elements beyond their bound are reported as such; the fit looks for what hides below.
-        scaled = None if zero else _scale_line(kind, name, lo[~over], ex[~over],
-                                               sigma.cpu()[~over], bound.dtype)
+        scaled = None if zero else scale_line(kind, name, lo[~over], ex[~over],
+                                              sigma.cpu()[~over], bound.dtype)
         if scaled:
             lines.insert(0, scaled)
             scaled_names.append(name)
@@ -250,6 +247,10 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
         uncut = capped & torch.isfinite(simulated) & (diff <= simulated)
         vague = over & ((~capped & (tol >= 0.5 * ex.abs()) & (diff <= 3 * tol)) | uncut)
         bad = over & ~vague
+        sign = None if zero or kind == "forward" else sign_line(name, lo, ex, tol, bad)
+        if sign:  # a sign flip is no rounding: said first, as gradient.sign
+            lines.insert(0, sign)
+            flipped.append(name)
         failed += int(bad.sum())
         unresolved += int(vague.sum())
         forward_bad += int(bad.sum()) if kind == "forward" else 0
@@ -279,7 +280,7 @@ def judge(problem: Problem, low: Run, exact: Run, bound: Bound, explain: bool = 
     resolve_with = min(finer, key=FINEST_FIRST.index, default=None) if finer else None
     cut = [w for w in (door.words() for door in doors) if w]
     return Verdict(outcome, forward_bad, blocks, lines[:8] + cut[:2], resolve_with,
-                   list(dict.fromkeys(scaled_names)))
+                   list(dict.fromkeys(scaled_names)), list(dict.fromkeys(flipped)))
 
 
 def _cancelled_noise(problem: Problem, seed: int, low: Run, exact: Run, dtype: str
@@ -293,19 +294,6 @@ def _cancelled_noise(problem: Problem, seed: int, low: Run, exact: Run, dtype: s
         return []
     scaled = _vjp_run(problem, seed, [[SCALE * g for g in draw] for draw in low.grad_outputs])
     return measured_rounding(zero, low.values, scaled.values)
-
-
-def _scale_line(kind: str, name: str, low: torch.Tensor, exact: torch.Tensor,
-                sigma: torch.Tensor, dtype: str) -> str | None:
-    """A scale error over the whole tensor: significant, and beyond what rounding bias can do."""
-    s, error = scale_error(low, exact, sigma)
-    if not (abs(s) > SCALE_SIGNIFICANCE * error and abs(s) > SCALE_BIAS * UNIT_ROUNDOFF[dtype]):
-        return None
-    what = f"output {name!r}" if kind == "forward" else f"gradient of {name!r}"
-    return (f"{what} is {1 + s:.4g} x the float64 reference, fitted over the {low.numel()} "
-            f"elements within their bounds (± {error:.1g}); rounding cannot bias a result by "
-            "more than "
-            f"{SCALE_BIAS:g}u = {SCALE_BIAS * UNIT_ROUNDOFF[dtype]:.2g}")
 
 
 def _labels(problem: Problem, run: Run) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -397,7 +385,10 @@ def _findings(verdict: Verdict, own: CheckResult | None, outcome: Outcome, dtype
                            f"scale factor in {name!r}", data={"input": name, "dtype": dtype,
                                                               "scaled": True})
                    for name in verdict.scaled)
-    return (*found, *rounding, *scaled) or (Finding("gradient.rounding", f"{dtype} gradient "
+    sign = tuple(Finding("gradient.sign", f"{dtype} gradient of {name!r} is the negated float64 "
+                         "reference at every element beyond the rounding bound: sign flipped",
+                         data={"input": name, "dtype": dtype}) for name in verdict.flipped)
+    return (*found, *sign, *rounding, *scaled) or (Finding("gradient.rounding", f"{dtype} gradient "
                                                     "beyond the rounding bound",
                                                     data={"dtype": dtype}),)
 
@@ -414,6 +405,9 @@ def _summary(verdict: Verdict, dtype: str, against: str) -> str:
             f"{sum(b.mismatched for b in bad)} element(s) of "
             + ", ".join(repr(b.input) for b in bad)) if bad else \
         f"{dtype} backward agrees with {against} within rounding bounds"
+    if verdict.flipped:
+        text = (f"{dtype} gradient of {', '.join(repr(n) for n in verdict.flipped)} is "
+                f"{against} negated (sign flipped)" + (f"; {text}" if bad else ""))
     if verdict.scaled:
         text = (f"{dtype} run differs from {against} by a common scale factor, beyond what "
                 f"rounding can do, in {', '.join(repr(n) for n in verdict.scaled)}"

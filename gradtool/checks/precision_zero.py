@@ -1,4 +1,5 @@
-"""Low precision: gradients the float64 reference finds zero, judged as rounding noise."""
+"""Low precision: gradients the float64 reference finds zero, judged as rounding noise; and
+what a tensor beyond its rounding bounds is instead (a common scale, a flipped sign)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..numerics.rounding import FOLLOW_SCALE, UNIT_ROUNDOFF, accumulation_roundoff
+from ..numerics.rounding import FOLLOW_SCALE, UNIT_ROUNDOFF, accumulation_roundoff, scale_error
 
 # A gradient the float64 reference finds zero at the low dtype's resolution (a convolution's
 # bias before batch norm, anything under a constant output) is, in the low dtype, rounding
@@ -53,3 +54,37 @@ def measured_rounding(zero: Sequence[bool], low: Sequence[torch.Tensor],
         d = d[torch.isfinite(d)] if d is not None else None
         found.append(float(d.max()) if d is not None and d.numel() else 0.0)
     return found
+
+
+# A fitted scale error counts when it is this many standard errors out, and larger than this
+# many unit roundoffs (a biased rounding mode could shift every element by about u).
+SCALE_SIGNIFICANCE = 6.0
+SCALE_BIAS = 4.0
+
+
+def scale_line(kind: str, name: str, low: torch.Tensor, exact: torch.Tensor,
+               sigma: torch.Tensor, dtype: str) -> str | None:
+    """A scale error over the whole tensor: significant, and beyond what rounding bias can do."""
+    s, error = scale_error(low, exact, sigma)
+    if not (abs(s) > SCALE_SIGNIFICANCE * error and abs(s) > SCALE_BIAS * UNIT_ROUNDOFF[dtype]):
+        return None
+    what = f"output {name!r}" if kind == "forward" else f"gradient of {name!r}"
+    return (f"{what} is {1 + s:.4g} x the float64 reference, fitted over the {low.numel()} "
+            f"elements within their bounds (± {error:.1g}); rounding cannot bias a result by "
+            "more than "
+            f"{SCALE_BIAS:g}u = {SCALE_BIAS * UNIT_ROUNDOFF[dtype]:.2g}")
+
+
+def sign_line(name: str, low: torch.Tensor, exact: torch.Tensor, tol: torch.Tensor,
+              bad: torch.Tensor) -> str | None:
+    """A gradient that is the negated reference, within its bounds, at every element beyond
+    them, and those most of its elements the reference finds nonzero: a sign flip, which the
+    scale fit (over the elements within their bounds) never sees."""
+    low, exact = low.double(), exact.double()
+    nonzero = exact.abs() > tol
+    flipped = bad & nonzero & ((low + exact).abs() <= tol)
+    n, m = int(flipped.sum()), int(nonzero.sum())
+    if not n or n != int(bad.sum()) or 2 * n < m:
+        return None
+    return (f"gradient of {name!r} is -1 x the float64 reference at every element beyond "
+            f"its bound ({n} of the {m} the reference finds nonzero): sign flipped")

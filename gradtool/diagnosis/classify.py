@@ -361,7 +361,10 @@ SECOND_ORDER_KINDS = ("nonfinite", "untracked", "few_elements", "factor", "sign"
 
 
 def classify_double_backward(analytical: np.ndarray, numerical: np.ndarray, *,
-                             atol: float = 1e-5, rtol: float = 1e-3) -> Diagnosis | None:
-    """One-line cause of a mismatch in a second-order block (the Jacobian of backward), or None."""
-    return _first_found(make_block(analytical, numerical, None, None, atol=atol, rtol=rtol),
-                        _SECOND_ORDER)
+                             atol: float = 1e-5, rtol: float = 1e-3,
+                             input_shape: tuple[int, ...] | None = None,
+                             output_shape: tuple[int, ...] | None = None) -> Diagnosis | None:
+    """One-line cause of a mismatch in a second-order block (the Jacobian of backward), or None;
+    elements named in the shapes given (as the report's element lines name them)."""
+    return _first_found(make_block(analytical, numerical, input_shape, output_shape, atol=atol,
+                                   rtol=rtol), _SECOND_ORDER)

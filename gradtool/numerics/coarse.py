@@ -70,22 +70,47 @@ def forward_dtype(problem: Problem, outs: Sequence[torch.Tensor] | None = None
     return found
 
 
-def _detected(problem: Problem, outs: Sequence[torch.Tensor] | None) -> torch.dtype | None:
+def second_order_dtype(forward: Problem, derived: Problem, outs: Sequence[torch.Tensor]
+                       ) -> torch.dtype | None:
+    """The dtype double backward is judged at: the coarser of the forward's and the
+    backward's own (its outputs, the gradients, at `outs`). A backward kernel that computes in
+    float32 though given float64 (a Triton kernel's) rounds every gradient to float32, and
+    float64's finite-difference steps over it are noise (1e-7 / 1e-6): gradgradcheck at
+    float32's tolerances passes what float64's call unreliable."""
+    memo = derived.cache.forward_dtype
+    if memo is None:
+        derived.cache.forward_dtype = memo = (_detected(derived, outs, each=True),)
+    found = [d for d in (forward_dtype(forward), memo[0]) if d is not None]
+    return max(found, key=COARSER.get, default=None)
+
+
+def second_order_whose(forward: Problem, dtype: torch.dtype) -> str:
+    """Whose precision double backward was judged at: the forward's, or its backward's."""
+    return "the forward's" if forward_dtype(forward) == dtype else "the backward's"
+
+
+def _detected(problem: Problem, outs: Sequence[torch.Tensor] | None, each: bool = False
+              ) -> torch.dtype | None:
+    """As forward_dtype; `each`: the coarsest of the outputs one by one (a backward's
+    gradients: one summed over a broadcast in float64 holds float32 rounding without being a
+    float32 number, the others are)."""
     given = _given(problem)
     if given not in _GIVEN:
         return None
     outs = problem.outputs(problem.inputs) if outs is None else outs
     if not outs or any(o.is_complex() or o.layout != torch.strided for o in outs):
         return None  # complex or sparse outputs: other checks judge them
+    sizes = [o.numel() for o in outs] if each else [sum(o.numel() for o in outs)]
     f0 = flat_cat([o.detach() for o in outs])
     floor = RESIDUE * max([1.0] + [float(v.detach().abs().max()) for v in problem.inputs
                                    if v.is_floating_point() and v.numel()])
-    dtype = coarse_dtype([f0[f0.abs() > floor]], given)
-    if dtype is None:
+    parts = [p for p in f0.split(sizes) if coarse_dtype([p[p.abs() > floor]], given)]
+    if not parts:
         return None
     moved = [v + 1e-3 * (v.abs() + 1) if v.is_floating_point() else v for v in problem.inputs]
     floating = [v.reshape(-1).double() for v in moved if v.is_floating_point()]
-    if all(_holds(v[torch.isfinite(v)], dtype) for v in floating):
+    if all(_holds(v[torch.isfinite(v)], dtype) for v in floating
+           for dtype in {coarse_dtype([p[p.abs() > floor]], given) for p in parts}):
         return None  # the moved inputs are numbers of that dtype too: they prove nothing
     try:
         f1 = flat_cat(problem.outputs(moved))
@@ -93,6 +118,13 @@ def _detected(problem: Problem, outs: Sequence[torch.Tensor] | None) -> torch.dt
         return None
     if f1.shape != f0.shape:
         return None
+    found = [_moved(a, b, floor, given) for a, b in zip(f0.split(sizes), f1.split(sizes))]
+    return max((d for d in found if d is not None), key=COARSER.get, default=None)
+
+
+def _moved(f0: torch.Tensor, f1: torch.Tensor, floor: float, given: torch.dtype
+           ) -> torch.dtype | None:
+    """The coarse dtype the values that changed between the two points all belong to."""
     changed = (f1 != f0) & torch.isfinite(f0) & torch.isfinite(f1) & \
         (f0.abs() > floor) & (f1.abs() > floor)
     if not bool(changed.any()):
@@ -121,11 +153,25 @@ def at_precision(config: CheckConfig, dtype: torch.dtype) -> CheckConfig:
                                        for k in ("eps", "atol", "rtol")})
 
 
-def judged_note(dtype: torch.dtype) -> str:
-    """What the report says of a gradient judged at a coarse forward's precision."""
+def judged_note(dtype: torch.dtype, whose: str = "the forward's") -> str:
+    """What the report says of a gradient judged at a coarse forward's (or backward's)
+    precision."""
     name = _name(dtype)
-    return (f"judged at {name}'s precision, the forward's: {name}'s finite-difference steps "
+    return (f"judged at {name}'s precision, {whose}: {name}'s finite-difference steps "
             f"and tolerances")
+
+
+def reworded(details: Sequence[str], dtype: torch.dtype) -> list[str]:
+    """The verdict's notes where the forward (or backward) is shown to compute in `dtype`:
+    finite differences that disagree across steps there are its rounding as likely as a
+    kink, and are not called a kink (issue 55: "kink" only where one is shown)."""
+    from .confirm import KINK_CAUSE
+
+    name = _name(dtype)
+    cause = (f"it computes in {name} (its outputs are {name} numbers), whose rounding finite "
+             f"differences at {name}'s steps cannot resolve here, not a kink shown; check it in "
+             f"{name} against a float64 reference (--dtype {name} --reference module:fn)")
+    return [d.replace(KINK_CAUSE, cause) for d in details]
 
 
 def with_finding(problem: Problem, verdict: Verdict, dtype: torch.dtype) -> tuple[

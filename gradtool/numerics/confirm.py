@@ -161,7 +161,8 @@ def kink_note(tally: BlockTally, elements: Sequence, rounding: bool = False) -> 
                 f"{ROUNDING_CAUSE}: their one-sided estimates disagree about 10 times less at "
                 "10 times the step (rounding, error ∝ 1/h); compute in float64 throughout")
     return (f"inconclusive: finite differences disagree across step sizes at {where} — "
-            f"a non-differentiable point (kink, tie) near the input; try --resample")
+            f"{KINK_CAUSE}")
 
 
+KINK_CAUSE = "a non-differentiable point (kink, tie) near the input; try --resample"
 ROUNDING_CAUSE = "a lower-precision computation inside (float32 rounding or coarser), not a kink"

@@ -19,6 +19,7 @@ import torch
 from ..config.settings import CheckConfig
 from ..results import Outcome
 from .compare import BlockTally
+from .confirm import KINK_CAUSE
 from .jacobian import Reference, Verdict, _tallies, check_full, choose_mode, judged_tallies
 from .localise import Locator, Test, Tests, machine
 from .measured_words import data_dependent
@@ -334,7 +335,7 @@ def _fails_fixed(problem: Problem, config: CheckConfig, probes: Probes, p: int, 
 def _kink_note(tally: BlockTally, elements: Sequence) -> str:
     where = ", ".join(f"{tally.input}{list(e.input_index)}" for e in elements[:3])
     return (f"inconclusive: finite differences disagree across step sizes at {where} — "
-            f"a non-differentiable point (kink, tie) near the input; try --resample")
+            f"{KINK_CAUSE}")
 
 
 def _against_reference(problem: Problem, leaves: Sequence[torch.Tensor],
