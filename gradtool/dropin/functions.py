@@ -135,7 +135,7 @@ def _tests(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
                      check_undefined_grad=check_undefined_grad, fast_mode=fast_mode,
                      masked=settings["masked"])
     elif outputs and check_forward_ad:
-        _judge(on_torch_terms(judged, args, out), args, settings, backward=False,
+        _judge(judged, args, settings, backward=False,
                extra=extra_checks and not check_backward_ad)
     torch_runs(func, args, outputs, check_undefined_grad=check_undefined_grad,
                undefined_forward=not complex_values,  # else torch's ran it above
