@@ -15,6 +15,7 @@ from ..config.settings import CheckConfig
 from ..errors import GradtoolError, InputError, InternalError, TargetError, did_you_mean
 from ..numerics.facts import Facts
 from ..numerics.problem import Problem
+from ..numerics.rng import seed_all
 from ..numerics.sparse import Encoding, is_sparse, rebuilding
 from ..results import InputInfo
 from ..tracebacks import calls_user_code, gradtool_frame, raised_in_gradtool
@@ -343,7 +344,7 @@ def instantiate(target: Target, seed: int) -> torch.nn.Module:
     # manual_seed seeds every device: the CUDA generators already in use are forked too
     devices = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
+        seed_all(seed)
         try:
             if isinstance(init, dict):
                 return target.obj(**init)
