@@ -9,7 +9,7 @@ the calls' total and the processes' wall time both ways; the paired run gives ev
 with both verdicts, every exception gradtool raised that torch did not, and per-call medians (all
 calls, and tiny ones of <= 100 elements), which a shared machine's load would blur across runs.
 
-    python benchmarks/drop_in.py                    # both projects, env in /tmp/gradtool-dropin
+    python benchmarks/drop_in.py                    # every project, env in /tmp/gradtool-dropin
     python benchmarks/drop_in.py --projects entmax  # one
 Writes benchmarks/results/drop_in.json. Needs pip access to PyPI for the pinned packages.
 """
@@ -41,6 +41,7 @@ class Project:
     pin: str
     folder: str            # the tests' root below the env folder (pytest runs there)
     paths: tuple[str, ...]  # the test files that call gradcheck
+    deps: tuple[str, ...] = ()  # pinned too, beyond this environment's torch and numpy
 
 
 PROJECTS = {
@@ -52,17 +53,25 @@ PROJECTS = {
     "roma": Project("roma", "roma==1.8.0", "roma-tests",
                     ("test/test_mappings.py", "test/test_utils.py",
                      "test/test_procrustes_derivatives.py")),
+    # Differentiable scientific computing (linear algebra, optimisation, integration,
+    # interpolation); not tuned on. Its tests ship inside the wheel (xitorch/_tests): every file
+    # that calls gradcheck or gradgradcheck.
+    "xitorch": Project("xitorch", "xitorch==0.5.1", "site",
+                       ("xitorch/_tests/test_optimize.py", "xitorch/_tests/test_interp.py",
+                        "xitorch/_tests/test_jac.py", "xitorch/_tests/test_linop_fcns.py",
+                        "xitorch/_tests/test_integrate.py"), ("scipy==1.17.1",)),
 }
 
 
-def setup(env: Path) -> None:
+def setup(env: Path, projects: list[Project]) -> None:
     """The pinned packages in env/site (--target, no deps: torch and numpy are this venv's)."""
     site = env / "site"
-    pins = [p.pin for p in PROJECTS.values()]
-    if not all((site / p.name).is_dir() for p in PROJECTS.values()):
-        pip("install", "--no-deps", "--target", str(site), *pins)
+    missing = [p for p in projects if not (site / p.name).is_dir()]
+    if missing:
+        pip("install", "--no-deps", "--upgrade", "--target", str(site),
+            *[pin for p in missing for pin in (p.pin, *p.deps)])
     tests = env / "roma-tests" / "test"
-    if not tests.is_dir():
+    if PROJECTS["roma"] in projects and not tests.is_dir():
         pip("download", "--no-binary", ":all:", "--no-deps", "-d", str(env / "dl"),
             PROJECTS["roma"].pin)
         sdist = next((env / "dl").glob("roma-*.tar.gz"))
@@ -81,7 +90,8 @@ def run_suite(project: Project, env: Path, mode: str) -> dict[str, Any]:
     """One pytest process over the project's test files (mode: torch, gradtool or paired)."""
     out = env / f"calls-{project.name}-{mode}.json"
     environ = {**os.environ, "GRADTOOL_DROPIN_OUT": str(out), "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": os.pathsep.join([str(env / "site"), str(HERE)])}
+               # gradtool from this checkout (not whatever the environment installed)
+               "PYTHONPATH": os.pathsep.join([str(env / "site"), str(HERE), str(HERE.parent)])}
     if mode == "paired":
         environ["GRADTOOL_DROPIN_PAIRED"] = "1"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=10",
@@ -181,15 +191,20 @@ def main() -> None:
                         help=f"comma-separated, among {', '.join(PROJECTS)}")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    setup(args.env)
-    results = {"load_before": os.getloadavg()[0], "projects": {}}
-    for name in args.projects.split(","):
-        project = PROJECTS[name]
+    projects = [PROJECTS[name] for name in args.projects.split(",")]
+    setup(args.env, projects)
+    # the projects not run keep their last run's entry (each entry says its own time and load)
+    kept = json.loads(args.out.read_text()).get("projects", {}) if args.out.exists() else {}
+    results = {"projects": kept}
+    for project in projects:
+        load = os.getloadavg()[0]
         runs = [run_suite(project, args.env, mode) for mode in ("torch", "gradtool", "paired")]
-        results["projects"][name] = {"pin": project.pin, "files": list(project.paths),
-                                     **compare(*runs)}
-        print(name, json.dumps(results["projects"][name], indent=1)[:3000], flush=True)
-    results["load_after"] = os.getloadavg()[0]
+        results["projects"][project.name] = {
+            "pin": project.pin, "deps": list(project.deps), "files": list(project.paths),
+            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load_before": load, "load_after": os.getloadavg()[0], **compare(*runs)}
+        print(project.name, json.dumps(results["projects"][project.name], indent=1)[:3000],
+              flush=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
 
 

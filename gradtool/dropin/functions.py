@@ -23,7 +23,9 @@ Verdict policy (docs/library-and-pytest.md says it for users):
   (torch_tests.py, batched.py: gradtool's own code on torch's public API), and forward mode of
   complex values, which gradtool does not check itself (torch's public gradcheck runs it).
   gradtool evaluates the function on copies it owns, laid out as the tensors given where one is
-  not compact (given.py: an as_strided over a partial view reads the storage it would read).
+  not compact (given.py: an as_strided over a partial view reads the storage it would read),
+  an nn.Parameter given received as one, and on torch's terms (grad mode on, values requiring
+  grad) where its forward without a graph computes otherwise.
   So gradtool never passes what torch's function fails for a defect; where
   torch's own finite differences fail a correct function (a step across a kink, rounding its
   fixed tolerance cannot absorb), gradtool's verdict (inconclusive is not a failure) stands.
@@ -47,7 +49,7 @@ import torch
 from torch.autograd.gradcheck import GradcheckError
 
 from .calls import call, owned
-from .given import laid_out
+from .given import laid_out, on_torch_terms
 from .saved import plain_report, with_saved_inputs
 from .lean import passes as lean_pass
 from .torch_tests import (check_inputs, check_outputs, differentiable_outputs, forward_mode,
@@ -126,8 +128,8 @@ def _tests(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
         passed = None if extra_checks or complex_values else \
             lean_pass(judged, args, out, settings)
         if passed is None:
-            _judge(judged, args, settings, backward=True, extra=extra_checks,
-                   complex_values=complex_values)
+            _judge(on_torch_terms(judged, args, out), args, settings, backward=True,
+                   extra=extra_checks, complex_values=complex_values)
         reentrant(args, outputs, nondet_tol, check_grad_dtypes, passed)
     if outputs and check_forward_ad and complex_values:
         # gradtool checks no forward mode of complex values: torch's own check runs
@@ -135,8 +137,8 @@ def _tests(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
                      check_undefined_grad=check_undefined_grad, fast_mode=fast_mode,
                      masked=settings["masked"])
     elif outputs and check_forward_ad:
-        _judge(judged, args, settings, backward=False, extra=extra_checks and
-               not check_backward_ad)
+        _judge(judged, args, settings, backward=False,
+               extra=extra_checks and not check_backward_ad)
     torch_runs(func, args, outputs, check_undefined_grad=check_undefined_grad,
                undefined_forward=not complex_values,  # else torch's ran it above
                check_batched_grad=check_batched_grad,

@@ -34,6 +34,7 @@ from ..numerics.steps import FINITE_MACHINE, directional, vjp_rows
 from ..results import Outcome
 from ..targets.cases import batchable_forward
 from ..targets.probe import both_nan
+from ..targets.subclass import clone_keeping
 from ..tracebacks import calls_user_code
 
 SCALARS = (int, float, bool, str, type(None))  # arguments the pipeline passes as they are
@@ -201,7 +202,7 @@ def _on_clones(module: torch.nn.Module, args: Sequence[Any]
     the result. torch.func.functional_call does this in ~4x the time of a tiny forward."""
     slots = [(owner._parameters, name, p) for owner in module.modules()
              for name, p in owner._parameters.items() if p is not None]
-    clones = {id(p): p.detach().clone() for _, _, p in slots}
+    clones = {id(p): clone_keeping(p) for _, _, p in slots}  # a subclass's class kept
     try:
         for held, name, p in slots:
             held[name] = clones[id(p)]

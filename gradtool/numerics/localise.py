@@ -126,8 +126,10 @@ class Locator:
                                 _output_name(problem, outs, out_slice),
                                 tuple(_output_of(outs, out_slice).shape), 0, 0)
 
-    def elements(self, limit: int = 3) -> list[Element]:
-        """Up to `limit` wrong elements, each found by its own bisection."""
+    def elements(self, limit: int = 3,
+                 decisive: Callable[[Element], bool] | None = None) -> list[Element]:
+        """Up to `limit` wrong elements, each found by its own bisection; stops at the first
+        element `decisive` says settles the block's verdict."""
         found: list[Element] = []
         excluded: list[int] = []
         for _ in range(limit):
@@ -137,6 +139,8 @@ class Locator:
             for col in cols[:2]:
                 found.append(self._element(col))
                 excluded.append(col)
+                if decisive is not None and decisive(found[-1]):
+                    return found
         return found
 
     def _remaining(self, excluded: list[int]) -> torch.Tensor:

@@ -56,6 +56,8 @@ def vjp_rows(problem: Problem, leaves: Sequence[torch.Tensor], outs: Sequence[to
     # sparse: the attempt would always fail, after a backward of the user's.
     if not problem.sparse and problem.cache.batched_vjp_ok is not False \
             and len(grad_rows) > LOOP_MAX // 2:
+        if problem.cache.batched_vjp_ok is None and len(grad_rows) > LOOP_MAX + 1:
+            return _trial(problem, leaves, outs, grad_rows)
         try:
             out = flat_cat(problem.vjp_batched(leaves, outs, grads), batch=True)
             problem.cache.batched_vjp_ok = True
@@ -64,6 +66,28 @@ def vjp_rows(problem: Problem, leaves: Sequence[torch.Tensor], outs: Sequence[to
             problem.cache.batched_vjp_ok = False  # the user's backward is not vmap-friendly
     return torch.stack([flat_cat(problem.vjp(leaves, outs, [g[k] for g in grads]))
                         for k in range(len(grad_rows))])
+
+
+def _trial(problem: Problem, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+           grad_rows: torch.Tensor) -> torch.Tensor:
+    """vjp_rows the first time a problem's rows could batch: one row plain, the next LOOP_MAX
+    batched, both timed; batching is kept only where it costs no more per row. vmap runs an op
+    without a batching rule (a custom Function's Python backward) row by row through its
+    fallback, several times a plain call's cost: 20x a plain loop on a symmetric eigensolver's
+    double backward (xitorch's symeig)."""
+    import time
+
+    problem.cache.batched_vjp_ok = False
+    start = time.perf_counter()
+    first = vjp_rows(problem, leaves, outs, grad_rows[:1])
+    plain = time.perf_counter() - start
+    problem.cache.batched_vjp_ok = True
+    start = time.perf_counter()
+    batch = vjp_rows(problem, leaves, outs, grad_rows[1:LOOP_MAX + 1])
+    if problem.cache.batched_vjp_ok:  # False: it raised, and ran as plain calls
+        problem.cache.batched_vjp_ok = time.perf_counter() - start <= LOOP_MAX * plain
+    rest = vjp_rows(problem, leaves, outs, grad_rows[LOOP_MAX + 1:])
+    return torch.cat([first, batch, rest])
 
 
 # ---------------------------------------------------------------- numerical (finite differences)

@@ -100,6 +100,9 @@ def _forward(cls: type, real: Callable[..., Any]) -> Callable[..., Any]:
         call = Call(cls, tuple(user), dict(kwargs), real, ctx)
         _local.last = call
         result = _hooks[-1].forward(call)
+        # a Function applied inside this forward (pypose's Exp inside its Act) set `last` to
+        # its own call meanwhile, and its setup_context took it: this class's comes next
+        _local.last = call
         if ctx is not None and call.extra:
             _calls_by_ctx[id(ctx)] = call  # kept only where the hook has a backward to run
         return result

@@ -20,6 +20,7 @@ from ..targets.cases import Case, arg_name, bind
 from ..targets.inputs import InputSpec, LiteralSpec, TensorSpec
 from ..targets.load import Target
 from ..targets.resolve import make_target
+from ..targets.subclass import clone_keeping, keeps_class, plain, retyping
 from .alone import FunctionFinding, check_alone, finding_of, wrt
 from .applyhook import Call, Hook, hooked
 from .paths import calls_user_ops, failing_inputs, is_whole, named_whole
@@ -101,8 +102,8 @@ def _hooks_on(tensors: Sequence[Any]) -> bool:
 
 def _snapshot(value: Any) -> Any:
     """A copy taken before forward runs (it may write in place); requires_grad travels along."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone().requires_grad_(value.requires_grad)
+    if isinstance(value, torch.Tensor):  # a subclass's values cloned plainly, its class kept
+        return clone_keeping(value).requires_grad_(value.requires_grad)
     return value
 
 
@@ -171,13 +172,16 @@ def case_from_values(target: Target, values: Sequence[Any], config: CheckConfig,
         differentiable = [isinstance(v, torch.Tensor) and v.requires_grad for v in values]
     args, names, diff, specs, infos = [], [], [], [], []
     encodings: dict[int, Encoding] = {}  # sparse inputs, held as strided values (as build_case)
+    templates: dict[int, Any] = {}  # storage subclasses: held plain, forward sees their class
     for position, (value, grad) in enumerate(zip(values, differentiable)):
         name = target.arg_names[position] if position < len(target.arg_names) else \
             (aliases or {}).get(position) or arg_name(target, position)
         spec: InputSpec
         if isinstance(value, torch.Tensor):
             grad = grad and (value.is_floating_point() or value.is_complex())
-            value = value.detach()
+            if keeps_class(value):
+                templates[position] = value
+            value = plain(value)
             spec = TensorSpec(tuple(value.shape), str(value.dtype).removeprefix("torch."),
                               requires_grad=grad, name=name)
             if grad and is_sparse(value):
@@ -196,10 +200,12 @@ def case_from_values(target: Target, values: Sequence[Any], config: CheckConfig,
         """keyword-only forward arguments passed along (to a float64 reference too), never
         checked; sparse inputs rebuilt in their layout"""
         bound = functools.partial(bound, **kwargs) if kwargs else bound
+        bound = retyping(bound, templates)
         return rebuilding(bound, encodings) if encodings else bound
 
     fn = wrap(fn)
-    batched_fn = wrap(batched_fn) if batched_fn and not encodings else None  # vmap: no sparse
+    # vmap batches no sparse tensor, nor a subclass's values
+    batched_fn = wrap(batched_fn) if batched_fn and not encodings and not templates else None
     problem = Problem(fn, args, names, diff, batched_fn=batched_fn, sparse=encodings)
     return Case(label, config.seed, specs, problem, infos, wrap=wrap, n_positional=len(args))
 
@@ -253,6 +259,8 @@ def captured_case(app: Application, config: CheckConfig, freeze_seed: int | None
         # Some arguments were the forward's own leaves: a closure may hold them, so each
         # evaluation replays the forward rather than calling the Function on copies.
         fn, scope = replaying(app.outer, app.cls, app.ordinal, app.anchors)
+        # the Problem's values are plain: a subclass argument is handed over as its class
+        fn = retyping(fn, {k: v for k, v in enumerate(args) if keeps_class(v)})
         if case.problem.sparse:  # the replayed forward takes sparse inputs as given
             fn = rebuilding(fn, case.problem.sparse)
         changes.update(fn=fn, scope=scope, batched_fn=None)

@@ -144,12 +144,21 @@ class Xpassed:
     """A pytest plugin object: collects the tests marked as expected failures that passed (under
     xdist from the reports the controller receives) into `tests`, for the summary."""
 
-    def __init__(self, tests: list[str]) -> None:
-        self.tests = tests
+    def __init__(self, tests: list[tuple[str, str]]) -> None:
+        self.tests = tests  # (test, the reason its mark gives, or "")
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         if unexpected_success(report):
-            self.tests.append(report.nodeid)
+            self.tests.append((report.nodeid, mark_reason(report)))
+
+
+def mark_reason(report: Any) -> str:
+    """The reason an expected-failure mark gives: pytest keeps it in `wasxfail`, a strict
+    mark's in its failure text; unittest's expectedFailure gives none."""
+    if getattr(report, "wasxfail", ""):
+        return str(report.wasxfail)
+    text = str(report.longrepr) if report.outcome == "failed" else ""
+    return text.removeprefix("[XPASS(strict)]").strip() if text.startswith("[XPASS") else ""
 
 
 def unexpected_success(report: Any) -> bool:
@@ -163,17 +172,23 @@ def unexpected_success(report: Any) -> bool:
     return text.startswith(("[XPASS(strict)]", "Unexpected success"))
 
 
-def expected_failures_passed(calls: list[Call], xpassed: list[str]) -> str | None:
+def expected_failures_passed(calls: list[Call], xpassed: list[tuple[str, str]]) -> str | None:
     """The summary's line on tests marked as expected failures that passed, every gradcheck
-    call they made passed by gradtool: torch's own gradcheck cannot judge those calls."""
+    call they made passed by gradtool: torch's own gradcheck cannot judge those calls. Each
+    test with its mark's reason and its calls."""
     outcomes: dict[str, set[str]] = {}
+    made: dict[str, int] = {}
     for call in calls:
         outcomes.setdefault(call.where, set()).add(call.outcome)
-    tests = [t for t in dict.fromkeys(xpassed) if outcomes.get(t) == {"passed"}]
+        made[call.where] = made.get(call.where, 0) + 1
+    reasons = dict(xpassed)
+    tests = [t for t in reasons if outcomes.get(t) == {"passed"}]
     if not tests:
         return None
-    shown = "\n  ".join(tests[:10]) + (f"\n  ... and {len(tests) - 10} more"
-                                       if len(tests) > 10 else "")
+    lines = [f"{t} ({made[t]} call(s) passed" + (f"; marked: {reasons[t]})" if reasons[t]
+                                                 else ")") for t in tests[:10]]
+    shown = "\n  ".join(lines) + (f"\n  ... and {len(tests) - 10} more"
+                                  if len(tests) > 10 else "")
     return (f"{len(tests)} test(s) marked as expected failures passed: gradtool passed every "
             "gradcheck call they made, where torch's own gradcheck fails them (a dtype it errs "
             "on, or finite differences that are rounding noise at its float64 step):\n  "

@@ -15,11 +15,13 @@ from ..config.settings import CheckConfig
 from ..errors import GradtoolError, InputError, InternalError, TargetError, did_you_mean
 from ..numerics.facts import Facts
 from ..numerics.problem import Problem
+from ..numerics.rng import seed_all
 from ..numerics.sparse import Encoding, is_sparse, rebuilding
 from ..results import InputInfo
 from ..tracebacks import calls_user_code, gradtool_frame, raised_in_gradtool
 from .inputs import InputSpec, LiteralSpec, TensorSpec, sample
 from .load import Target
+from .subclass import keeps_class, plain, retyped, retyping
 from .values import (Keyword, ValueSpec, is_python_subclass, is_structured, leaves,
                      structured, subclass_values, unwrap)
 
@@ -89,6 +91,7 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
     symmetric: list[int] = []  # flat positions perturbed and compared as symmetric matrices
     encodings: dict[int, Encoding] = {}  # flat positions of sparse inputs, held dense
     subclassed: list[str] = []  # notes: wrapper-subclass values, held as plain tensors
+    templates: dict[int, Any] = {}  # flat positions of storage subclasses: forward sees them so
     named = [(spec_name(s) or arg_name(target, i), s) for i, s in enumerate(positional)]
     for base, top in named + [(k.name, k.spec) for k in keywords]:
         top = unwrap(top)
@@ -97,6 +100,8 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
             if spec is None or not isinstance(spec, (TensorSpec, LiteralSpec, ValueSpec)):
                 spec = LiteralSpec(spec)  # a plain value inside a container
             args.append(_leaf_value(spec, generator, config))
+            if isinstance(spec, ValueSpec) and keeps_class(spec.value):
+                templates[len(args) - 1] = spec.value
             if isinstance(spec, ValueSpec) and is_python_subclass(spec.value):
                 subclassed.append(f"{name}: a tensor subclass ({type(spec.value).__name__}) "
                                   "given; checked on its values, passed to the target as a "
@@ -117,6 +122,8 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
         fn = structured(fn, positional, keywords, n_leaves)
         batched_fn = structured(batched_fn, positional, keywords, n_leaves) \
             if batched_fn is not None and (target.kind.batched_keywords or not keywords) else None
+    if templates:  # vmap's batched values are no subclass's: plain calls only
+        fn, batched_fn = retyping(fn, templates), None
     notes = subclassed
     if encodings:  # vmap batches no sparse tensor
         fn, batched_fn = rebuilding(fn, encodings), None
@@ -150,6 +157,7 @@ def build_case(target: Target, specs: Sequence[Any], config: CheckConfig, seed: 
         """Another bound fn (the float64 reference's) wrapped as fn was, autocast aside."""
         if nested:
             bound = structured(bound, positional, keywords, n_leaves)
+        bound = retyping(bound, templates)
         if encodings:
             bound = rebuilding(bound, encodings)
         if symmetric:
@@ -183,6 +191,8 @@ def _leaf_value(spec: Any, generator: Any, config: CheckConfig) -> Any:
     if isinstance(spec, ValueSpec) and isinstance(spec.value, torch.Tensor):
         if is_python_subclass(spec.value):  # a wrapper subclass: gradtool perturbs its values
             return subclass_values(spec.value)
+        if keeps_class(spec.value):  # perturbed as a plain tensor, forward sees its class
+            return plain(spec.value).clone()
         return spec.value.detach().clone()  # the user's tensor is never touched (nor given .grad)
     return spec.value
 
@@ -267,10 +277,13 @@ def bind_module(target: Target, n_args: int, config: CheckConfig, seed: int) -> 
     state = {} if owned else private_state(module, dtype, device)
     if owned:
         module.to(device=device, dtype=dtype)  # casts floating parameters and buffers only
-    params = [(name, state[name] if name in state else p.detach().clone())
-              for name, p in module.named_parameters()
+    # the engine's values are plain tensors; forward sees each as its parameter's class
+    like = dict(module.named_parameters())
+    params = [(name, plain(state[name]) if name in state else plain(p).clone())
+              for name, p in like.items()
               if p.requires_grad and p.is_floating_point() and config.module_parameters]
     names = [n for n, _ in params]
+    kept = {n: like[n] for n in names if keeps_class(like[n])}  # forward sees their class
 
     @contextlib.contextmanager
     def scope(args: Sequence[Any]) -> Iterator[None]:
@@ -278,8 +291,10 @@ def bind_module(target: Target, n_args: int, config: CheckConfig, seed: int) -> 
             yield                    # swap (reparametrizing costs ~30 us a call for nothing)
             return
         # Swapped into the module (tied weights kept tied); nested scopes restore in turn.
-        with _reparametrize_module(module, {**state, **dict(zip(names, args[n_args:]))},
-                                   tie_weights=True):
+        swapped = dict(zip(names, args[n_args:]))
+        for name, template in kept.items():
+            swapped[name] = retyped(swapped[name], template)
+        with _reparametrize_module(module, {**state, **swapped}, tie_weights=True):
             yield
 
     @calls_user_code
@@ -287,7 +302,8 @@ def bind_module(target: Target, n_args: int, config: CheckConfig, seed: int) -> 
         with scope(args):
             return module(*args[:n_args], **kwargs)
 
-    return call, call, params, scope
+    # vmap's batched values are no subclass's: a subclass parameter is called plainly
+    return call, None if kept else call, params, scope
 
 
 def private_copy(target: Target, seed: int) -> tuple[torch.nn.Module, bool]:
@@ -313,8 +329,8 @@ def private_state(module: torch.nn.Module, dtype: torch.dtype, device: str
     state = {}
     for name, t in [*module.named_parameters(), *module.named_buffers()]:
         try:
-            state[name] = t.detach().to(device=device, copy=True,
-                                        dtype=dtype if t.is_floating_point() else t.dtype)
+            state[name] = retyped(plain(t).to(device=device, copy=True, dtype=dtype if
+                                              t.is_floating_point() else t.dtype), t)
         except Exception:  # noqa: BLE001 - read as it is
             continue
     return state
@@ -328,7 +344,7 @@ def instantiate(target: Target, seed: int) -> torch.nn.Module:
     # manual_seed seeds every device: the CUDA generators already in use are forked too
     devices = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
+        seed_all(seed)
         try:
             if isinstance(init, dict):
                 return target.obj(**init)

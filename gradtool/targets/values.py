@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import InputError
 from .inputs import Keyword, LiteralSpec, TensorSpec
+from .subclass import is_python_subclass, plain
 
 __all__ = ["Keyword", "Nested", "ValueSpec", "given_specs", "leaves", "rebuild", "structured"]
 
@@ -57,15 +58,6 @@ def unwrap(spec: Any) -> Any:
     return spec.spec if isinstance(spec, (Keyword, Nested)) else spec
 
 
-def is_python_subclass(tensor: Any) -> bool:
-    """A tensor subclass with its own __torch_dispatch__ (a wrapper: quantised, logging...):
-    no storage of its own, so no .numpy(), .tolist() or deep copy the usual way."""
-    import torch
-
-    return isinstance(tensor, torch.Tensor) and torch._C._dispatch_keys(tensor).has(
-        torch._C.DispatchKey.Python)
-
-
 def subclass_values(tensor: Any) -> Any:
     """A subclass's values as a plain tensor of its dtype, shape and device (the subclass's own
     ops read them: its detach where that is plain, else element by element), never written."""
@@ -83,7 +75,7 @@ def content_hash(tensor: Any) -> str:
     """A short hash of a tensor's values (8 hex digits), to tell two given inputs apart."""
     import torch
 
-    flat = (subclass_values(tensor) if is_python_subclass(tensor) else tensor.detach()).to("cpu")
+    flat = (subclass_values(tensor) if is_python_subclass(tensor) else plain(tensor)).to("cpu")
     if flat.layout != torch.strided:  # sparse: the values it stands for
         flat = flat.to_dense()
     # A fresh dense copy: .contiguous() keeps a view whose size-1 dimension has any stride
