@@ -196,7 +196,14 @@ def _double_backward(name: str, case: Case, job: Any, config: Any, runs: Sequenc
         return PlannedCost(name, "probe", *probe_evaluations(config), 0, 0, AT_MOST)
     if n_in * (n_in + n_out) > SMALL:
         return PlannedCost(name)
-    return PlannedCost(name, "full", 2 * (n_in + n_out) + tensors + 1, n_in + 2 * tensors, 0,
+    # G's columns along v are the gradient check's rows where it ran before in full mode
+    # (Problem.known, read by numerics/columns.py): none evaluated beyond f(x)
+    first = [n for n in runs[:list(runs).index(name)]
+             if _COUNTERS.get(registry.BY_NAME[n].import_path) is _gradient]
+    rows = bool(first) and _float64(case) and _gradient_mode(
+        case, _config(job, first[0])) == ("full", False)
+    along_v = 0 if rows else 2 * n_out
+    return PlannedCost(name, "full", 2 * n_in + along_v + tensors + 1, n_in + 2 * tensors, 0,
                        0, AT_MOST)
 
 
