@@ -10,11 +10,15 @@ priming forward and the layout check's baseline, the gradient check's one-hot ro
 contract's linearity test (checks/linear_rows.py). Nothing is evaluated to plan: shapes come
 from the facts (`Facts.output_shapes`), layouts are tried on meta tensors.
 
-A count is `exact` where the check pays exactly that on correct code, else an upper bound
-(`bound="at most"`: coloured or batched columns, reuse the check finds as it goes) or not
-planned at all (None: the low-precision judge, opt-in checks, a mode only timing decides). A
-failure adds what the plan leaves out: confirmation calls, re-estimates, a diagnosis, the
-culprit search; the report's calls say what was paid.
+A count is `exact` where the check pays exactly that (paid plus read) on correct code, else an
+upper bound (`bound="at most"`: coloured or batched columns, reuse the check finds as it goes)
+or not planned at all (None: the low-precision judge, opt-in checks, a mode only timing
+decides). Reads are at most those planned: a share the ledger cannot serve at run time (an
+engine-summed gradient, rows a timed plan groups) is paid instead. Beyond the plan: a
+failure's confirmation calls, re-estimates, diagnosis and culprit search; a warning's
+confirmations; a tolerance measured at 2h and 3h (noisy finite differences); a placeholder
+output the contract sees depends on no input (a forward). The report's calls say what was
+paid, and `-v` what went beyond the plan (render/words.py:beyond_text).
 
 The order is stated here: a check runs after every check it reads from (`records` before
 `reads_recorded`, `waits_for`, the first-order check before the one that `reuses_graph`), and
