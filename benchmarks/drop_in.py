@@ -194,8 +194,8 @@ def main() -> None:
     projects = [PROJECTS[name] for name in args.projects.split(",")]
     setup(args.env, projects)
     # the projects not run keep their last run's entry (each entry says its own time and load)
-    results = json.loads(args.out.read_text()) if args.out.exists() else {}
-    results = {"projects": {}, **results}
+    kept = json.loads(args.out.read_text()).get("projects", {}) if args.out.exists() else {}
+    results = {"projects": kept}
     for project in projects:
         load = os.getloadavg()[0]
         runs = [run_suite(project, args.env, mode) for mode in ("torch", "gradtool", "paired")]

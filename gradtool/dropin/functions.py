@@ -23,7 +23,9 @@ Verdict policy (docs/library-and-pytest.md says it for users):
   (torch_tests.py, batched.py: gradtool's own code on torch's public API), and forward mode of
   complex values, which gradtool does not check itself (torch's public gradcheck runs it).
   gradtool evaluates the function on copies it owns, laid out as the tensors given where one is
-  not compact (given.py: an as_strided over a partial view reads the storage it would read).
+  not compact (given.py: an as_strided over a partial view reads the storage it would read),
+  an nn.Parameter given received as one, and on torch's terms (grad mode on, values requiring
+  grad) where its forward without a graph computes otherwise.
   So gradtool never passes what torch's function fails for a defect; where
   torch's own finite differences fail a correct function (a step across a kink, rounding its
   fixed tolerance cannot absorb), gradtool's verdict (inconclusive is not a failure) stands.
