@@ -9,9 +9,11 @@ wrong second derivative is not hidden under atol.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
-from torch.autograd import Function
 
 import gradtool
 from gradtool.checks.double_backward import _weights
@@ -19,18 +21,16 @@ from gradtool.results import Outcome
 
 from conftest import result
 
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+import bugs  # noqa: E402
+
 SOLVER = 8e-6  # the solver's error in backward: its derivative, unseen by autograd
 
 
-class SolvedCube(Function):
+class SolvedCube(bugs.Cube):
     """y = x³; backward 3x² g plus a solver's smooth error, 8e-6 sin(x) g, computed without a
     graph (as a solve to a tolerance is): the second derivative misses 8e-6 cos(x) g, within
     gradgradcheck's atol for any weight in [-1, 1]."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x ** 3
 
     @staticmethod
     def backward(ctx, grad):
