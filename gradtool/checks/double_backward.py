@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import math
 import re
 import sys
 from dataclasses import replace
@@ -69,6 +68,16 @@ def check_double_backward(case: Case, target: Target, config: CheckConfig) -> Ch
     if result.outcome is Outcome.ERROR and _raises_differentiated(case.problem):
         return _undifferentiable(result)
     return result
+
+
+def _weights(out: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """G's grad_output, ±[0.5, 1) (complex: each part, /√2): gradgradcheck's tolerance assumes
+    weights in [-1, 1] (a normal draw's up to 3 pushed a solver's error past it; tiny hid one)."""
+    def part() -> torch.Tensor:  # [0, .5) -> [-1, -.5); [.5, 1) stays
+        r = torch.rand(out.shape, generator=gen, dtype=torch.float64, device="cpu")
+        return torch.where(r < 0.5, r - 1, r)
+    drawn = torch.complex(part(), part()) / 2 ** 0.5 if out.is_complex() else part()
+    return drawn.to(out.device, out.dtype)
 
 
 def _raises_differentiated(problem: Problem) -> bool:
@@ -204,8 +213,7 @@ def _derive(problem: Problem, seed: int
         return None, None
     forward_dtype(problem, outs)  # learnt from these outputs, not a new forward
     gen = torch.Generator().manual_seed(seed + 202)
-    grads = [torch.randn(o.shape, generator=gen, dtype=o.dtype, device="cpu").to(o.device)
-             for o in outs]
+    grads = [_weights(o, gen) for o in outs]
     n = len(leaves)
     g = _Backward(problem, n, problem.cache.take_graphs())
     names = problem.input_names + [_grad_name(name) for name in problem.output_names or
@@ -386,19 +394,12 @@ def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
     analytical, numerical = pair
     found = classify_double_backward(as_numpy(analytical), as_numpy(numerical),
                                      atol=config.tolerance("atol"), rtol=config.tolerance("rtol"),
-                                     input_shape=_shape(block.input_shape, analytical.shape[1]),
-                                     output_shape=_shape(block.output_shape, analytical.shape[0]))
+                                     shapes=(block.input_shape, block.output_shape))
     # only where no pattern is seen (a zero second derivative already says untracked): two
     # forwards, once per check, name the saved tensor with no graph
     if found is None or found.kind == "no_pattern":
         return _untracked(problem) or found
     return found
-
-
-def _shape(shape: Any, size: int) -> tuple[int, ...] | None:
-    """A block's shape where it fits the columns or rows compared (a partial block's may not)."""
-    shape = tuple(shape or ())
-    return shape if shape and math.prod(shape) == size else None
 
 
 def _untracked(derived: Problem) -> Diagnosis | None:

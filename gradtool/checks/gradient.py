@@ -198,7 +198,8 @@ def mismatch_text(block: Block, against: str) -> str:
 
 def _where(block: Block) -> str:
     return (f"{block.mismatched} of {block.checked} elements" if block.exhaustive
-            else f"{block.mismatched} located element(s)")
+            else f"{block.mismatched} located element(s)" if block.worst
+            else "its probe (no single element located)")
 
 
 def reverse_mode(problem: Problem, config: CheckConfig, leaves: list[torch.Tensor],

@@ -362,9 +362,12 @@ SECOND_ORDER_KINDS = ("nonfinite", "untracked", "few_elements", "factor", "sign"
 
 def classify_double_backward(analytical: np.ndarray, numerical: np.ndarray, *,
                              atol: float = 1e-5, rtol: float = 1e-3,
-                             input_shape: tuple[int, ...] | None = None,
-                             output_shape: tuple[int, ...] | None = None) -> Diagnosis | None:
+                             shapes: tuple[Sequence[int], Sequence[int]] = ((), ())
+                             ) -> Diagnosis | None:
     """One-line cause of a mismatch in a second-order block (the Jacobian of backward), or None;
-    elements named in the shapes given (as the report's element lines name them)."""
-    return _first_found(make_block(analytical, numerical, input_shape, output_shape, atol=atol,
-                                   rtol=rtol), _SECOND_ORDER)
+    elements named in the (input, output) shapes given where they fit the block (as the
+    report's element lines name them; a block compared in part keeps flat indices)."""
+    fit = [tuple(s) if s and int(np.prod(s)) == n else None
+           for s, n in zip(shapes, (analytical.shape[1], analytical.shape[0]))]
+    return _first_found(make_block(analytical, numerical, *fit, atol=atol, rtol=rtol),
+                        _SECOND_ORDER)

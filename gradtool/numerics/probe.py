@@ -204,9 +204,7 @@ def _noisy(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor]
     """A probe that cannot pass, nor localise (its element tests as noisy): full mode judges
     each element where auto mode's own cost rule would choose it; else inconclusive (auto mode
     probed because full mode is over budget), saying how to judge it."""
-    affordable = config.mode != "auto" and \
-        choose_mode(problem, replace(config, mode="auto"), leaves, outs)[0] == "full"
-    if affordable:
+    if affordable(problem, config, leaves, outs):
         return check_full(problem, config, leaves, outs, None,
                           f"{reason}; {why}, so full mode judges each element", stop, first)
     return Verdict(Outcome.INCONCLUSIVE, [t.to_block(exhaustive=False) for row in tallies
@@ -214,6 +212,14 @@ def _noisy(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor]
                    [f"inconclusive: {why}; full mode would judge each element but is over "
                     "budget here: run it with --mode full, or set --atol/--rtol to the noise "
                     "you accept"])
+
+
+def affordable(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
+               outs: Sequence[torch.Tensor]) -> bool:
+    """Whether full mode may judge what a probe cannot: probe mode was asked for and auto
+    mode's own cost rule would choose full mode (auto mode probed because it would not)."""
+    return config.mode != "auto" and \
+        choose_mode(problem, replace(config, mode="auto"), leaves, outs)[0] == "full"
 
 
 def ceiling(config: CheckConfig) -> tuple[float, float]:
@@ -236,10 +242,15 @@ def noisy_words(tests: Tests) -> str | None:
 def _localise(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
               outs: Sequence[torch.Tensor], tallies: list[list[BlockTally]], probes: Probes,
               failing: list[tuple[int, int]], reason: str) -> Verdict:
-    """Split the first failing test by input and output, then bisect inside failing blocks."""
+    """Split the first failing test by input and output, then bisect inside failing blocks.
+    A block fails on an element beyond its own tolerance, what full mode would find there. A
+    probe is a sum over many elements: one that disagrees with no such element found cannot
+    say whether any element is beyond its tolerance (spread errors, each within it, sum past
+    one element's), so it is unsettled: full mode judges it where affordable, else it is
+    inconclusive -- never a failure full mode at the same tolerance might pass."""
     p, q = failing[0]
     pairs = _failing_blocks(problem, config, leaves, outs, probes, p, q, tallies[0][0].atol)
-    blocks, outcomes, details, skipped = {}, [], [], []
+    blocks, outcomes, details, skipped, unsettled = {}, [], [], [], []
     # the drop-in's fast_mode (probe mode asked for, in gradcheck's scope): the evidence a
     # verdict needs, as torch's failing fast mode pays for one pair's columns: localising stops
     # at the first element that fails the pair for certain, and at the first failing pair
@@ -256,29 +267,30 @@ def _localise(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tens
             decisive=(lambda e, t=tally: _decisive(e, t, config)) if cut else None)
         bad = [e for e in elements if e.abs_diff > tally.atol + tally.rtol * abs(e.numerical)
                or e.inconclusive]
-        tally.mismatched = max(1, len(bad))
-        tally.max_rel = max((e.rel_diff for e in bad), default=0.0)
+        tally.mismatched, tally.max_rel = len(bad), max((e.rel_diff for e in bad), default=0.0)
         if bad and all(e.inconclusive for e in bad):
             outcomes.append(Outcome.INCONCLUSIVE)
             details.append(_kink_note(tally, bad))
-        elif config.measured and _within_fixed(bad, config) and (
-                data_dependent(problem) if bad else
-                not _fails_fixed(problem, config, probes, p, q, i, o, g)):
-            # Beyond the measured error, within gradcheck's, and no element stands out: what
-            # a forward computed only to a tolerance (an iterative solver) looks like.
+        elif bad and config.measured and _within_fixed(bad, config) and data_dependent(problem):
+            # Beyond the measured error, within gradcheck's: what a forward computed only to
+            # a tolerance (an iterative solver) looks like.
             outcomes.append(Outcome.INCONCLUSIVE)
-            why = ("forward has data-dependent control flow (it reads tensor values into "
-                   "Python)" if bad
-                   else "no single element stands out")
             details.append(f"inconclusive: {tally.input} -> {tally.output}: probes disagree by "
-                           f"{tally.max_abs:.3g}, beyond the measured finite-difference error "
-                           f"but within gradcheck's fixed tolerance, and {why} (a forward "
-                           "computed to a tolerance, such as an iterative solver, looks like "
-                           "this): errors this small cannot be told from it here; set "
-                           "--atol/--rtol to judge it by a fixed tolerance")
+                           f"{tally.max_abs:.3g}, and the elements localised are beyond the "
+                           "measured finite-difference error but within gradcheck's fixed "
+                           "tolerance, and forward has data-dependent control flow (it reads "
+                           "tensor values into Python) (a forward computed to a tolerance, such "
+                           "as an iterative solver, looks like this): errors this small cannot "
+                           "be told from it here, and the elements not localised are not "
+                           "judged; --mode full with --atol/--rtol judges each element by a "
+                           "fixed tolerance")
+        elif not bad and (not config.measured or data_dependent(problem)
+                          or not _fails_fixed(problem, config, probes, p, q, i, o, g)):
+            unsettled.append(tally)
         else:
             outcomes.append(Outcome.FAILED)
-            if not bad:
+            if not bad:  # measured: spread beyond the fixed atol, on a deterministic forward
+                tally.mismatched = 1  # the failing probe (the block's header says so)
                 details.append(f"{tally.input} -> {tally.output}: probes disagree by "
                                f"{tally.max_abs:.3g}, beyond the measured finite-difference "
                                "error, but no single element stands out")
@@ -287,14 +299,37 @@ def _localise(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tens
         details.append(f"the probe fails for {', '.join(skipped)} too, not localised: the "
                        "first failing pair decides (gradtool.check(..., exhaustive=True), or "
                        "--exhaustive, localises every pair)")
-    if not pairs:
+    joint = not pairs and (not config.measured or data_dependent(problem))
+    if not pairs and not joint:
         outcomes.append(Outcome.FAILED)
         details.append("the joint probe fails but no single (input, output) pair does: "
                        "small errors spread over several pairs")
+    if Outcome.FAILED not in outcomes and (unsettled or joint) and \
+            affordable(problem, config, leaves, outs):
+        return check_full(problem, config, leaves, outs, None,
+                          f"{reason}; the probe failed with no element beyond its tolerance, "
+                          "so full mode judges each element")
+    details += [_unsettled_note(t, config) for t in unsettled]
+    if joint:
+        details.append(_unsettled_note(None, config))
     all_blocks = [blocks.get((i, o)) or t.to_block(exhaustive=False)
                   for i, row in enumerate(tallies) for o, t in enumerate(row)]
     outcome = Outcome.FAILED if Outcome.FAILED in outcomes else Outcome.INCONCLUSIVE
     return Verdict(outcome, all_blocks, "probe", reason, details)
+
+
+def _unsettled_note(tally: BlockTally | None, config: CheckConfig) -> str:
+    """Why a failing probe with no element beyond its tolerance is no verdict (`tally` None:
+    the joint probe fails and no single pair does)."""
+    beyond = ("the measured finite-difference error" if config.measured
+              else f"one element's fixed tolerance (atol {config.tolerance('atol'):g})")
+    where = (f"{tally.input} -> {tally.output}: probes disagree by {tally.max_abs:.3g}, "
+             f"beyond {beyond}, yet no element localised is beyond its own" if tally else
+             f"the joint probe fails, beyond {beyond}, yet no single (input, output) pair does")
+    return (f"inconclusive: {where}: a probe sums many elements, and errors spread over them, "
+            "each within its tolerance (a backward computed to a tolerance, such as an "
+            "iterative solver's, looks like this), can sum past one element's; full mode judges "
+            "each element: run it with --mode full")
 
 
 def _failing_blocks(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],

@@ -113,7 +113,8 @@ def block_lines(block: Block, tolerance: dict[str, float], label: str = "numeric
              # full mode stopped at a confirmed failure: its counts are of what it compared
              else f"mismatched elements {block.mismatched} / {block.checked} compared (the "
              "block not swept whole)" if mode == "full"
-             else f"located {_plural(block.mismatched, 'mismatched element')} by bisection")
+             else f"located {_plural(block.mismatched, 'mismatched element')} by bisection"
+             if block.worst else "the probe fails; no single element located")
     lines = [f"input '{block.input}' {_shape(block.input_shape)} -> {block.output} "
              f"{_shape(block.output_shape)}   {count}"]
     tol = ("(tolerance measured)" if "measured_k" in tolerance else
