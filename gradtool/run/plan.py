@@ -8,7 +8,7 @@ layout variants' `evaluations`, double backward's Jacobian of vᵀ∂f/∂x — 
 (numerics/ledger.py) will serve instead of paying: the contract's graph to the gradient check's
 priming forward and the layout check's baseline, the gradient check's one-hot rows to the
 contract's linearity test (checks/linear_rows.py). Nothing is evaluated to plan: shapes come
-from the facts (`Facts.output_shapes`), layouts are tried on meta tensors.
+from the facts (`Facts.output_shapes`), layouts are tried on empty tensors of their shapes.
 
 A count is `exact` where the check pays exactly that (paid plus read) on correct code, else an
 upper bound (`bound="at most"`: coloured or batched columns, reuse the check finds as it goes)
@@ -214,13 +214,13 @@ def _double_backward(name: str, case: Case, job: Any, config: Any, runs: Sequenc
 def _layout(name: str, case: Case, job: Any, config: Any, runs: Sequence[str],
             recorded: bool, shared: bool) -> PlannedCost:
     """The contiguous baseline (the contract's graph and backward, read, or a forward and a
-    backward paid), then layout_variants.evaluations on meta tensors of the outputs' shapes."""
+    backward paid), then layout_variants.evaluations on empty tensors of the outputs' shapes."""
     import torch
 
     from ..checks.layout import movable
     from ..checks.layout_variants import GRAD_VARIANTS, INPUT_VARIANTS, evaluations
 
-    outs = [_meta(torch, shape, getattr(torch, dtype), tracked)
+    outs = [_empty(torch, shape, getattr(torch, dtype), tracked)
             for shape, dtype, tracked in case.problem.facts.output_shapes]
     grads = [torch.empty_like(o) for o in outs]
     grads_only = evaluations(case.problem, outs, grads, False, GRAD_VARIANTS, (), ())
@@ -231,9 +231,11 @@ def _layout(name: str, case: Case, job: Any, config: Any, runs: Sequence[str],
                        EXACT, "the contract's graph" if recorded else "")
 
 
-def _meta(torch: Any, shape: tuple[int, ...], dtype: Any, tracked: bool) -> Any:
-    """An output of this shape and dtype with no memory (a layout is built, never evaluated)."""
-    out = torch.empty(shape, dtype=dtype, device="meta")
+def _empty(torch: Any, shape: tuple[int, ...], dtype: Any, tracked: bool) -> Any:
+    """An output of this shape and dtype, uninitialised (a layout is built, never evaluated).
+    Not on the meta device: its ops run torch's Python references, which import sympy (~1 s
+    cold), and the layout check allocates these outputs anyway."""
+    out = torch.empty(shape, dtype=dtype)
     return out.requires_grad_() if tracked and (out.is_floating_point() or out.is_complex()) \
         else out
 
