@@ -234,8 +234,9 @@ def _layout(name: str, case: Case, job: Any, config: Any, runs: Sequence[str],
 def _empty(torch: Any, shape: tuple[int, ...], dtype: Any, tracked: bool) -> Any:
     """An output of this shape and dtype, uninitialised (a layout is built, never evaluated).
     Not on the meta device: its ops run torch's Python references, which import sympy (~1 s
-    cold), and the layout check allocates these outputs anyway."""
-    out = torch.empty(shape, dtype=dtype)
+    cold), and the layout check allocates these outputs anyway. On the CPU whatever the
+    case's device: nothing runs on it, and untouched pages cost no memory."""
+    out = torch.empty(shape, dtype=dtype, device="cpu")
     return out.requires_grad_() if tracked and (out.is_floating_point() or out.is_complex()) \
         else out
 
