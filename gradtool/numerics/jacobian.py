@@ -98,12 +98,10 @@ def choose_mode(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Te
     n_in = sum(v.numel() for v in leaves)
     n_out = sum(o.numel() for o in outs)
     size = f"{n_out} x {n_in} Jacobian"
-    if config.mode == "probe":
+    untimed = untimed_mode(problem, config, n_in, n_out)
+    if untimed == "probe":
         return "probe", "--mode probe"
-    dense_seconds = problem.cache.forward_seconds * (2 * n_in + n_out)
-    # --mode full on a small Jacobian needs no plan (and no timing-dependent choice).
-    if n_in * n_out <= SMALL and (config.mode == "full"
-                                  or dense_seconds <= config.full_budget_s / 4):
+    if untimed == "full":
         return "full", f"small {size}: full mode predicted well under {config.full_budget_s:g} s"
     plan = problem.cache.plan = plan_full(problem, leaves, outs)
     if config.mode == "full":
@@ -116,6 +114,19 @@ def choose_mode(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Te
     if plan.seconds <= config.full_budget_s:
         return "full", f"{size}, {plan.describe()}"
     return "probe", f"full mode {plan.describe()} for the {size}"
+
+
+def untimed_mode(problem: Problem, config: CheckConfig, n_in: int, n_out: int) -> str | None:
+    """The mode chosen without timing a row (run/plan.py asks too): --mode probe's, or full on
+    a small Jacobian (--mode full, or predicted well under the budget from the priming
+    forward's time); None where plan_full's timed rows decide."""
+    if config.mode == "probe":
+        return "probe"
+    dense_seconds = problem.cache.forward_seconds * (2 * n_in + n_out)
+    if n_in * n_out <= SMALL and (config.mode == "full"
+                                  or dense_seconds <= config.full_budget_s / 4):
+        return "full"
+    return None
 
 
 def plan_full(problem: Problem, leaves: Sequence[torch.Tensor],

@@ -28,6 +28,7 @@ default order already is that order (tests/test_plan.py holds it).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -101,15 +102,8 @@ def _sizes(case: Case) -> tuple[int, int, int]:
     problem = case.problem
     n_in = sum(v.numel() for v in problem.inputs)
     shapes = problem.facts.output_shapes
-    n_out = sum(_numel(shape) for shape, _, _ in shapes)
+    n_out = sum(math.prod(shape) for shape, _, _ in shapes)
     return n_in, n_out, sum(tracked for _, _, tracked in shapes)
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for size in shape:
-        n *= size
-    return n
 
 
 def _contract(name: str, case: Case, job: Any, config: Any, runs: Sequence[str],
@@ -151,16 +145,14 @@ def _gradient_mode(case: Case, config: Any) -> tuple[str, bool]:
     row, and whether it will time two rows to decide (plan_full: they are paid too). Past the
     small rule the plan says full where every column and row at the probe's forward time fits
     the budget, else probe: the timed rows may decide otherwise."""
-    from ..numerics.jacobian import SMALL
+    from ..numerics.jacobian import untimed_mode
 
     n_in, n_out, _ = _sizes(case)
-    if config.mode == "probe":
-        return "probe", False
-    # the probe's forward time: choose_mode reads it too (prime keeps it where it reads the
-    # contract's graph or the probe's)
+    untimed = untimed_mode(case.problem, config, n_in, n_out)
+    if untimed is not None:
+        return untimed, False
+    # the timed rows decide: estimated from the probe's forward time, which choose_mode reads
     seconds = case.problem.cache.forward_seconds * (2 * n_in + n_out)
-    if n_in * n_out <= SMALL and (config.mode == "full" or seconds <= config.full_budget_s / 4):
-        return "full", False
     return ("full" if config.mode == "full" or seconds <= config.full_budget_s else "probe"), True
 
 
@@ -262,19 +254,14 @@ def announce(job: Any, case: Case, spec: Any,
         pairs: list[tuple[str, str | None]] | None = applicable(job, case)
     except (Exception, SystemExit):  # noqa: BLE001 - applies() ran user code that failed:
         pairs = None  # the checks report it; nothing is planned
-    report_plan(job, case, spec, lambda *_: _given(pairs))
     if pairs is None:
+        report_plan(job, case, spec, None)
         return ()
+    report_plan(job, case, spec, [name for name, why in pairs if why is None])
     costs = plan_case(case, job, order([name for name, why in pairs if why is None]), when)
     if costs and all(p.planned for p in costs):
         heartbeat.expect_case({p.check: (p.forward or 0) + (p.backward or 0) for p in costs})
     return costs
-
-
-def _given(pairs: list[tuple[str, str | None]] | None) -> list[tuple[str, str | None]]:
-    if pairs is None:
-        raise RuntimeError("applies() raised")  # report_plan then assumes every check applies
-    return pairs
 
 
 def ordered(job: Any) -> Any:

@@ -4,7 +4,7 @@ notes its result keeps, and an error repeated by later checks told once."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -12,17 +12,13 @@ from .. import heartbeat
 from ..results import CheckResult, Outcome
 
 
-def report_plan(job: Any, case: Any, spec: Any,
-                applicable: Callable[[Any, Any], list[tuple[str, str | None]]]) -> None:
-    """To a supervisor: the case's inputs and the checks that apply to it."""
+def report_plan(job: Any, case: Any, spec: Any, checks: Sequence[str] | None) -> None:
+    """To a supervisor: the case's inputs and the checks that apply to it (None: applies()
+    ran user code that failed — the checks report it; every configured one is assumed)."""
     if not heartbeat.reporting():
         return
-    try:
-        checks = [name for name, why in applicable(job, case) if why is None]
-    except (Exception, SystemExit):  # noqa: BLE001 - applies() ran user code that failed:
-        checks = list(job.config.checks)  # the checks report it; assume every one applies
     heartbeat.report("plan", case=spec.label, seed=spec.seed, inputs=tuple(case.infos),
-                     checks=tuple(checks))
+                     checks=tuple(job.config.checks if checks is None else checks))
 
 
 def kept_notes(case: Any, checks: Sequence[CheckResult]) -> list[str]:
