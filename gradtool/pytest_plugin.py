@@ -429,15 +429,20 @@ def _tracer(item: Any, folder: str) -> Tracer:
     return Tracer(folder, {**project_settings(item.config), **overrides}, max_calls)
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """A test marked gradtool_trace gets the fixture, so that its recordings sit in pytest's
+    own temporary folders (kept for the last runs, then removed), not in one of the system's."""
+    names = getattr(item, "fixturenames", None)
+    if (names is not None and "gradtool_trace" not in names
+            and item.get_closest_marker("gradtool_trace") is not None):
+        names.append("gradtool_trace")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Any:
     """A test using the fixture (or marked gradtool_trace) has its recorded calls checked once
     its body passed: a wrong gradient fails the test itself, not its teardown."""
     tracer = getattr(item, "funcargs", {}).get("gradtool_trace")
-    if tracer is None and item.get_closest_marker("gradtool_trace") is not None:
-        import tempfile
-
-        tracer = _tracer(item, tempfile.mkdtemp(prefix="gradtool-trace-"))
     try:
         result = yield
     except BaseException:

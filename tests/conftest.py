@@ -58,6 +58,24 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def temporary_folders_under_pytest(tmp_path_factory):
+    """The gradtool processes the tests start (and tempfile here) write their temporary folders
+    under pytest's basetemp, which pytest prunes: `gradtool trace` keeps a failing run's recorded
+    inputs for its reproduce lines, and the suite's failing traces would pile up in /tmp."""
+    import tempfile
+
+    folder = tmp_path_factory.mktemp("tmp")
+    saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = str(folder), str(folder)
+    yield
+    if saved[0] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved[0]
+    tempfile.tempdir = saved[1]
+
+
 @pytest.fixture
 def contract_cases():
     return load_fixture("contract_cases")
