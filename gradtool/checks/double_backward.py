@@ -98,8 +98,12 @@ def _raises_differentiated(problem: Problem) -> bool:
             seeds = [torch.ones_like(o).requires_grad_() for o in outs]
             grads = [g.sum() for g in problem.vjp(leaves, outs, seeds, create_graph=True)
                      if g.requires_grad]
+            # through the grad_outputs too, and twice, as the check's rows do: a graph that
+            # is differentiated once, then raises (qpth's KKT solve: a tensor it saved is
+            # written in place by the first pass), is as undifferentiable as one that raises
             with problem.bind(problem.with_inputs(leaves)):
-                vjp(grads, leaves, [torch.ones_like(g) for g in grads])
+                for _ in range(2):
+                    vjp(grads, [*leaves, *seeds], [torch.ones_like(g) for g in grads])
     except Exception:  # noqa: BLE001 - raised only when differentiated
         return True
     return False
