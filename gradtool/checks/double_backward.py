@@ -81,9 +81,8 @@ def _weights(out: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 
 def _raises_differentiated(problem: Problem) -> bool:
-    """Whether backward runs as a plain backward but raises once differentiated (built under
-    create_graph, or differentiated through): a `.numpy()` on grad_output, an op with no
-    derivative of its own, an in-place write autograd refuses to differentiate."""
+    """Whether backward runs plainly but raises once differentiated (twice, through grad_output
+    too, as the check's rows are): `.numpy()`, an op with no derivative, an in-place write."""
     try:
         leaves, outs = problem.graph()
         outs = [o for o in outs if o.requires_grad]
@@ -98,9 +97,6 @@ def _raises_differentiated(problem: Problem) -> bool:
             seeds = [torch.ones_like(o).requires_grad_() for o in outs]
             grads = [g.sum() for g in problem.vjp(leaves, outs, seeds, create_graph=True)
                      if g.requires_grad]
-            # through the grad_outputs too, and twice, as the check's rows do: a graph that
-            # is differentiated once, then raises (qpth's KKT solve: a tensor it saved is
-            # written in place by the first pass), is as undifferentiable as one that raises
             with problem.bind(problem.with_inputs(leaves)):
                 for _ in range(2):
                     vjp(grads, [*leaves, *seeds], [torch.ones_like(g) for g in grads])

@@ -82,6 +82,16 @@ def same_definition(a: type, b: type) -> bool:
     return codes[0][0] is not None and all(x is y for x, y in codes)
 
 
+def definition_key(cls: type) -> Any:
+    """A hashable key of one definition: the class itself, or for a class made inside a
+    function (a new one at every call of its factory), its name and its methods' code, the
+    same for every class same_definition holds between."""
+    if "<locals>" not in cls.__qualname__:
+        return cls
+    return (cls.__module__, cls.__qualname__,
+            *(_code(cls, name) for name in ("forward", "backward", "setup_context")))
+
+
 def _code(cls: type, name: str) -> Any:
     """The code object of cls.name as defined (the hook's properties aside), or None."""
     try:
