@@ -135,6 +135,14 @@ def test_complex_backward_without_conj_is_diagnosed_as_exactly_that(cls, inputs)
     assert bad.worst and bad.worst[0].input == bad.input
 
 
+def test_a_conjugated_result_is_diagnosed_as_that():
+    # every imaginary part of grad_input negated: the other conjugation mistake (found seeding
+    # torchkbnufft), which "forgets a .conj()" does not explain
+    bad = next(b for b in checks(faces.ComplexScaleConjResult, ["3x4:complex128"])["complex"]
+               .blocks if b.mismatched)
+    assert "every imaginary part of grad_input has the wrong sign" in bad.diagnosis, bad
+
+
 def test_complex64_inputs_use_float32_tolerances():
     result = checks(faces.ComplexSquare, ["3x4:complex64"])["complex"]
     assert result.outcome.value == "passed" and result.tolerance["atol"] == 1e-3

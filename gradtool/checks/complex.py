@@ -23,6 +23,10 @@ PARTS = ("complex tensors are compared as real tensors of shape (..., 2): last i
 CONJ = ("backward returns the conjugate of PyTorch's gradient: it forgets a .conj() (PyTorch's "
         "convention is the conjugate Wirtinger derivative: for holomorphic f, grad_input = "
         "grad_output * f'(z).conj())")
+# the whole result conjugated (every imaginary part of grad_input negated), not only f'(z)
+CONJ_RESULT = ("backward returns the conjugate of the gradient: every imaginary part of "
+               "grad_input has the wrong sign (a .conj() too many on the result, or an adjoint "
+               "written as a transpose)")
 
 
 def applies(case: Case, context: Context) -> str | None:
@@ -58,12 +62,16 @@ def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
               ) -> Diagnosis | None:
     if (i, o) in verdict.dense:
         analytical, numerical = verdict.dense[(i, o)]
-        sign = parts_sign(out_complex[o] if o < len(out_complex) else False, in_complex[i],
-                          *analytical.shape, analytical.device).to(analytical.dtype)
+        rows = out_complex[o] if o < len(out_complex) else False
         atol, rtol = config.tolerance("atol"), config.tolerance("rtol")
-        if not _close(analytical, numerical, atol, rtol) and \
-                _close(analytical * sign, numerical, atol, rtol):
-            return Diagnosis("conj", CONJ)
+        # z -> conj(f(conj z)) (f'(z) not conjugated), then grad_input conjugated as a whole
+        patterns = [(rows, CONJ)] + ([(False, CONJ_RESULT)] if in_complex[i] and rows else [])
+        for sign_rows, text in patterns:
+            sign = parts_sign(sign_rows, in_complex[i], *analytical.shape,
+                              analytical.device).to(analytical.dtype)
+            if not _close(analytical, numerical, atol, rtol) and \
+                    _close(analytical * sign, numerical, atol, rtol):
+                return Diagnosis("conj", text)
     return diagnose_first_order(problem, verdict, block, i, o, config)
 
 

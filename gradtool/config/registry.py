@@ -251,7 +251,7 @@ REGISTRY: tuple[CheckInfo, ...] = (
               rules=_jacobian_rules(
                   "complex", "the real map's Jacobian against finite differences",
                   (("conj", "backward returns the conjugate of PyTorch's gradient (a missing "
-                            ".conj())"), *FIRST_ORDER_KINDS),
+                            ".conj(), or one too many on its result)"), *FIRST_ORDER_KINDS),
                   Rule("complex.forward_drift", "failure", "forward returns different values "
                        "on the same inputs with torch's RNG frozen, beyond what finite "
                        "differences resolve (as gradient.forward_drift, real and imaginary parts "
