@@ -531,3 +531,36 @@ def test_a_factor_fits_only_where_every_element_agrees_the_largest_tried_first()
     at = np.unravel_index(np.argmin(np.abs(n - 1)), n.shape)  # an element near 1, not largest
     off[at] *= 1.01  # wrong elsewhere: the whole block still decides
     assert fit_factor(off, n, 1e-5, 1e-3) is None
+
+
+def _softmax_rows(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _softmax_rows_bwd(g: np.ndarray, x: np.ndarray, wrong_rows: slice = slice(0, 0),
+                      k: float = 1.0) -> tuple[np.ndarray]:
+    y = _softmax_rows(x)
+    gx = y * (g - (g * y).sum(axis=1, keepdims=True))
+    gx[wrong_rows] *= k
+    return (gx,)
+
+
+def test_one_input_row_off_by_a_factor_is_a_part_factor_naming_the_row() -> None:
+    # sparsemax's row 0 x1.001 read "no simple pattern": 36 of 576 wrong is more than "a few"
+    msg = diagnose(_softmax_rows, lambda g, x: _softmax_rows_bwd(g, x, slice(0, 1), 1.5),
+                   [rand(4, 6)])
+    assert msg.startswith("analytical = 1.5 × numerical at all 36 wrong elements, the other "
+                          "108 nonzero agree: "), msg
+    assert msg.endswith(" in the gradient of input element(s) (0,0), (0,1), (0,2), (0,3) and 2 "
+                        "more (6 of 24), the others right"), msg
+
+
+def test_wrong_elements_of_two_factors_are_no_part_factor() -> None:
+    def bwd(g: np.ndarray, x: np.ndarray) -> tuple[np.ndarray]:
+        gx = _softmax_rows_bwd(g, x)[0]
+        gx[0] *= 1.5
+        gx[1] *= 2.5
+        return (gx,)
+    msg = diagnose(_softmax_rows, bwd, [rand(4, 6)])
+    assert "part" not in msg and msg.startswith("no simple pattern"), msg

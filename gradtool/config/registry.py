@@ -96,6 +96,8 @@ FIRST_ORDER_KINDS = (
                          "range) where forward is a step: a surrogate to declare in a spec"),
     ("branch", "the gradient is wrong only on one side of an input's sign (a branch)"),
     ("few_elements", "a few elements are wrong, the rest agree"),
+    ("part_factor", "the wrong elements are all one constant multiple of the right ones, the "
+                    "rest agree (a factor on part of the gradient: one input row, one branch)"),
     ("diagonal_only", "an elementwise formula for an op that is not elementwise"),
     ("no_pattern", "elements differ with no simple pattern"),
 )
