@@ -52,3 +52,11 @@ def test_its_twin_writing_nothing_passes():
     check = result(gradtool.check(F.DoubleTwice, ["3x4"], checks=["double_backward"]),
                    "double_backward")
     assert check.outcome.value == "passed", check
+
+
+def test_the_skip_line_says_its_warning_once():
+    # it printed the message, then "1 warning: " and the same message again
+    text = gradtool.check(F.NumpySin, ["3x4"], checks=["double_backward"]).text()
+    line = next(x for x in text.splitlines() if x.startswith("SKIP"))
+    assert line.count("backward raises when differentiated") == 1, line
+    assert line.endswith("1 warning: [double_backward.unsupported]"), line

@@ -18,10 +18,12 @@ LABELS = {
 }
 
 
-def warnings_text(check: CheckResult) -> str:
-    """'1 warning: <message> [rule id]' (several: '2 warnings: ...; ...')."""
+def warnings_text(check: CheckResult, said: str | None = None) -> str:
+    """'1 warning: <message> [rule id]' (several: '2 warnings: ...; ...'); a message the line
+    has `said` already (a skip's summary) is its rule id alone."""
     found = check.warnings
-    listed = "; ".join(f"{w.message} [{w.rule}]" for w in found)
+    listed = "; ".join(f"[{w.rule}]" if said and w.message == said else f"{w.message} [{w.rule}]"
+                       for w in found)
     return f"{len(found)} warning{'' if len(found) == 1 else 's'}: {listed}"
 
 
