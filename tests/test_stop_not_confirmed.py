@@ -57,3 +57,12 @@ def test_a_wrong_block_after_an_inconclusive_one_fails():
     check = outcome(SolverMulWrongB)
     assert check.outcome.value == "failed", check
     assert any(b.input == "b" and b.mismatched for b in check.blocks), check.blocks
+
+
+def test_the_solver_gap_is_named_in_the_summary_not_unreliable_differences():
+    # it read "finite differences are unreliable at 36 of 1296 elements": they were measured
+    # reliable; what is undecided is a gap the size of a solver's tolerance
+    summary = outcome(SolverMul).summary
+    assert summary.startswith("36 of 1296 elements of 'a' undecided: backward is beyond the "
+                              "measured finite-difference error"), summary
+    assert "forward is a solver" in summary and "unreliable" not in summary

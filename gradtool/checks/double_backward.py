@@ -117,7 +117,7 @@ def _undifferentiable(error: CheckResult) -> CheckResult:
                        duration_s=error.duration_s,
                        findings=(Finding("double_backward.unsupported", text,
                                          Severity.WARNING, source=error.source,
-                                         data={"exception": error.exception}),))
+                                         data={"exception": error.exception, "summary": True}),))
 
 
 # Second order of a backward already known wrong: the report needs one confirmed failure, the

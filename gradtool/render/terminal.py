@@ -98,8 +98,7 @@ def _case_lines(target: TargetResult, case: CaseResult, verbose: bool, quiet: bo
         timing = f"  ({_timing(check)})" if verbose else ""
         short = _short(check) if passing else ""
         if check.warnings:
-            said = check.summary if check.summary and check.summary in short else None
-            short = f"{short or '—'} {warnings_text(check, said)}"
+            short = f"{short or '—'} {warnings_text(check, short=bool(short))}"
         tail = f"  {short}" if short else ""
         yield f"{word} {label}   {check.name}{tail}{timing}", style
         if passing:
