@@ -14,6 +14,7 @@ from ..numerics.problem import Problem
 from ..numerics.wirtinger import is_complex, parts_sign, realify
 from ..results import Block, CheckResult
 from ..targets.cases import Case
+from ..targets.load import Target
 from ._common import Context
 from .gradient import diagnose_first_order, drift_result, jacobian_result
 
@@ -39,10 +40,19 @@ def applies(case: Case, context: Context) -> str | None:
 
 def run(case: Case, context: Context) -> CheckResult:
     """The gradient check on the real map (Re z, Im z) -> (Re f, Im f); a mismatch that a
-    conjugation explains is named as the missing .conj()."""
+    conjugation explains is named as the missing .conj(); inside a model, a failure names the
+    custom Function to blame, as the gradient check does."""
+    result = check_complex(case, context.target, context.config)
+    if context.annotate is not None and context.surrogate is None:
+        result = context.annotate(result, case.problem, context.config)
+    return result
+
+
+def check_complex(case: Case, target: Target, config: CheckConfig) -> CheckResult:
+    """The complex check of one case (the culprit search's, for a Function alone, too)."""
     problem = case.problem
     if problem.facts.drift:  # what the gradient check fails a real forward for
-        return drift_result(NAME, problem, context.target, time.perf_counter())
+        return drift_result(NAME, problem, target, time.perf_counter())
     real = realify(problem)
     in_complex = [v.is_complex() for v in problem.inputs]
     out_complex = [o.is_complex() for o in problem.outputs(problem.inputs)]
@@ -51,8 +61,7 @@ def run(case: Case, context: Context) -> CheckResult:
                  config: CheckConfig) -> Diagnosis | None:
         return _diagnose(p, verdict, block, i, o, config, in_complex, out_complex)
 
-    result = jacobian_result(NAME, real, context.target, context.config, case.seed, None, None,
-                             diagnose)
+    result = jacobian_result(NAME, real, target, config, case.seed, None, None, diagnose)
     problem.calls.update(real.calls)
     return replace(result, details=(*result.details, PARTS)) if result.blocks else result
 
