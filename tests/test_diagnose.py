@@ -564,3 +564,21 @@ def test_wrong_elements_of_two_factors_are_no_part_factor() -> None:
         return (gx,)
     msg = diagnose(_softmax_rows, bwd, [rand(4, 6)])
     assert "part" not in msg and msg.startswith("no simple pattern"), msg
+
+
+def test_two_input_elements_gradients_exchanged() -> None:
+    # pytorch_wavelets' AFB2D with dx[..., 2, 3] and dx[..., 3, 2] swapped read "a few
+    # elements wrong", listing both without saying they are one another's
+    def bwd(g: np.ndarray, x: np.ndarray) -> tuple[np.ndarray]:
+        gx = _softmax_rows_bwd(g, x)[0]
+        gx[[1, 2], [3, 4]] = gx[[2, 1], [4, 3]]
+        return (gx,)
+    msg = diagnose(_softmax_rows, bwd, [rand(4, 6)])
+    assert msg.startswith("the gradients of 2 input elements of 'x' are one another's ((1,3) "
+                          "<-> (2,4)), the rest agree: an index mix-up in backward"), msg
+
+
+def test_one_element_wrong_is_no_exchange() -> None:
+    msg = diagnose(_softmax_rows, lambda g, x: _softmax_rows_bwd(g, x, slice(1, 2), 3.0),
+                   [rand(4, 6)])
+    assert "one another's" not in msg, msg

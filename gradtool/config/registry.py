@@ -95,6 +95,7 @@ FIRST_ORDER_KINDS = (
     ("straight_through", "backward passes grad_output through (an identity, or one clipped to a "
                          "range) where forward is a step: a surrogate to declare in a spec"),
     ("branch", "the gradient is wrong only on one side of an input's sign (a branch)"),
+    ("exchanged", "the gradients of some input elements are one another's (an index mix-up)"),
     ("few_elements", "a few elements are wrong, the rest agree"),
     ("part_factor", "the wrong elements are all one constant multiple of the right ones, the "
                     "rest agree (a factor on part of the gradient: one input row, one branch)"),

@@ -149,6 +149,34 @@ def _few(b: Block) -> Diagnosis | None:
                       "wrong": [b.label(r, c) for r, c in zip(rows, cols)]})
 
 
+_MAX_EXCHANGED = 64  # wrong input elements the exchange test pairs (a quadratic search)
+
+
+def _exchanged(b: Block) -> Diagnosis | None:
+    # The wrong input elements' gradients are one another's (each wrong column of analytical is
+    # another wrong column of numerical): an index mix-up in backward, two elements swapped.
+    cols = np.flatnonzero(b.mis.any(axis=0))
+    if not 2 <= len(cols) <= _MAX_EXCHANGED or not (b.sig & ~b.mis).any():
+        return None
+    pairs = []
+    for c in cols:
+        match = [d for d in cols if d != c and b.sig[:, d].any()
+                 and np.all(close(b.a[:, c], b.n[:, d], b.atol, b.rtol))]
+        if not match:
+            return None
+        pairs.append((c, match[0]))
+    names = [f"{_input_text(b, c)} <-> {_input_text(b, d)}" for c, d in pairs if c < d]
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return Diagnosis("exchanged", f"the gradients of {len(cols)} input elements of '{b.name}' "
+                     f"are one another's ({shown}), the rest agree: an index mix-up in "
+                     "backward", {"elements": len(cols), "pairs": names})
+
+
+def _input_text(b: Block, col: int) -> str:
+    return index_text(int(col), b.in_shape) if b.places is None else \
+        "(" + ",".join(str(int(i)) for i in b.places[col]) + ")"
+
+
 def _part_factor(b: Block) -> Diagnosis | None:
     # More than a few wrong, all by one factor, the rest right (sparsemax's row 0 x1.001): a
     # factor on part of the gradient; where it sits is said when it fills whole input columns
@@ -243,13 +271,14 @@ def _named(kind: str, detect: Callable[[Block], str | None]
 _FIRST_ORDER: tuple[Callable[[Block], Diagnosis | None], ...] = (
     _nonfinite, _swapped, _missing, _factor, _named("transposed", transposed),
     _named("shifted", shifted), _ignores_grad_output, _constant_added, _broadcast_not_reduced,
-    _named("straight_through", straight_through), _branch, _few, _part_factor, _diagonal_only,
+    _named("straight_through", straight_through), _branch, _exchanged, _few, _part_factor,
+    _diagonal_only,
 )
 # Every kind a first-order diagnosis can name (the registry declares one rule per kind).
 FIRST_ORDER_KINDS = ("nonfinite", "swapped", "zero", "factor", "sign", "transposed", "shifted",
                      "ignores_grad_output", "constant_term", "broadcast_not_reduced",
                      "straight_through", "branch",
-                     "few_elements", "part_factor", "diagonal_only", "no_pattern")
+                     "exchanged", "few_elements", "part_factor", "diagonal_only", "no_pattern")
 
 
 def _first_found(b: Block, detectors: Sequence[Callable[[Block], Diagnosis | None]]
