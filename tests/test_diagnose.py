@@ -316,7 +316,9 @@ def test_broken_classes_are_named_across_seeds_and_sizes(n: int, m: int, seed: i
 def test_unrelated_blocks_have_no_simple_pattern(seed: int, n_out: int, n_in: int) -> None:
     rng = np.random.default_rng(seed)
     a, n = rng.standard_normal((n_out, n_in)), rng.standard_normal((n_out, n_in))
-    a[0, 0] = n[0, 0] + 1.0  # make sure they disagree somewhere
+    # make sure they disagree somewhere, away from zero (n = -1 made a 1x1 analytical ~0: a
+    # missing gradient, rightly named so; seed 12129)
+    a[0, 0] = n[0, 0] + np.copysign(1.0, n[0, 0])
     msg = diagnose_block(a, n, input_name="x", input_shape=(n_in,), output_shape=(n_out,),
                          input_values=rng.standard_normal(n_in))
     assert msg is not None and msg.startswith("no simple pattern"), msg
@@ -531,3 +533,54 @@ def test_a_factor_fits_only_where_every_element_agrees_the_largest_tried_first()
     at = np.unravel_index(np.argmin(np.abs(n - 1)), n.shape)  # an element near 1, not largest
     off[at] *= 1.01  # wrong elsewhere: the whole block still decides
     assert fit_factor(off, n, 1e-5, 1e-3) is None
+
+
+def _softmax_rows(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _softmax_rows_bwd(g: np.ndarray, x: np.ndarray, wrong_rows: slice = slice(0, 0),
+                      k: float = 1.0) -> tuple[np.ndarray]:
+    y = _softmax_rows(x)
+    gx = y * (g - (g * y).sum(axis=1, keepdims=True))
+    gx[wrong_rows] *= k
+    return (gx,)
+
+
+def test_one_input_row_off_by_a_factor_is_a_part_factor_naming_the_row() -> None:
+    # sparsemax's row 0 x1.001 read "no simple pattern": 36 of 576 wrong is more than "a few"
+    msg = diagnose(_softmax_rows, lambda g, x: _softmax_rows_bwd(g, x, slice(0, 1), 1.5),
+                   [rand(4, 6)])
+    assert msg.startswith("analytical = 1.5 × numerical at all 36 wrong elements, the other "
+                          "108 nonzero agree: "), msg
+    assert msg.endswith(" in the gradient of input element(s) (0,0), (0,1), (0,2), (0,3) and 2 "
+                        "more (6 of 24), the others right"), msg
+
+
+def test_wrong_elements_of_two_factors_are_no_part_factor() -> None:
+    def bwd(g: np.ndarray, x: np.ndarray) -> tuple[np.ndarray]:
+        gx = _softmax_rows_bwd(g, x)[0]
+        gx[0] *= 1.5
+        gx[1] *= 2.5
+        return (gx,)
+    msg = diagnose(_softmax_rows, bwd, [rand(4, 6)])
+    assert "part" not in msg and msg.startswith("no simple pattern"), msg
+
+
+def test_two_input_elements_gradients_exchanged() -> None:
+    # pytorch_wavelets' AFB2D with dx[..., 2, 3] and dx[..., 3, 2] swapped read "a few
+    # elements wrong", listing both without saying they are one another's
+    def bwd(g: np.ndarray, x: np.ndarray) -> tuple[np.ndarray]:
+        gx = _softmax_rows_bwd(g, x)[0]
+        gx[[1, 2], [3, 4]] = gx[[2, 1], [4, 3]]
+        return (gx,)
+    msg = diagnose(_softmax_rows, bwd, [rand(4, 6)])
+    assert msg.startswith("the gradients of 2 input elements of 'x' are one another's ((1,3) "
+                          "<-> (2,4)), the rest agree: an index mix-up in backward"), msg
+
+
+def test_one_element_wrong_is_no_exchange() -> None:
+    msg = diagnose(_softmax_rows, lambda g, x: _softmax_rows_bwd(g, x, slice(1, 2), 3.0),
+                   [rand(4, 6)])
+    assert "one another's" not in msg, msg

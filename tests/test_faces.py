@@ -135,6 +135,14 @@ def test_complex_backward_without_conj_is_diagnosed_as_exactly_that(cls, inputs)
     assert bad.worst and bad.worst[0].input == bad.input
 
 
+def test_a_conjugated_result_is_diagnosed_as_that():
+    # every imaginary part of grad_input negated: the other conjugation mistake (found seeding
+    # torchkbnufft), which "forgets a .conj()" does not explain
+    bad = next(b for b in checks(faces.ComplexScaleConjResult, ["3x4:complex128"])["complex"]
+               .blocks if b.mismatched)
+    assert "every imaginary part of grad_input has the wrong sign" in bad.diagnosis, bad
+
+
 def test_complex64_inputs_use_float32_tolerances():
     result = checks(faces.ComplexSquare, ["3x4:complex64"])["complex"]
     assert result.outcome.value == "passed" and result.tolerance["atol"] == 1e-3
@@ -191,3 +199,30 @@ def test_spec_examples_for_each_face_pass_and_a_broken_twin_fails_through_a_spec
     assert failed["forward_ad"].outcome.value == "failed"
     assert "forgets a .conj()" in next(b for b in failed["complex"].blocks
                                        if b.mismatched).diagnosis
+
+
+class _Spectrum(torch.nn.Module):
+    """an FFT after a complex Function: the complex check of a model (found on torchkbnufft,
+    whose wrong interpolation Function inside was not named: the culprit search was the
+    gradient check's only, which skips complex Functions)"""
+
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
+    def forward(self, z):
+        return torch.fft.fft(self.function.apply(z), dim=-1) * 2
+
+
+def test_a_wrong_complex_function_inside_a_model_is_named():
+    result = checks(_Spectrum(faces.ComplexScaleConjResult), ["3x4:complex128"])["complex"]
+    assert result.outcome.value == "failed"
+    assert any("ComplexScaleConjResult" in d and "is wrong w.r.t. z" in d
+               for d in result.details), result.details
+    assert result.source.endswith(
+        f":{faces.ComplexScaleConjResult.backward.__code__.co_firstlineno + 1}"), result.source
+
+
+def test_its_right_twin_inside_the_model_passes():
+    assert checks(_Spectrum(faces.ComplexScale), ["3x4:complex128"])["complex"].outcome.value \
+        == "passed"

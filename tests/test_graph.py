@@ -265,6 +265,21 @@ def test_shared_output_node() -> None:
     check_all(g)
 
 
+def test_each_output_s_subtree_is_drawn_under_its_own_label() -> None:
+    # pytorch_wavelets' two-level DWT (3 outputs): every label came first, then the subtrees
+    # (the last output's first), under the wrong labels
+    def three(x):
+        a = x.sin()
+        return a.exp(), x.cos(), a * 2
+    tree = render(record(three, [tensor(3)], ["x"]), "tree").splitlines()
+    labels = [i for i, line in enumerate(tree) if "output[" in line]
+    assert len(labels) == 3 and labels[1] > labels[0] + 1 and labels[2] > labels[1] + 1, tree
+    under = tree[labels[0] + 1:labels[1]]
+    assert any("ExpBackward0" in line for line in under), tree
+    assert any("CosBackward0" in line for line in tree[labels[1] + 1:labels[2]]), tree
+    assert any("MulBackward0" in line for line in tree[labels[2] + 1:]), tree
+
+
 # --- scale, depth, collapsing -------------------------------------------------------------------
 
 

@@ -170,6 +170,10 @@ def test_a_function_applied_inside_an_installed_package_names_the_users_calling_
 
     findings = locate_functions(problem_for(model, ["(4,)"]), CONFIG)
     [found] = findings
+    # the library's function as the target itself: gradtool called it, no user line above
+    # (it named a frame of whatever ran gradtool: multiprocessing's, the test runner's)
+    [direct] = locate_functions(problem_for(lib.solve, ["(4,)"]), CONFIG)
+    assert direct.created_at.endswith("site-packages/fakelib/solve.py:15"), direct.created_at
     here = (FIXTURES.parent / "test_locate.py").read_text().splitlines()
     line = next(i for i, text in enumerate(here, 1) if text.rstrip().endswith("# THE USER'S LINE"))
     assert "site-packages/fakelib/solve.py:15 (called from" in found.created_at

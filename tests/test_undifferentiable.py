@@ -38,3 +38,25 @@ def test_a_saved_tensor_without_graph_is_diagnosed_untracked():
 def test_the_twin_recomputing_it_in_backward_passes():
     report = gradtool.check(F.Normalise, ["3x4"])
     assert set(outcomes(report).values()) == {"passed"}
+
+
+def test_a_backward_differentiable_only_once_is_a_warning_not_an_error():
+    # its graph survives one pass of double backward, not the check's second (found on qpth)
+    check = result(gradtool.check(F.DoubleOnce, ["3x4"], checks=["double_backward"]),
+                   "double_backward")
+    assert check.outcome.value == "skipped", check
+    assert [f.rule for f in check.findings] == ["double_backward.unsupported"]
+
+
+def test_its_twin_writing_nothing_passes():
+    check = result(gradtool.check(F.DoubleTwice, ["3x4"], checks=["double_backward"]),
+                   "double_backward")
+    assert check.outcome.value == "passed", check
+
+
+def test_the_skip_line_says_its_warning_once():
+    # it printed the message, then "1 warning: " and the same message again
+    text = gradtool.check(F.NumpySin, ["3x4"], checks=["double_backward"]).text()
+    line = next(x for x in text.splitlines() if x.startswith("SKIP"))
+    assert line.count("backward raises when differentiated") == 1, line
+    assert line.endswith("1 warning: [double_backward.unsupported]"), line

@@ -14,6 +14,7 @@ from ..numerics.problem import Problem
 from ..numerics.wirtinger import is_complex, parts_sign, realify
 from ..results import Block, CheckResult
 from ..targets.cases import Case
+from ..targets.load import Target
 from ._common import Context
 from .gradient import diagnose_first_order, drift_result, jacobian_result
 
@@ -23,6 +24,10 @@ PARTS = ("complex tensors are compared as real tensors of shape (..., 2): last i
 CONJ = ("backward returns the conjugate of PyTorch's gradient: it forgets a .conj() (PyTorch's "
         "convention is the conjugate Wirtinger derivative: for holomorphic f, grad_input = "
         "grad_output * f'(z).conj())")
+# the whole result conjugated (every imaginary part of grad_input negated), not only f'(z)
+CONJ_RESULT = ("backward returns the conjugate of the gradient: every imaginary part of "
+               "grad_input has the wrong sign (a .conj() too many on the result, or an adjoint "
+               "written as a transpose)")
 
 
 def applies(case: Case, context: Context) -> str | None:
@@ -35,10 +40,19 @@ def applies(case: Case, context: Context) -> str | None:
 
 def run(case: Case, context: Context) -> CheckResult:
     """The gradient check on the real map (Re z, Im z) -> (Re f, Im f); a mismatch that a
-    conjugation explains is named as the missing .conj()."""
+    conjugation explains is named as the missing .conj(); inside a model, a failure names the
+    custom Function to blame, as the gradient check does."""
+    result = check_complex(case, context.target, context.config)
+    if context.annotate is not None and context.surrogate is None:
+        result = context.annotate(result, case.problem, context.config)
+    return result
+
+
+def check_complex(case: Case, target: Target, config: CheckConfig) -> CheckResult:
+    """The complex check of one case (the culprit search's, for a Function alone, too)."""
     problem = case.problem
     if problem.facts.drift:  # what the gradient check fails a real forward for
-        return drift_result(NAME, problem, context.target, time.perf_counter())
+        return drift_result(NAME, problem, target, time.perf_counter())
     real = realify(problem)
     in_complex = [v.is_complex() for v in problem.inputs]
     out_complex = [o.is_complex() for o in problem.outputs(problem.inputs)]
@@ -47,8 +61,7 @@ def run(case: Case, context: Context) -> CheckResult:
                  config: CheckConfig) -> Diagnosis | None:
         return _diagnose(p, verdict, block, i, o, config, in_complex, out_complex)
 
-    result = jacobian_result(NAME, real, context.target, context.config, case.seed, None, None,
-                             diagnose)
+    result = jacobian_result(NAME, real, target, config, case.seed, None, None, diagnose)
     problem.calls.update(real.calls)
     return replace(result, details=(*result.details, PARTS)) if result.blocks else result
 
@@ -58,12 +71,16 @@ def _diagnose(problem: Problem, verdict: Verdict, block: Block, i: int, o: int,
               ) -> Diagnosis | None:
     if (i, o) in verdict.dense:
         analytical, numerical = verdict.dense[(i, o)]
-        sign = parts_sign(out_complex[o] if o < len(out_complex) else False, in_complex[i],
-                          *analytical.shape, analytical.device).to(analytical.dtype)
+        rows = out_complex[o] if o < len(out_complex) else False
         atol, rtol = config.tolerance("atol"), config.tolerance("rtol")
-        if not _close(analytical, numerical, atol, rtol) and \
-                _close(analytical * sign, numerical, atol, rtol):
-            return Diagnosis("conj", CONJ)
+        # z -> conj(f(conj z)) (f'(z) not conjugated), then grad_input conjugated as a whole
+        patterns = [(rows, CONJ)] + ([(False, CONJ_RESULT)] if in_complex[i] and rows else [])
+        for sign_rows, text in patterns:
+            sign = parts_sign(sign_rows, in_complex[i], *analytical.shape,
+                              analytical.device).to(analytical.dtype)
+            if not _close(analytical, numerical, atol, rtol) and \
+                    _close(analytical * sign, numerical, atol, rtol):
+                return Diagnosis("conj", text)
     return diagnose_first_order(problem, verdict, block, i, o, config)
 
 

@@ -81,9 +81,8 @@ def _weights(out: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 
 def _raises_differentiated(problem: Problem) -> bool:
-    """Whether backward runs as a plain backward but raises once differentiated (built under
-    create_graph, or differentiated through): a `.numpy()` on grad_output, an op with no
-    derivative of its own, an in-place write autograd refuses to differentiate."""
+    """Whether backward runs plainly but raises once differentiated (twice, through grad_output
+    too, as the check's rows are): `.numpy()`, an op with no derivative, an in-place write."""
     try:
         leaves, outs = problem.graph()
         outs = [o for o in outs if o.requires_grad]
@@ -99,7 +98,8 @@ def _raises_differentiated(problem: Problem) -> bool:
             grads = [g.sum() for g in problem.vjp(leaves, outs, seeds, create_graph=True)
                      if g.requires_grad]
             with problem.bind(problem.with_inputs(leaves)):
-                vjp(grads, leaves, [torch.ones_like(g) for g in grads])
+                for _ in range(2):
+                    vjp(grads, [*leaves, *seeds], [torch.ones_like(g) for g in grads])
     except Exception:  # noqa: BLE001 - raised only when differentiated
         return True
     return False
@@ -117,7 +117,7 @@ def _undifferentiable(error: CheckResult) -> CheckResult:
                        duration_s=error.duration_s,
                        findings=(Finding("double_backward.unsupported", text,
                                          Severity.WARNING, source=error.source,
-                                         data={"exception": error.exception}),))
+                                         data={"exception": error.exception, "summary": True}),))
 
 
 # Second order of a backward already known wrong: the report needs one confirmed failure, the

@@ -15,6 +15,7 @@ from ..numerics.coarse import (at_precision, forward_dtype, judged_note, reworde
                                second_order_dtype, second_order_whose, with_finding)
 from ..numerics.jacobian import Reference, Verdict, check_full, choose_mode, prime
 from ..numerics.ledger import ZERO
+from ..numerics.measured_words import SOLVER_CAUSE
 from ..numerics.probe import check_probe
 from ..numerics.problem import Problem
 from ..numerics.sparse import in_place, masked_places
@@ -383,6 +384,8 @@ def _summary(verdict: Verdict, blocks: list[Block], surrogate: str | None) -> st
     more = f", and {len(bad) - 1} more (input, output) pair(s)" if len(bad) > 1 else ""
     if verdict.outcome is Outcome.FAILED:
         return mismatch_text(first, against) + more
+    if verdict.cause == SOLVER_CAUSE:  # the finite differences were measured reliable
+        return f"{_where(first)} of '{first.input}'{more} undecided: {SOLVER_CAUSE}"
     cause = f": {verdict.cause}" if verdict.cause else ""
     return f"finite differences are unreliable at {_where(first)} of '{first.input}'{more}{cause}"
 

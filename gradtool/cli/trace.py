@@ -292,7 +292,8 @@ def _with_checked(report: Report, recording: Recording, rerun: str) -> Report:
             rejected.append(Rejected(name, result.message))
         else:
             note = ("checked in the traced process, on the recorded arguments held as they "
-                    "were (a callable or an object no file can hold)")
+                    "were (a class made inside a function, or a callable or an object no file "
+                    "can hold)")
             cases = tuple(replace(c, notes=(*c.notes, note), reproduce=rerun)
                           for c in result.cases)
             targets.append(replace(result, target=name, cases=cases))

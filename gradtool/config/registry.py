@@ -95,7 +95,10 @@ FIRST_ORDER_KINDS = (
     ("straight_through", "backward passes grad_output through (an identity, or one clipped to a "
                          "range) where forward is a step: a surrogate to declare in a spec"),
     ("branch", "the gradient is wrong only on one side of an input's sign (a branch)"),
+    ("exchanged", "the gradients of some input elements are one another's (an index mix-up)"),
     ("few_elements", "a few elements are wrong, the rest agree"),
+    ("part_factor", "the wrong elements are all one constant multiple of the right ones, the "
+                    "rest agree (a factor on part of the gradient: one input row, one branch)"),
     ("diagonal_only", "an elementwise formula for an op that is not elementwise"),
     ("no_pattern", "elements differ with no simple pattern"),
 )
@@ -251,7 +254,7 @@ REGISTRY: tuple[CheckInfo, ...] = (
               rules=_jacobian_rules(
                   "complex", "the real map's Jacobian against finite differences",
                   (("conj", "backward returns the conjugate of PyTorch's gradient (a missing "
-                            ".conj())"), *FIRST_ORDER_KINDS),
+                            ".conj(), or one too many on its result)"), *FIRST_ORDER_KINDS),
                   Rule("complex.forward_drift", "failure", "forward returns different values "
                        "on the same inputs with torch's RNG frozen, beyond what finite "
                        "differences resolve (as gradient.forward_drift, real and imaginary parts "

@@ -149,6 +149,67 @@ def _few(b: Block) -> Diagnosis | None:
                       "wrong": [b.label(r, c) for r, c in zip(rows, cols)]})
 
 
+_MAX_EXCHANGED = 64  # wrong input elements the exchange test pairs (a quadratic search)
+
+
+def _exchanged(b: Block) -> Diagnosis | None:
+    # The wrong input elements' gradients are one another's (each wrong column of analytical is
+    # another wrong column of numerical): an index mix-up in backward, two elements swapped.
+    cols = np.flatnonzero(b.mis.any(axis=0))
+    if not 2 <= len(cols) <= _MAX_EXCHANGED or not (b.sig & ~b.mis).any():
+        return None
+    pairs = []
+    for c in cols:
+        match = [d for d in cols if d != c and b.sig[:, d].any()
+                 and np.all(close(b.a[:, c], b.n[:, d], b.atol, b.rtol))]
+        if not match:
+            return None
+        pairs.append((c, match[0]))
+    names = [f"{_input_text(b, c)} <-> {_input_text(b, d)}" for c, d in pairs if c < d]
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return Diagnosis("exchanged", f"the gradients of {len(cols)} input elements of '{b.name}' "
+                     f"are one another's ({shown}), the rest agree: an index mix-up in "
+                     "backward", {"elements": len(cols), "pairs": names})
+
+
+def _input_text(b: Block, col: int) -> str:
+    return index_text(int(col), b.in_shape) if b.places is None else \
+        "(" + ",".join(str(int(i)) for i in b.places[col]) + ")"
+
+
+def _part_factor(b: Block) -> Diagnosis | None:
+    # More than a few wrong, all by one factor, the rest right (sparsemax's row 0 x1.001): a
+    # factor on part of the gradient; where it sits is said when it fills whole input columns
+    # or output rows (one input element's gradient, one output's).
+    agree, nm = int((b.sig & ~b.mis).sum()), int(b.mis.sum())
+    # "the rest agree" must mean something, as in _few: as many right nonzero elements as wrong
+    k = fit_factor(b.a[b.mis], b.n[b.mis], b.atol, b.rtol) if agree >= nm else None
+    if k is None:
+        return None
+    return Diagnosis("part_factor", f"analytical = {factor_text(k)} × numerical at all {nm} "
+                     f"wrong elements, the other {agree} nonzero agree: "
+                     f"{factor_phrase(k).removeprefix('every element ')} "
+                     f"{_part_where(b)}", {"factor": float(k), "count": nm, "agree": agree})
+
+
+def _part_where(b: Block) -> str:
+    """'in the gradient of input element(s) ...' / 'for output element(s) ...' where the wrong
+    elements fill whole columns / rows (every nonzero one there wrong), else 'in part'."""
+    right = b.sig & ~b.mis
+    columns, rows = b.mis.any(axis=0), b.mis.any(axis=1)
+    sides = [(rows, right[rows].any(), b.out_shape, "for output element(s)")]
+    if b.places is None:  # placed inputs (a sparse tensor's values): no index of the shape
+        sides.insert(0, (columns, right[:, columns].any(), b.in_shape,
+                         "in the gradient of input element(s)"))
+    for hit, mixed, shape, what in sides:
+        if not mixed and hit.sum() < hit.size:
+            picked = np.flatnonzero(hit)
+            shown = ", ".join(index_text(int(i), shape) for i in picked[:4])
+            more = f" and {len(picked) - 4} more" if len(picked) > 4 else ""
+            return f"{what} {shown}{more} ({len(picked)} of {hit.size}), the others right"
+    return "on part of the gradient"
+
+
 def _diagonal_only(b: Block) -> Diagnosis | None:
     n_out, n_in = b.a.shape
     if n_out != n_in or n_in < 2:
@@ -210,13 +271,14 @@ def _named(kind: str, detect: Callable[[Block], str | None]
 _FIRST_ORDER: tuple[Callable[[Block], Diagnosis | None], ...] = (
     _nonfinite, _swapped, _missing, _factor, _named("transposed", transposed),
     _named("shifted", shifted), _ignores_grad_output, _constant_added, _broadcast_not_reduced,
-    _named("straight_through", straight_through), _branch, _few, _diagonal_only,
+    _named("straight_through", straight_through), _branch, _exchanged, _few, _part_factor,
+    _diagonal_only,
 )
 # Every kind a first-order diagnosis can name (the registry declares one rule per kind).
 FIRST_ORDER_KINDS = ("nonfinite", "swapped", "zero", "factor", "sign", "transposed", "shifted",
                      "ignores_grad_output", "constant_term", "broadcast_not_reduced",
                      "straight_through", "branch",
-                     "few_elements", "diagonal_only", "no_pattern")
+                     "exchanged", "few_elements", "part_factor", "diagonal_only", "no_pattern")
 
 
 def _first_found(b: Block, detectors: Sequence[Callable[[Block], Diagnosis | None]]

@@ -55,9 +55,10 @@ def _tree_lines(graph: Graph, view: View) -> list[_Line]:
     for i, out in enumerate(graph.outputs):
         last = i == len(graph.outputs) - 1
         lines.append(("└── " if last else "├── ", out_label(out), "bold cyan"))
-        if out.node is not None:
+        if out.node is not None:  # drawn under its own label, before the next output's
             state.place(view.owner[out.node], None, "    " if last else "│   ", 1)
-    state.run()
+            state.run(sections=False)
+    state.run()  # the sections continued below the tree
     return lines
 
 
@@ -74,8 +75,8 @@ class _TreeState:
     def place(self, iid: str, via: str | None, rest: str, nest: int, last: bool = True) -> None:
         self.stack.append(("item", iid, via, rest, nest, last))
 
-    def run(self) -> None:
-        while self.stack or self.sections:
+    def run(self, sections: bool = True) -> None:
+        while self.stack or (sections and self.sections):
             if not self.stack:
                 iid = self.sections.popleft()
                 self.lines.append(("", f"⤷ {header(self.view.items[iid])} (continued)", "bold"))

@@ -180,9 +180,8 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
                outs: Sequence[torch.Tensor], reference: Reference | None, reason: str,
                stop: str | None = None, first: Sequence[int] = ()) -> Verdict:
     """Every element: the analytical Jacobian (grouped rows where possible), then each input's
-    numerical columns (coloured where the pattern allows) compared chunk by chunk. `stop`
-    (why): once a block's failure is confirmed, the inputs and outputs not compared yet are
-    not, and said so; inputs `first` are swept first then."""
+    numerical columns (coloured where possible) compared chunk by chunk. `stop` (why): the
+    sweep ends at a failing block (inputs `first` first), said so; if not confirmed, all."""
     if reference is not None:
         tallies = _tallies(problem, leaves, outs, config.tolerance("atol"),
                            config.tolerance("rtol"), config.max_worst)
@@ -246,6 +245,9 @@ def check_full(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Ten
         from .measured_words import describe
 
         describe(verdict, tallies, measurement, problem)
+    if (unchecked or cut) and verdict.outcome is not Outcome.FAILED:  # qpth's p hid behind Q
+        return check_full(problem, config, leaves, outs, None, f"{reason}; the block it "
+                          "stopped at was not a confirmed failure, so every column was swept")
     if capped:
         verdict.details.append(
             f"tolerance: the first bound was as large as the values compared at {capped} "

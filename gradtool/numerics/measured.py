@@ -103,8 +103,9 @@ class Measurement:
     def limit(self) -> str | None:
         if self.max_relative <= NOISY:
             return None
-        return (f"finite differences are noisy here (an iterative solver's tolerance?): errors "
-                f"below {self.max_relative:.2g} relative cannot be seen here")
+        return ("finite differences are noisy here (an iterative solver's tolerance?): errors "
+                + (f"below {self.max_relative:.2g} relative" if self.max_relative < 1 else
+                   "as large as the values, at some elements,") + " cannot be seen here")
 
 
 def remeasure(problem: Problem, values: Sequence[torch.Tensor], tallies: list[list[BlockTally]],

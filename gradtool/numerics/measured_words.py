@@ -12,6 +12,12 @@ from .measured import K, Measurement
 from .problem import Problem
 
 
+# Verdict.cause of a gap inconclusive because forward is a solver: the summary names it, not
+# unreliable finite differences (they were measured reliable)
+SOLVER_CAUSE = ("backward is beyond the measured finite-difference error but within "
+                "gradcheck's tolerance, and forward is a solver (data-dependent control flow)")
+
+
 def data_dependent(problem: Problem) -> bool:
     """Whether forward reads a tensor's value into Python (.item(), float(), a tensor in an
     if or while: aten._local_scalar_dense), the mark of data-dependent control flow such as
@@ -46,7 +52,7 @@ def describe(verdict: Any, tallies: list[list[BlockTally]],
         # differences: a gap within gradcheck's tolerance cannot be told from a mistake.
         from ..results import Outcome
 
-        verdict.outcome = Outcome.INCONCLUSIVE
+        verdict.outcome, verdict.cause = Outcome.INCONCLUSIVE, SOLVER_CAUSE
         verdict.details.append(
             "inconclusive: backward is beyond the measured finite-difference error but within "
             "gradcheck's fixed tolerance, and forward has data-dependent control flow (it reads "

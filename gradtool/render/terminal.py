@@ -98,7 +98,7 @@ def _case_lines(target: TargetResult, case: CaseResult, verbose: bool, quiet: bo
         timing = f"  ({_timing(check)})" if verbose else ""
         short = _short(check) if passing else ""
         if check.warnings:
-            short = f"{short or '—'} {warnings_text(check)}"
+            short = f"{short or '—'} {warnings_text(check, short=bool(short))}"
         tail = f"  {short}" if short else ""
         yield f"{word} {label}   {check.name}{tail}{timing}", style
         if passing:

@@ -18,10 +18,12 @@ LABELS = {
 }
 
 
-def warnings_text(check: CheckResult) -> str:
-    """'1 warning: <message> [rule id]' (several: '2 warnings: ...; ...')."""
+def warnings_text(check: CheckResult, short: bool = False) -> str:
+    """'1 warning: <message> [rule id]' (several: '2 warnings: ...; ...'); on the check's own
+    line (`short`), a warning that is the check's summary (data "summary") is its rule alone."""
     found = check.warnings
-    listed = "; ".join(f"{w.message} [{w.rule}]" for w in found)
+    listed = "; ".join(f"[{w.rule}]" if short and w.data.get("summary") else
+                       f"{w.message} [{w.rule}]" for w in found)
     return f"{len(found)} warning{'' if len(found) == 1 else 's'}: {listed}"
 
 

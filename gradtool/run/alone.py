@@ -48,7 +48,12 @@ def check_alone(case: Case, target: Target, config: CheckConfig) -> CheckResult:
     """check_gradient's verdict on one Function, settled by a failing probe where full mode
     would be over budget."""
     from ..checks.gradient import check_gradient  # lazy: the culprit search's only
+    from ..numerics.wirtinger import is_complex
 
+    if case.problem.diff and is_complex(case.problem):  # the gradient check skips it
+        from ..checks.complex import check_complex
+
+        return check_complex(case, target, config)
     try:
         probed = _probe_first(case, target, config)
     except InternalError:

@@ -69,6 +69,38 @@ def takes_ctx(cls: type) -> bool:
     return _raw(cls, "setup_context") is _SingleLevelFunction.__dict__["setup_context"].__func__
 
 
+def same_definition(a: type, b: type) -> bool:
+    """Whether two Function classes are one definition: the same class, or two that a factory
+    made from one class statement (qpth's QPFunction(...) makes a new class at every call, so
+    a re-run of the forward applies a class the first run never saw)."""
+    if a is b:
+        return True
+    if (a.__module__, a.__qualname__) != (b.__module__, b.__qualname__):
+        return False
+    codes = [(_code(a, name), _code(b, name)) for name in ("forward", "backward",
+                                                            "setup_context")]
+    return codes[0][0] is not None and all(x is y for x, y in codes)
+
+
+def definition_key(cls: type) -> Any:
+    """A hashable key of one definition: the class itself, or for a class made inside a
+    function (a new one at every call of its factory), its name and its methods' code, the
+    same for every class same_definition holds between."""
+    if "<locals>" not in cls.__qualname__:
+        return cls
+    return (cls.__module__, cls.__qualname__,
+            *(_code(cls, name) for name in ("forward", "backward", "setup_context")))
+
+
+def _code(cls: type, name: str) -> Any:
+    """The code object of cls.name as defined (the hook's properties aside), or None."""
+    try:
+        raw = _raw(cls, name)
+    except StopIteration:
+        return None
+    return getattr(raw, "__code__", None)
+
+
 def _owner(cls: type, name: str) -> type:
     return next(klass for klass in cls.__mro__ if name in klass.__dict__)
 

@@ -22,7 +22,7 @@ from ..targets.load import Target
 from ..targets.resolve import make_target
 from ..targets.subclass import clone_keeping, keeps_class, plain, retyping
 from .alone import FunctionFinding, check_alone, finding_of, wrt
-from .applyhook import Call, Hook, hooked
+from .applyhook import Call, Hook, hooked, same_definition
 from .paths import calls_user_ops, failing_inputs, is_whole, named_whole
 from .replay import anchors_of, replaying
 from .sites import user_site
@@ -74,7 +74,7 @@ class _Recorder(Hook):
         app = Application(call.cls, [_snapshot(v) for v in call.args],
                           {k: _snapshot(v) for k, v in call.kwargs.items()},
                           user_site(sys._getframe(2)))
-        app.ordinal = sum(1 for other in self.calls if other.cls is app.cls)
+        app.ordinal = sum(1 for other in self.calls if same_definition(other.cls, app.cls))
         self.calls.append(app)
         self.originals[id(app)] = (*call.args, *call.kwargs.values())
         return app

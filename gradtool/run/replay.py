@@ -10,7 +10,7 @@ import torch
 
 from ..numerics.problem import Problem
 from ..tracebacks import calls_user_code
-from .applyhook import Call, Hook, bypassed, hooked
+from .applyhook import Call, Hook, bypassed, hooked, same_definition
 
 
 class NotReplayed(RuntimeError):
@@ -93,12 +93,13 @@ class _Intercept(Hook):
         self.grad_mode, self.dual, self.seen = grad_mode, dual, 0
 
     def forward(self, call: Call) -> Any:
-        if call.cls is self.cls:
+        if same_definition(call.cls, self.cls):
             count, self.seen = self.seen, self.seen + 1
             if count == self.ordinal:
                 args = tuple(self.substitute.get(k, a) for k, a in enumerate(call.args))
                 with bypassed(), torch.set_grad_enabled(self.grad_mode):
                     torch._C._set_fwd_grad_enabled(self.dual)
-                    apply = self.cls.apply  # type: ignore[attr-defined]
+                    # this run's class: a factory's holds this run's closure
+                    apply = call.cls.apply  # type: ignore[attr-defined]
                     raise _Replayed(apply(*args, **call.kwargs))
         return call.run()

@@ -3,6 +3,7 @@ names, with the line of the user's own code when that is inside an installed pac
 
 from __future__ import annotations
 
+import sysconfig
 from pathlib import Path
 from types import FrameType
 from typing import Callable
@@ -11,6 +12,9 @@ from ..targets.load import display_path
 from .applyhook import HOOK_FILE
 
 _PACKAGE = str(Path(__file__).resolve().parents[1]).replace("\\", "/")  # gradtool/
+# the standard library's folders (runpy, multiprocessing, threading): never the user's line
+_STDLIB = tuple({sysconfig.get_paths()[key].replace("\\", "/") + "/"
+                 for key in ("stdlib", "platstdlib")})
 
 
 def user_site(frame: FrameType | None) -> str | None:
@@ -24,9 +28,14 @@ def user_site(frame: FrameType | None) -> str | None:
         return _site(first) if first is not None else None
     if not _installed(_path(real)):
         return _site(real)
-    caller = _innermost(real.f_back,
-                        lambda path: _ours(path) or _fileless(path) or _installed(path))
-    return f"{_site(real)} (called from {_site(caller)})" if caller else _site(real)
+    # up to the first frame of gradtool's own (itself perhaps installed): when gradtool called
+    # the package (a library's module checked as the target) there is no user line, and the
+    # frames above gradtool's are its worker's (multiprocessing, the console script)
+    caller = _innermost(real.f_back, lambda path: not _gradtool(path) and (
+        "/torch/" in path or _fileless(path) or _installed(path) or _stdlib(path)))
+    if caller is None or _gradtool(_path(caller)):
+        return _site(real)
+    return f"{_site(real)} (called from {_site(caller)})"
 
 
 def installed(path: str) -> bool:
@@ -52,6 +61,14 @@ def _ours(path: str) -> bool:
     # the hook's forward has no file: without this, code run from stdin or exec (fileless
     # too) would be named after gradtool's hook
     return path.startswith(_PACKAGE) or "/torch/" in path or path.startswith(HOOK_FILE)
+
+
+def _gradtool(path: str) -> bool:
+    return path.startswith(_PACKAGE) or path.startswith(HOOK_FILE)
+
+
+def _stdlib(path: str) -> bool:
+    return any(path.startswith(root) for root in _STDLIB)
 
 
 def _fileless(path: str) -> bool:

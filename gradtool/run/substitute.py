@@ -13,7 +13,7 @@ from ..config.settings import CheckConfig
 from ..errors import InternalError
 from ..numerics.problem import Problem
 from ..results import Outcome
-from .applyhook import Call, Hook, hooked
+from .applyhook import Call, Hook, hooked, same_definition
 
 
 class _PlainCtx(FunctionCtx):
@@ -35,7 +35,8 @@ class _ByForward(Hook):
     def forward(self, call: Call) -> Any:
         positions = [k for k, a in enumerate(call.args)
                      if isinstance(a, torch.Tensor) and a.requires_grad]
-        if call.cls not in self.classes or not self.grad_mode or not positions:
+        if not any(same_definition(call.cls, c) for c in self.classes) or not self.grad_mode \
+                or not positions:
             return call.run()  # a value-only evaluation: the forward's values are the same
         with torch.enable_grad():
             leaves = {k: call.args[k].detach().requires_grad_() for k in positions}

@@ -24,6 +24,7 @@ from torch.autograd import Function
 from ..targets.kinds import named
 from ..targets.load import display_path
 from ..tracebacks import trim
+from .applyhook import definition_key
 from .sites import user_site
 from .trace_messages import Checked, Crashed, Ended, Layouts, Recorded, Refused, TraceMessage
 
@@ -133,9 +134,11 @@ class Recorder:
             facts["target"], facts["problem"] = None, (
                 f"{label} takes a {type(odd).__qualname__} argument: only tensors, numbers, "
                 "strings and tuples/lists/dicts of them can be saved and replayed")
-            if named(kind).function_class:  # checked in this process once the script ends
-                self.held[index] = (owner, tuple(_copy(a) for a in args),
-                                    {k: _copy(v) for k, v in kwargs.items()})
+        # a class made inside a function (a library's factory: qpth's QPFunction(...)) has
+        # no name to load; like arguments no file holds, it is checked in this process
+        if named(kind).function_class and (odd is not None or "<locals>" in label):
+            self.held[index] = (owner, tuple(_copy(a) for a in args),
+                                {k: _copy(v) for k, v in kwargs.items()})
             return facts
         try:
             torch.save((tuple(_copy(a) for a in args), {k: _copy(v) for k, v in kwargs.items()}),
@@ -259,8 +262,8 @@ def hooked(recorder: Recorder) -> Iterator[None]:
         original = apply.__get__(None, cls)
         if cls.__module__.split(".")[0] == "torch":  # checkpointing, custom ops' own Functions
             return original(*args, **kwargs)
-        return recorder.around("function", cls, cls.__qualname__, cls, args, kwargs,
-                               lambda: original(*args, **kwargs))
+        return recorder.around("function", definition_key(cls), cls.__qualname__, cls, args,
+                               kwargs, lambda: original(*args, **kwargs))
 
     patched = {OpOverloadPacket: OpOverloadPacket.__dict__["__call__"],
                OpOverload: OpOverload.__dict__["__call__"]}

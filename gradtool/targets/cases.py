@@ -275,8 +275,8 @@ def bind_module(target: Target, n_args: int, config: CheckConfig, seed: int) -> 
     # a copy is cast in place; the user's own instance (no copy possible) never is: its
     # parameters and buffers are swapped for cast clones around every call instead
     state = {} if owned else private_state(module, dtype, device)
-    if owned:
-        module.to(device=device, dtype=dtype)  # casts floating parameters and buffers only
+    if owned:  # module.to(dtype) would cast complex buffers to real ones: cast each instead
+        module._apply(lambda t: t.to(device=device, dtype=cast_dtype(t, dtype)))
     # the engine's values are plain tensors; forward sees each as its parameter's class
     like = dict(module.named_parameters())
     params = [(name, plain(state[name]) if name in state else plain(p).clone())
@@ -323,17 +323,34 @@ def private_copy(target: Target, seed: int) -> tuple[torch.nn.Module, bool]:
 
 def private_state(module: torch.nn.Module, dtype: torch.dtype, device: str
                   ) -> dict[str, torch.Tensor]:
-    """Clones of a module's parameters and buffers, floating ones cast as module.to would: what
-    a call of the user's own instance reads and writes instead of theirs. A tensor that cannot
-    be cloned (a subclass without a copy) is left out: forward reads the user's, unwritten."""
+    """Clones of a module's parameters and buffers, cast as bind_module casts its own copy:
+    what a call of the user's own instance reads and writes instead of theirs. A tensor that
+    cannot be cloned (a subclass without a copy) is left out: forward reads the user's,
+    unwritten."""
     state = {}
     for name, t in [*module.named_parameters(), *module.named_buffers()]:
         try:
-            state[name] = retyped(plain(t).to(device=device, copy=True, dtype=dtype if
-                                              t.is_floating_point() else t.dtype), t)
+            state[name] = retyped(plain(t).to(device=device, copy=True,
+                                              dtype=cast_dtype(t, dtype)), t)
         except Exception:  # noqa: BLE001 - read as it is
             continue
     return state
+
+
+# A complex parameter or buffer follows the check's precision as a floating one does, and stays
+# complex: module.to(torch.float64) casts it to a real tensor, dropping its imaginary part (an
+# NUFFT's complex interpolation tables), so forward would run on values the user never has.
+_COMPLEX_OF = {torch.float64: torch.complex128, torch.float32: torch.complex64}
+
+
+def cast_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a module's parameter or buffer is checked in: `dtype` for a floating one, its
+    complex counterpart for a complex one (its own where there is none), else its own."""
+    if t.is_floating_point():
+        return dtype
+    if t.is_complex():
+        return _COMPLEX_OF.get(dtype, t.dtype)
+    return t.dtype
 
 
 def instantiate(target: Target, seed: int) -> torch.nn.Module:
