@@ -313,6 +313,7 @@ def _full(func: Callable[..., Any], args: tuple[Any, ...], diff: list[int],
                      batched_fn=None if columns <= FEW else twin)
     if columns <= FEW:
         problem.cache.vmap_ok = False
+    problem.cache.pass_only = True  # a failing comparison ends it: the pipeline reports it
     if sum(o.numel() for o in outs) <= FEW // 2:
         problem.cache.batched_vjp_ok = False
     problem.learn(problem.facts.with_(learnt=True, **output_facts(outs, None, False, leaves)))

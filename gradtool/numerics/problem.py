@@ -70,6 +70,10 @@ class Cache:
     # it (numerics/ledger.py: the contract's graph and backwards, for the layout check's
     # baseline and the gradient diagnosis's zero grad_output).
     ledger: Ledger = field(default_factory=Ledger)
+    # The caller takes a pass or nothing (the drop-in's lean path, whose every other outcome
+    # runs the pipeline again for the report): a sweep gives up at its first failing
+    # comparison (columns.NotAPass) instead of paying the failure's exact columns and evidence.
+    pass_only: bool = False
 
     def take_first_graph(self) -> tuple[list[torch.Tensor], Any] | None:
         first, self.first_graph = self.first_graph, None
