@@ -104,8 +104,14 @@ def cut_after_failure(problem: Problem, config: CheckConfig, leaves: Sequence[to
     first = tuple(sorted({i for i, _ in found}))
     names = problem.input_names
     told = (f"alone along the failing direction, the probe fails for "
-            f"{', '.join(repr(names[i]) for i in first)} and passes for the others; "
+            f"{', '.join(repr(names[i]) for i in first)}"
+            f"{' and passes for the others' if len(first) < len(leaves) else ''}; "
             if found else "")
+    if dropin_cut(config):  # gradtool.gradcheck(fast_mode=True): no --exhaustive keyword
+        return ("the probe failed, and fast mode pays for a failure what torch's does (one "
+                "failing pair's columns), so the sweep stopped at its first block with a "
+                f"confirmed failure ({told}gradtool.check(..., exhaustive=True), or --exhaustive "
+                "on the command line, sweeps every column)"), first
     return (f"the probe failed and the target is expensive, so the sweep stopped at its first "
             f"block with a confirmed failure ({told}--exhaustive sweeps every column)"), first
 
