@@ -128,6 +128,7 @@ def _tests(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
         # a plain float64 call's clean pass needs no pipeline; anything else gets its report,
         # which reads what the lean path evaluated instead of paying it again (handed.py)
         handed = Handed.of_call(judged, args)
+        handed.bind([args[k] for k in handed.diff], out, outputs)
         with recording(handed):
             passed = None if extra_checks or complex_values else \
                 lean_pass(judged, args, out, settings)

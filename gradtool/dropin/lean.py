@@ -25,7 +25,7 @@ import torch
 from ..config.registry import BY_NAME, GRADCHECK_BACKWARD
 from ..config.settings import CheckConfig
 from ..numerics.facts import output_facts
-from ..numerics.handed import record
+from ..numerics.handed import record, record_vjp
 from ..numerics.jacobian import SMALL, check_full
 from ..numerics.localise import Tests
 from ..numerics.probe import ceiling, probe_vectors
@@ -255,7 +255,9 @@ class _Call:
     @calls_user_code
     def vjp(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
             grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return vjp(outs, leaves, own_storage(grads))
+        gradients = vjp(outs, leaves, own_storage(grads))
+        record_vjp(leaves, outs, grads, gradients)  # a failing call's report reads it
+        return gradients
 
 
 class _Given(Problem):
@@ -270,7 +272,9 @@ class _Given(Problem):
     def vjp(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
             grads: Sequence[torch.Tensor], create_graph: bool = False) -> list[torch.Tensor]:
         self.calls["backward"] += 1
-        return vjp(outs, leaves, own_storage(grads), create_graph=create_graph)
+        gradients = vjp(outs, leaves, own_storage(grads), create_graph=create_graph)
+        record_vjp(leaves, outs, grads, gradients)  # a failing call's report reads it
+        return gradients
 
 
 def _screened(call: _Call, config: CheckConfig, leaves: list[torch.Tensor],

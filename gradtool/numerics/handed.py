@@ -35,6 +35,22 @@ class Handed:
     diff: tuple[int, ...]
     outputs: dict[Any, list[torch.Tensor]] = field(default_factory=dict)
     kept: int = 0  # bytes
+    # the drop-in's own forward with its graph: (the tensors given requiring grad, its result),
+    # what torch's gradcheck runs backward through; the probe phase's graph forward there
+    graph: tuple[list[torch.Tensor], Any] | None = None
+    ids: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # that graph's leaves and outputs
+    # backward through that graph: grad_outputs' exact bits -> the gradients, per leaf
+    vjps: dict[Any, list[torch.Tensor]] = field(default_factory=dict)
+
+    def bind(self, leaves: list[torch.Tensor], result: Any, outs: Sequence[torch.Tensor]
+             ) -> None:
+        """The call's own graph: `leaves` (the tensors given requiring grad), its result and
+        that result's tensors."""
+        self.graph = (leaves, result)
+        self.ids = (tuple(map(id, leaves)), tuple(map(id, outs)))
+
+    def on_graph(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> bool:
+        return bool(self.ids[0]) and self.ids == (tuple(map(id, leaves)), tuple(map(id, outs)))
 
     def record(self, values: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
         size = sum(o.numel() * o.element_size() for o in outs)
@@ -50,6 +66,15 @@ class Handed:
         kept = self.outputs.get(graph_key(values))
         return None if kept is None else [o.clone() for o in kept]
 
+
+    def graph_at(self, fn: Callable[..., Any], diff: Sequence[int],
+                 values: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], Any] | None:
+        """The call's own graph where its leaves hold `values`, once the lean path recorded f(x)
+        (its forward shown to write no input and draw nothing), else None."""
+        if self.graph is None or self.at(fn, diff, values) is None:
+            return None
+        leaves, result = self.graph
+        return (leaves, result) if graph_key(leaves) == graph_key(values) else None
 
     @classmethod
     def of_call(cls, fn: Callable[..., Any], args: Sequence[Any]) -> Handed:
@@ -87,6 +112,33 @@ def record(fn: Callable[..., Any], diff: Sequence[int], values: Sequence[torch.T
     handed = _RECORDING.get()
     if handed is not None and tuple(diff) == handed.diff and fn == handed.fn:
         handed.record(values, outs)
+
+
+def served_graph(fn: Callable[..., Any], diff: Sequence[int], values: Sequence[torch.Tensor]
+                 ) -> tuple[list[torch.Tensor], Any] | None:
+    """The handed-over call's own graph at `values`, or None."""
+    handed = _SERVING.get()
+    return None if handed is None else handed.graph_at(fn, diff, values)
+
+
+def record_vjp(leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+               grads: Sequence[torch.Tensor], gradients: Sequence[torch.Tensor]) -> None:
+    """Keep a backward through the call's own graph, where a hand-over is being recorded."""
+    handed = _RECORDING.get()
+    if handed is not None and handed.on_graph(leaves, outs) and handed.kept <= KEEP_BYTES:
+        handed.vjps.setdefault(graph_key(grads), [g.detach().clone() for g in gradients])
+        handed.kept += sum(g.numel() * g.element_size() for g in gradients)
+
+
+def served_vjps(leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+                grads: Sequence[torch.Tensor]) -> list[list[torch.Tensor]] | None:
+    """Backward's gradients for each row of grad_outputs (grads: per output, a leading row
+    dimension) through the handed-over graph, when the lean path ran every one; else None."""
+    handed = _SERVING.get()
+    if handed is None or not handed.vjps or not handed.on_graph(leaves, outs):
+        return None
+    kept = [handed.vjps.get(graph_key([g[k] for g in grads])) for k in range(len(grads[0]))]
+    return None if any(k is None for k in kept) else [[g.clone() for g in k] for k in kept]
 
 
 def served(fn: Callable[..., Any], diff: Sequence[int], values: Sequence[torch.Tensor],
