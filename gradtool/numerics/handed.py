@@ -1,21 +1,26 @@
 """Outputs one caller evaluated, handed to the pipeline it runs next on the same call.
 
 The drop-in's lean path (dropin/lean.py) evaluates a call's forward without a graph at f(x), at
-the probe's points and at the colours' points, and hands a call it does not pass to
-gradtool.check for the report, whose engine evaluates the same function at many of the same
-points (the same seeded probe vectors, the same colours, the same arithmetic). Torch's failing
-gradcheck pays each point once; so does the drop-in: within the hand-over (`serving`), a
-Problem of that function (compared with ==: a Function's apply is a new bound method at each
-access) reads an output recorded at the same differentiable values (their exact bits,
-ledger.graph_key) instead of evaluating again. Recorded only from a forward shown to write no
-input, draw from no RNG and give the same outputs twice (lean.py's _pure): a plain
-deterministic call, whose outputs at a point are its outputs there.
+the probe's points and at the colours' points, and runs backward through the call's own graph,
+then hands a call it does not pass to gradtool.check for the report, whose engine evaluates the
+same function at many of the same points (the same seeded probe vectors, the same colours, the
+same arithmetic). Torch's failing gradcheck pays each evaluation once; so does the drop-in:
+within the hand-over (`serving`), a Problem of that function (compared with ==: a Function's
+apply is a new bound method at each access) reads an output recorded at the same
+differentiable values (their exact bits, ledger.graph_key) instead of evaluating again, its
+probe phase takes the call's own graph (torch's gradcheck runs backward there too), and
+backward through that graph at a grad_output recorded reads its gradients. Recorded only from a
+forward shown to write no input, draw from no RNG and give the same outputs twice (lean.py's
+_pure): a plain deterministic call, whose outputs at a point are its outputs there.
+
+A passing call (most of them) pays only a reference per evaluation: what was recorded is keyed
+and copied when the pipeline first asks, and a tensor written since (its version moved) is not
+served.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,48 +29,78 @@ import torch
 
 from .ledger import graph_key
 
-KEEP_BYTES = 16 * 2**20  # outputs' bytes recorded at most (a tiny call's are a few KiB)
+KEEP = 512  # evaluations recorded at most (a tiny call's lean path makes 5 to 40)
+
+Entry = tuple[list[torch.Tensor], list[torch.Tensor], tuple[int, ...]]  # keys, values, versions
+
+
+def _entry(key: Sequence[torch.Tensor], value: Sequence[torch.Tensor]) -> Entry:
+    keys, values = list(key), list(value)
+    return keys, values, tuple([t._version for t in keys] + [t._version for t in values])
+
+
+def _index(entries: list[Entry]) -> dict[Any, list[torch.Tensor]]:
+    """The entries whose tensors nobody wrote since, by their key tensors' exact bits."""
+    found: dict[Any, list[torch.Tensor]] = {}
+    for keys, values, versions in entries:
+        if versions == tuple([t._version for t in keys] + [t._version for t in values]):
+            found.setdefault(graph_key(keys), [v.detach().clone() for v in values])
+    return found
 
 
 @dataclass
 class Handed:
-    """One call's recorded outputs: fn(*args) with args[diff] at each key's values."""
+    """One call's record: fn(*args) with args[diff] at recorded values, and backward through
+    the call's own graph (`bind`) at recorded grad_outputs."""
 
     fn: Callable[..., Any]
     diff: tuple[int, ...]
-    outputs: dict[Any, list[torch.Tensor]] = field(default_factory=dict)
-    kept: int = 0  # bytes
+    recorded: list[Entry] = field(default_factory=list)   # (values, outputs)
+    backwards: list[Entry] = field(default_factory=list)  # (grad_outputs, gradients)
     # the drop-in's own forward with its graph: (the tensors given requiring grad, its result),
     # what torch's gradcheck runs backward through; the probe phase's graph forward there
     graph: tuple[list[torch.Tensor], Any] | None = None
-    ids: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # that graph's leaves and outputs
-    # backward through that graph: grad_outputs' exact bits -> the gradients, per leaf
-    vjps: dict[Any, list[torch.Tensor]] = field(default_factory=dict)
+    tensors: list[torch.Tensor] = field(default_factory=list)  # its leaves, then its outputs
+    leaves: int = 0
+    _outputs: dict[Any, list[torch.Tensor]] | None = None  # keyed on first use
+    _vjps: dict[Any, list[torch.Tensor]] | None = None
+
+    @classmethod
+    def of_call(cls, fn: Callable[..., Any], args: Sequence[Any]) -> Handed:
+        """An empty record of fn(*args), its differentiable arguments those requiring grad."""
+        return cls(fn, tuple(k for k, a in enumerate(args)
+                             if isinstance(a, torch.Tensor) and a.requires_grad))
 
     def bind(self, leaves: list[torch.Tensor], result: Any, outs: Sequence[torch.Tensor]
              ) -> None:
         """The call's own graph: `leaves` (the tensors given requiring grad), its result and
         that result's tensors."""
         self.graph = (leaves, result)
-        self.ids = (tuple(map(id, leaves)), tuple(map(id, outs)))
+        self.tensors, self.leaves = [*leaves, *outs], len(leaves)
 
     def on_graph(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> bool:
-        return bool(self.ids[0]) and self.ids == (tuple(map(id, leaves)), tuple(map(id, outs)))
-
-    def record(self, values: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
-        size = sum(o.numel() * o.element_size() for o in outs)
-        if self.kept + size <= KEEP_BYTES:
-            self.outputs.setdefault(graph_key(values), [o.detach().clone() for o in outs])
-            self.kept += size
+        """Whether leaves and outs are the bound graph's own tensors (the very objects)."""
+        mine = self.tensors
+        return len(leaves) == self.leaves > 0 and len(outs) == len(mine) - self.leaves and \
+            all(a is b for a, b in zip(leaves, mine)) and \
+            all(a is b for a, b in zip(outs, mine[self.leaves:]))
 
     def at(self, fn: Callable[..., Any], diff: Sequence[int],
            values: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
         """Fresh copies of the outputs recorded at `values` for this function, else None."""
-        if not self.outputs or tuple(diff) != self.diff or not fn == self.fn:
+        if not self.recorded or tuple(diff) != self.diff or not fn == self.fn:
             return None
-        kept = self.outputs.get(graph_key(values))
+        if self._outputs is None:
+            self._outputs = _index(self.recorded)
+        kept = self._outputs.get(graph_key(values))
         return None if kept is None else [o.clone() for o in kept]
 
+    def gradients(self, grads: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
+        """Fresh copies of backward's gradients recorded at grad_outputs `grads`, else None."""
+        if self._vjps is None:
+            self._vjps = _index(self.backwards)
+        kept = self._vjps.get(graph_key(grads))
+        return None if kept is None else [g.clone() for g in kept]
 
     def graph_at(self, fn: Callable[..., Any], diff: Sequence[int],
                  values: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], Any] | None:
@@ -76,58 +111,52 @@ class Handed:
         leaves, result = self.graph
         return (leaves, result) if graph_key(leaves) == graph_key(values) else None
 
-    @classmethod
-    def of_call(cls, fn: Callable[..., Any], args: Sequence[Any]) -> Handed:
-        """An empty record of fn(*args), its differentiable arguments those requiring grad."""
-        return cls(fn, tuple(k for k, a in enumerate(args)
-                             if isinstance(a, torch.Tensor) and a.requires_grad))
-
 
 _RECORDING: ContextVar[Handed | None] = ContextVar("gradtool_handing", default=None)
 _SERVING: ContextVar[Handed | None] = ContextVar("gradtool_handed", default=None)
 
 
-@contextmanager
-def _within(var: ContextVar[Handed | None], handed: Handed | None) -> Iterator[None]:
-    token = var.set(handed)
-    try:
-        yield
-    finally:
-        var.reset(token)
+class _Within:
+    """var set to handed within (a class: a generator context costs a passing call ~2 us)."""
+
+    __slots__ = ("var", "handed", "token")
+
+    def __init__(self, var: ContextVar[Handed | None], handed: Handed | None) -> None:
+        self.var, self.handed = var, handed
+
+    def __enter__(self) -> None:
+        self.token = self.var.set(self.handed)
+
+    def __exit__(self, *exc: object) -> None:
+        self.var.reset(self.token)
 
 
-def recording(handed: Handed | None) -> Any:
-    """Within: the lean path records its evaluations of handed.fn (`record`)."""
-    return _within(_RECORDING, handed)
+def recording(handed: Handed | None) -> _Within:
+    """Within: the lean path records its evaluations of handed.fn (`record`, `record_vjp`)."""
+    return _Within(_RECORDING, handed)
 
 
-def serving(handed: Handed | None) -> Any:
-    """Within: Problems of handed.fn read its recorded outputs (`served`)."""
-    return _within(_SERVING, handed)
+def serving(handed: Handed | None) -> _Within:
+    """Within: Problems of handed.fn read what was recorded (`served`, `served_vjps`,
+    `served_graph`)."""
+    return _Within(_SERVING, handed)
 
 
 def record(fn: Callable[..., Any], diff: Sequence[int], values: Sequence[torch.Tensor],
            outs: Sequence[torch.Tensor]) -> None:
     """Keep fn's outputs at `values` for the pipeline, where a hand-over is being recorded."""
     handed = _RECORDING.get()
-    if handed is not None and tuple(diff) == handed.diff and fn == handed.fn:
-        handed.record(values, outs)
-
-
-def served_graph(fn: Callable[..., Any], diff: Sequence[int], values: Sequence[torch.Tensor]
-                 ) -> tuple[list[torch.Tensor], Any] | None:
-    """The handed-over call's own graph at `values`, or None."""
-    handed = _SERVING.get()
-    return None if handed is None else handed.graph_at(fn, diff, values)
+    if handed is not None and len(handed.recorded) < KEEP and (fn is handed.fn or fn == handed.fn) \
+            and tuple(diff) == handed.diff:
+        handed.recorded.append(_entry(values, outs))
 
 
 def record_vjp(leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
                grads: Sequence[torch.Tensor], gradients: Sequence[torch.Tensor]) -> None:
     """Keep a backward through the call's own graph, where a hand-over is being recorded."""
     handed = _RECORDING.get()
-    if handed is not None and handed.on_graph(leaves, outs) and handed.kept <= KEEP_BYTES:
-        handed.vjps.setdefault(graph_key(grads), [g.detach().clone() for g in gradients])
-        handed.kept += sum(g.numel() * g.element_size() for g in gradients)
+    if handed is not None and len(handed.backwards) < KEEP and handed.on_graph(leaves, outs):
+        handed.backwards.append(_entry(grads, gradients))
 
 
 def served_vjps(leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
@@ -135,10 +164,17 @@ def served_vjps(leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
     """Backward's gradients for each row of grad_outputs (grads: per output, a leading row
     dimension) through the handed-over graph, when the lean path ran every one; else None."""
     handed = _SERVING.get()
-    if handed is None or not handed.vjps or not handed.on_graph(leaves, outs):
+    if handed is None or not handed.backwards or not handed.on_graph(leaves, outs):
         return None
-    kept = [handed.vjps.get(graph_key([g[k] for g in grads])) for k in range(len(grads[0]))]
-    return None if any(k is None for k in kept) else [[g.clone() for g in k] for k in kept]
+    kept = [handed.gradients([g[k] for g in grads]) for k in range(len(grads[0]))]
+    return None if any(k is None for k in kept) else kept
+
+
+def served_graph(fn: Callable[..., Any], diff: Sequence[int], values: Sequence[torch.Tensor]
+                 ) -> tuple[list[torch.Tensor], Any] | None:
+    """The handed-over call's own graph at `values`, or None."""
+    handed = _SERVING.get()
+    return None if handed is None else handed.graph_at(fn, diff, values)
 
 
 def served(fn: Callable[..., Any], diff: Sequence[int], values: Sequence[torch.Tensor],
