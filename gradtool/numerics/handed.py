@@ -166,8 +166,13 @@ def served_vjps(leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
     handed = _SERVING.get()
     if handed is None or not handed.backwards or not handed.on_graph(leaves, outs):
         return None
-    kept = [handed.gradients([g[k] for g in grads]) for k in range(len(grads[0]))]
-    return None if any(k is None for k in kept) else kept
+    kept = []
+    for k in range(len(grads[0])):  # the first row not recorded ends it: backward runs them
+        found = handed.gradients([g[k] for g in grads])
+        if found is None:
+            return None
+        kept.append(found)
+    return kept
 
 
 def served_graph(fn: Callable[..., Any], diff: Sequence[int], values: Sequence[torch.Tensor]
