@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,59 +30,62 @@ from .ledger import graph_key
 
 KEEP = 512  # evaluations recorded at most (a tiny call's lean path makes 5 to 40)
 
-Entry = tuple[list[torch.Tensor], list[torch.Tensor], tuple[int, ...]]  # keys, values, versions
+# (key tensors, value tensors, their versions when recorded): references only, a passing call
+# (most of them) pays no copy
+Entry = tuple[Sequence[torch.Tensor], Sequence[torch.Tensor], list[int]]
 
 
-def _entry(key: Sequence[torch.Tensor], value: Sequence[torch.Tensor]) -> Entry:
-    keys, values = list(key), list(value)
-    return keys, values, tuple([t._version for t in keys] + [t._version for t in values])
+def _versions(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> list[int]:
+    return [t._version for t in keys] + [t._version for t in values]
 
 
 def _index(entries: list[Entry]) -> dict[Any, list[torch.Tensor]]:
     """The entries whose tensors nobody wrote since, by their key tensors' exact bits."""
     found: dict[Any, list[torch.Tensor]] = {}
     for keys, values, versions in entries:
-        if versions == tuple([t._version for t in keys] + [t._version for t in values]):
+        if versions == _versions(keys, values):
             found.setdefault(graph_key(keys), [v.detach().clone() for v in values])
     return found
 
 
-@dataclass
 class Handed:
     """One call's record: fn(*args) with args[diff] at recorded values, and backward through
-    the call's own graph (`bind`) at recorded grad_outputs."""
+    the call's own graph (`bind`) at recorded grad_outputs. (A plain class with slots: every
+    drop-in call makes one, and a dataclass's default factories cost a passing call ~2 us.)"""
 
-    fn: Callable[..., Any]
-    diff: tuple[int, ...]
-    recorded: list[Entry] = field(default_factory=list)   # (values, outputs)
-    backwards: list[Entry] = field(default_factory=list)  # (grad_outputs, gradients)
-    # the drop-in's own forward with its graph: (the tensors given requiring grad, its result),
-    # what torch's gradcheck runs backward through; the probe phase's graph forward there
-    graph: tuple[list[torch.Tensor], Any] | None = None
-    tensors: list[torch.Tensor] = field(default_factory=list)  # its leaves, then its outputs
-    leaves: int = 0
-    _outputs: dict[Any, list[torch.Tensor]] | None = None  # keyed on first use
-    _vjps: dict[Any, list[torch.Tensor]] | None = None
+    __slots__ = ("fn", "diff", "recorded", "backwards", "graph", "leaf_ids", "out_ids",
+                 "_outputs", "_vjps")
+
+    def __init__(self, fn: Callable[..., Any], diff: tuple[int, ...]) -> None:
+        self.fn, self.diff = fn, diff
+        self.recorded: list[Entry] = []   # (values, outputs)
+        self.backwards: list[Entry] = []  # (grad_outputs, gradients)
+        # the drop-in's own forward with its graph: (the tensors given requiring grad, its
+        # result, its tensors), what torch's gradcheck runs backward through
+        self.graph: tuple[list[torch.Tensor], Any, list[torch.Tensor]] | None = None
+        # that graph's leaves and outputs (their ids: the record holds them, none is reused)
+        self.leaf_ids: list[int] = []
+        self.out_ids: list[int] = []
+        self._outputs: dict[Any, list[torch.Tensor]] | None = None  # keyed on first use
+        self._vjps: dict[Any, list[torch.Tensor]] | None = None
 
     @classmethod
     def of_call(cls, fn: Callable[..., Any], args: Sequence[Any]) -> Handed:
         """An empty record of fn(*args), its differentiable arguments those requiring grad."""
-        return cls(fn, tuple(k for k, a in enumerate(args)
-                             if isinstance(a, torch.Tensor) and a.requires_grad))
+        return cls(fn, tuple([k for k, a in enumerate(args)
+                              if isinstance(a, torch.Tensor) and a.requires_grad]))
 
     def bind(self, leaves: list[torch.Tensor], result: Any, outs: Sequence[torch.Tensor]
              ) -> None:
         """The call's own graph: `leaves` (the tensors given requiring grad), its result and
         that result's tensors."""
-        self.graph = (leaves, result)
-        self.tensors, self.leaves = [*leaves, *outs], len(leaves)
+        self.graph = (leaves, result, list(outs))
+        self.leaf_ids, self.out_ids = [id(t) for t in leaves], [id(t) for t in outs]
 
     def on_graph(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> bool:
         """Whether leaves and outs are the bound graph's own tensors (the very objects)."""
-        mine = self.tensors
-        return len(leaves) == self.leaves > 0 and len(outs) == len(mine) - self.leaves and \
-            all(a is b for a, b in zip(leaves, mine)) and \
-            all(a is b for a, b in zip(outs, mine[self.leaves:]))
+        return bool(self.leaf_ids) and [id(t) for t in leaves] == self.leaf_ids and \
+            [id(t) for t in outs] == self.out_ids
 
     def at(self, fn: Callable[..., Any], diff: Sequence[int],
            values: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
@@ -108,7 +110,7 @@ class Handed:
         (its forward shown to write no input and draw nothing), else None."""
         if self.graph is None or self.at(fn, diff, values) is None:
             return None
-        leaves, result = self.graph
+        leaves, result, _ = self.graph
         return (leaves, result) if graph_key(leaves) == graph_key(values) else None
 
 
@@ -148,7 +150,7 @@ def record(fn: Callable[..., Any], diff: Sequence[int], values: Sequence[torch.T
     handed = _RECORDING.get()
     if handed is not None and len(handed.recorded) < KEEP and (fn is handed.fn or fn == handed.fn) \
             and tuple(diff) == handed.diff:
-        handed.recorded.append(_entry(values, outs))
+        handed.recorded.append((tuple(values), tuple(outs), _versions(values, outs)))
 
 
 def record_vjp(leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
@@ -156,7 +158,7 @@ def record_vjp(leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
     """Keep a backward through the call's own graph, where a hand-over is being recorded."""
     handed = _RECORDING.get()
     if handed is not None and len(handed.backwards) < KEEP and handed.on_graph(leaves, outs):
-        handed.backwards.append(_entry(grads, gradients))
+        handed.backwards.append((tuple(grads), tuple(gradients), _versions(grads, gradients)))
 
 
 def served_vjps(leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
