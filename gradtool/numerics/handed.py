@@ -30,20 +30,17 @@ from .ledger import graph_key
 
 KEEP = 512  # evaluations recorded at most (a tiny call's lean path makes 5 to 40)
 
-# (key tensors, value tensors, their versions when recorded): references only, a passing call
-# (most of them) pays no copy
-Entry = tuple[Sequence[torch.Tensor], Sequence[torch.Tensor], list[int]]
-
-
-def _versions(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> list[int]:
-    return [t._version for t in keys] + [t._version for t in values]
+# (key tensors, value tensors, their versions when recorded): references to the lists the
+# lean path built for that one evaluation, so a passing call (most of them) pays no copy
+Entry = tuple[Sequence[torch.Tensor], Sequence[torch.Tensor], list[int], list[int]]
 
 
 def _index(entries: list[Entry]) -> dict[Any, list[torch.Tensor]]:
     """The entries whose tensors nobody wrote since, by their key tensors' exact bits."""
     found: dict[Any, list[torch.Tensor]] = {}
-    for keys, values, versions in entries:
-        if versions == _versions(keys, values):
+    for keys, values, key_versions, versions in entries:
+        if key_versions == [t._version for t in keys] and \
+                versions == [t._version for t in values]:
             found.setdefault(graph_key(keys), [v.detach().clone() for v in values])
     return found
 
@@ -53,11 +50,12 @@ class Handed:
     the call's own graph (`bind`) at recorded grad_outputs. (A plain class with slots: every
     drop-in call makes one, and a dataclass's default factories cost a passing call ~2 us.)"""
 
-    __slots__ = ("fn", "diff", "recorded", "backwards", "graph", "leaf_ids", "out_ids",
-                 "_outputs", "_vjps")
+    __slots__ = ("fn", "diff", "positions", "recorded", "backwards", "graph", "leaf_ids",
+                 "out_ids", "_outputs", "_vjps", "_seen")
 
     def __init__(self, fn: Callable[..., Any], diff: tuple[int, ...]) -> None:
-        self.fn, self.diff = fn, diff
+        self.fn, self.diff, self.positions = fn, diff, list(diff)
+        self._seen: tuple[Any, Any] = (None, None)  # the last (leaves, outs) lists on_graph
         self.recorded: list[Entry] = []   # (values, outputs)
         self.backwards: list[Entry] = []  # (grad_outputs, gradients)
         # the drop-in's own forward with its graph: (the tensors given requiring grad, its
@@ -84,8 +82,13 @@ class Handed:
 
     def on_graph(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> bool:
         """Whether leaves and outs are the bound graph's own tensors (the very objects)."""
-        return bool(self.leaf_ids) and [id(t) for t in leaves] == self.leaf_ids and \
+        if self._seen[0] is leaves and self._seen[1] is outs:  # a sweep's rows: the same lists
+            return True
+        found = bool(self.leaf_ids) and [id(t) for t in leaves] == self.leaf_ids and \
             [id(t) for t in outs] == self.out_ids
+        if found:
+            self._seen = (leaves, outs)
+        return found
 
     def at(self, fn: Callable[..., Any], diff: Sequence[int],
            values: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
@@ -149,8 +152,9 @@ def record(fn: Callable[..., Any], diff: Sequence[int], values: Sequence[torch.T
     """Keep fn's outputs at `values` for the pipeline, where a hand-over is being recorded."""
     handed = _RECORDING.get()
     if handed is not None and len(handed.recorded) < KEEP and (fn is handed.fn or fn == handed.fn) \
-            and tuple(diff) == handed.diff:
-        handed.recorded.append((tuple(values), tuple(outs), _versions(values, outs)))
+            and list(diff) == handed.positions:
+        handed.recorded.append((values, outs, [t._version for t in values],
+                                [t._version for t in outs]))
 
 
 def record_vjp(leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
@@ -158,7 +162,8 @@ def record_vjp(leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
     """Keep a backward through the call's own graph, where a hand-over is being recorded."""
     handed = _RECORDING.get()
     if handed is not None and len(handed.backwards) < KEEP and handed.on_graph(leaves, outs):
-        handed.backwards.append((tuple(grads), tuple(gradients), _versions(grads, gradients)))
+        handed.backwards.append((grads, gradients, [t._version for t in grads],
+                                 [t._version for t in gradients]))
 
 
 def served_vjps(leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
