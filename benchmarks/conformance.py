@@ -262,7 +262,8 @@ def dropin_table(stride: dict[str, int], limit: int | None) -> dict[str, Any]:
             row: dict[str, Any] = {"mode": mode, "dtype": dtype, "ops": 0, "calls": 0,
                                    "agree": 0, "internal": 0, "torch_s": 0.0, "gradtool_s": 0.0,
                                    "both_passed_torch_s": 0.0, "both_passed_gradtool_s": 0.0,
-                                   "disagreements": []}
+                                   "both_failed": 0, "both_failed_torch_s": 0.0,
+                                   "both_failed_gradtool_s": 0.0, "disagreements": []}
             for name in od.every_kth(list(od.ops(dtype)), k):
                 op = od.ops(dtype)[name]
                 row["ops"] += 1
@@ -273,6 +274,9 @@ def dropin_table(stride: dict[str, int], limit: int | None) -> dict[str, Any]:
                         _dropin_call(row, call, od.expected_failure(op, dtype, kind))
             rows.append(row)
             print(_dropin_line(row), flush=True)
+            print(f"  both failed: {row['both_failed']} calls, torch "
+                  f"{row['both_failed_torch_s']:.2f} s, gradtool "
+                  f"{row['both_failed_gradtool_s']:.2f} s", flush=True)
     return {"stride": stride, "samples": limit, "rows": rows}
 
 
@@ -289,6 +293,10 @@ def _dropin_call(row: dict[str, Any], call: Any, xfail: bool) -> None:
     if theirs == ours == "passed":
         row["both_passed_torch_s"] += t_torch
         row["both_passed_gradtool_s"] += t_ours
+    elif theirs == ours == "failed":  # a failing call's cost: the report's, against torch's
+        row["both_failed"] += 1
+        row["both_failed_torch_s"] += t_torch
+        row["both_failed_gradtool_s"] += t_ours
     if theirs != ours:
         row["disagreements"].append({"call": call.label, "xfail": xfail, "torch": e_torch or
                                      theirs, "gradtool": e_ours or ours})

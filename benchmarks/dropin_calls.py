@@ -1,11 +1,14 @@
 """Per-call cost of gradtool.gradcheck against torch's gradcheck on tiny problems, in process.
 
-Usage: python benchmarks/dropin_calls.py [--repeat 30] [--clock cpu|wall] [--first]
+Usage: python benchmarks/dropin_calls.py [--repeat 30] [--clock cpu|wall] [--first] [--failing]
 Prints, per problem and mode (torch's fast_mode=True against gradtool's fast mode, torch's slow
 mode against gradtool's full mode), each side's median milliseconds per call, interleaved call
 by call so that load affects both alike, and their ratio. The clock is this process's CPU time
 by default (a shared machine's load then stretches neither side); --clock wall for wall time. --first times the first call of a fresh
-process each way (imports included), in two subprocesses per side.
+process each way (imports included), in two subprocesses per side. --failing times failing calls
+instead (seeded bugs in tests/fixtures/counted.py's Functions: a tiny one, an adaptive solver
+vmap cannot batch, a fixed-step one it can, and the same adaptive solver 20 times as costly per
+evaluation), each side's forward and backward evaluations beside its time.
 """
 
 from __future__ import annotations
@@ -63,6 +66,50 @@ def problems():
     ]
 
 
+def failing_problems():
+    """(name, Function, input): counted.py's Functions with a seeded bug (backward 1.01x)."""
+    import torch
+
+    from counted import make
+
+    def r(n):
+        return torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(n),
+                           requires_grad=True)
+
+    return [(f"{kind} {n}{' x20 work' if work > 1 else ''}", make(kind, "scale", work), r(n))
+            for kind, n, work in (("tiny", 10, 1), ("adaptive", 8, 1), ("adaptive", 8, 20),
+                                  ("solver", 64, 1), ("adaptive", 64, 1))]
+
+
+def failing(repeat: int, clock) -> None:
+    """Failing calls: each side's evaluations (forward/backward) and median time, paired."""
+    import torch
+    from torch.autograd.gradcheck import GradcheckError
+
+    import gradtool
+    from counted import counted
+
+    def fails(check, func, x, fast):
+        try:
+            check(func, (x,), fast_mode=fast)
+        except GradcheckError:
+            return
+        raise AssertionError("the seeded bug passed")
+
+    print(f"{'failing call':22} {'mode':5} {'torch F/B':>10} {'gradtool F/B':>13} "
+          f"{'torch ms':>9} {'gradtool ms':>12} {'ratio':>6}")
+    for name, cls, x in failing_problems():
+        for mode, fast in (("fast", True), ("slow", False)):
+            counts = [counted(check, cls.apply, (x,), fast_mode=fast)[1]
+                      for check in (torch.autograd.gradcheck, gradtool.gradcheck)]
+            theirs, ours = interleaved(
+                [lambda: fails(torch.autograd.gradcheck, cls.apply, x, fast),
+                 lambda: fails(gradtool.gradcheck, cls.apply, x, fast)], repeat, clock)
+            t, g = (f"{c['forward']}/{c['backward']}" for c in counts)
+            print(f"{name:22} {mode:5} {t:>10} {g:>13} {theirs * 1e3:9.2f} {ours * 1e3:12.2f} "
+                  f"{ours / theirs:6.2f}")
+
+
 def interleaved(calls, repeat, clock=time.process_time):
     """Median seconds of each call, run in turn `repeat` times (after one warm-up each)."""
     times = [[] for _ in calls]
@@ -87,6 +134,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
     parser.add_argument("--first", action="store_true")
+    parser.add_argument("--failing", action="store_true")
     args = parser.parse_args()
 
     import torch
@@ -94,6 +142,9 @@ def main() -> None:
     import gradtool
 
     torch.set_num_threads(1)
+    if args.failing:
+        print(f"{args.clock} time, median of {args.repeat} interleaved calls")
+        return failing(args.repeat, time.process_time if args.clock == "cpu" else time.perf_counter)
     print(f"{args.clock} time, median of {args.repeat} interleaved calls")
     print(f"{'problem':32} {'mode':5} {'torch ms':>9} {'gradtool ms':>12} {'ratio':>6}")
     for name, func, inputs in problems():

@@ -80,10 +80,24 @@ class TwoWrong(Function):
         return 2 * ga * y + gb * 3, ga * x * 0.5 - gb
 
 
-def test_fast_failure_localises_the_first_failing_pair():
-    """fast_mode: one pair localised to an element, the others named; --exhaustive: all."""
+def test_fast_failure_sweeps_the_first_failing_block_where_cheaper():
+    """fast_mode on small inputs: the failing pair's columns cost fewer evaluations than
+    bisecting (what torch's failing fast mode pays too): full mode stops at the first failing
+    block, with its diagnosis, and says how to sweep every column."""
     args = (torch.randn(6, dtype=D, requires_grad=True),
             torch.randn(6, dtype=D, requires_grad=True))
+    with pytest.raises(GradcheckFailure) as failed:
+        gradtool.gradcheck(TwoWrong.apply, args, fast_mode=True)
+    text = str(failed.value)
+    assert "mismatched elements 6 / 36" in text and "extra factor 2" in text
+    assert "stopped at its first block" in text and "exhaustive=True" in text
+    assert "mode: full" in text and "is expensive" not in text
+
+
+def test_fast_failure_localises_the_first_failing_pair():
+    """fast_mode: one pair localised to an element, the others named; --exhaustive: all."""
+    args = (torch.randn(64, dtype=D, requires_grad=True),
+            torch.randn(64, dtype=D, requires_grad=True))
     with pytest.raises(GradcheckError):
         torch.autograd.gradcheck(TwoWrong.apply, args, fast_mode=True)
     with pytest.raises(GradcheckFailure) as failed:

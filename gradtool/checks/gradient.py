@@ -276,7 +276,10 @@ def diagnose_first_order(problem: Problem, verdict: Verdict, block: Block, i: in
                          config: CheckConfig) -> Diagnosis | None:
     """Name the kind of mistake from the dense blocks, else from the worst elements found."""
     if (i, o) not in verdict.dense:
-        found = _permuted(problem, block, i, o, config) or _diagnose_sample(block, config)
+        # a block compared in part is wholly zero in backward (numerics/stopping.py): no
+        # permutation of a nonzero Jacobian, so no probes to pay for one
+        found = (None if (i, o) in verdict.partial else _permuted(problem, block, i, o, config)) \
+            or _diagnose_sample(block, config)
         if found is None:  # a sample shows no constant term; one zero-grad_output backward does
             from ..diagnosis.classify import constant_term
 

@@ -56,6 +56,7 @@ from .torch_tests import (check_inputs, check_outputs, differentiable_outputs, f
                           no_differentiable_outputs, reentrant)
 from .torch_tests import run as torch_runs
 from ..errors import TargetError
+from ..numerics.handed import Handed, recording, serving
 from ..tracebacks import calls_user_code, user_errors_propagate
 
 __all__ = ["GradcheckFailure", "gradcheck", "gradgradcheck"]
@@ -124,12 +125,17 @@ def _tests(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
     judged = laid_out(func, args)  # gradtool's copies laid out as the tensors given
     complex_values = any(t.is_complex() for t in (*_tensors(args), *outputs))
     if outputs and check_backward_ad:
-        # a plain float64 call's clean pass needs no pipeline; anything else gets its report
-        passed = None if extra_checks or complex_values else \
-            lean_pass(judged, args, out, settings)
+        # a plain float64 call's clean pass needs no pipeline; anything else gets its report,
+        # which reads what the lean path evaluated instead of paying it again (handed.py)
+        handed = Handed.of_call(judged, args)
+        handed.bind([args[k] for k in handed.diff], out, outputs)
+        with recording(handed):
+            passed = None if extra_checks or complex_values else \
+                lean_pass(judged, args, out, settings)
         if passed is None:
-            _judge(on_torch_terms(judged, args, out), args, settings, backward=True,
-                   extra=extra_checks, complex_values=complex_values)
+            with serving(handed):
+                _judge(on_torch_terms(judged, args, out), args, settings, backward=True,
+                       extra=extra_checks, complex_values=complex_values)
         reentrant(args, outputs, nondet_tol, check_grad_dtypes, passed)
     if outputs and check_forward_ad and complex_values:
         # gradtool checks no forward mode of complex values: torch's own check runs

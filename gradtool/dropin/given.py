@@ -107,17 +107,13 @@ def on_torch_terms(func: Callable[..., Any], args: tuple[Any, ...],
     requiring grad, a Hessian built inside the function) would then compute something else.
     Known from one forward without a graph on copies: it raises, or its outputs differ from
     the drop-in's forward's (a random function's do too: judged on torch's terms, slower)."""
+    from ..numerics.handed import Handed, served
     from ..numerics.problem import tensor_outputs
 
-    copies = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
-    state = torch.random.get_rng_state()
-    try:
-        with torch.no_grad():
-            again = tensor_outputs(func(*copies))
-    except Exception:  # noqa: BLE001 - it runs on torch's terms: what it raises there is shown
-        again = None
-    finally:
-        torch.random.set_rng_state(state)
+    diff = Handed.of_call(func, args).diff
+    again = served(func, diff, [args[k].detach() for k in diff])  # the lean path's, if it ran
+    if again is None:
+        again = _without_graph(func, args)
     given = tensor_outputs(out)
     if again is not None and len(again) == len(given) and all(
             a.shape == g.shape and a.dtype == g.dtype and torch.equal(a, g.detach())
@@ -133,6 +129,22 @@ def on_torch_terms(func: Callable[..., Any], args: tuple[Any, ...],
 
     as_torch_calls_it.gradtool_no_vmap = True  # a batched value cannot require grad alone
     return as_torch_calls_it
+
+
+def _without_graph(func: Callable[..., Any], args: tuple[Any, ...]) -> list[Any] | None:
+    """func's tensor outputs without a graph on copies, torch's RNG left as it was; None where
+    it raises."""
+    from ..numerics.problem import tensor_outputs
+
+    copies = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
+    state = torch.random.get_rng_state()
+    try:
+        with torch.no_grad():
+            return tensor_outputs(func(*copies))
+    except Exception:  # noqa: BLE001 - it runs on torch's terms: what it raises there is shown
+        return None
+    finally:
+        torch.random.set_rng_state(state)
 
 
 def _requiring(v: Any) -> Any:

@@ -25,6 +25,7 @@ import torch
 from ..config.registry import BY_NAME, GRADCHECK_BACKWARD
 from ..config.settings import CheckConfig
 from ..numerics.facts import output_facts
+from ..numerics.handed import record, record_vjp
 from ..numerics.jacobian import SMALL, check_full
 from ..numerics.localise import Tests
 from ..numerics.probe import ceiling, probe_vectors
@@ -190,9 +191,13 @@ def _pure(func: Callable[..., Any], args: tuple[Any, ...], outs: list[torch.Tens
     for a, c in zip(args, copies):  # every value float64 and strided: torch.equal compares it
         if isinstance(a, torch.Tensor) and not (torch.equal(a, c) or both_nan(a.detach(), c)):
             return False
-    return len(again) == len(outs) and all(  # outputs finite: no NaN to tell apart
+    pure = len(again) == len(outs) and all(  # outputs finite: no NaN to tell apart
         type(a) is torch.Tensor and a.shape == o.shape and torch.equal(a, o)
         for a, o in zip(again, outs))
+    if pure:  # f(x), for a failing call's report (numerics/handed.py)
+        diff = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+        record(func, diff, [args[k].detach() for k in diff], again)
+    return pure
 
 
 def _on_clones(module: torch.nn.Module, args: Sequence[Any]
@@ -223,7 +228,9 @@ def _forward(fn: Callable[..., Any], args: Sequence[Any], diff: Sequence[int],
     given = dict(zip(diff, values))
     with torch.no_grad():
         result = fn(*[_fresh(given[k]) if k in given else a for k, a in enumerate(args)])
-    return [o.detach() for o in tensor_outputs(result)]
+    outs = [o.detach() for o in tensor_outputs(result)]
+    record(fn, diff, values, outs)  # a failing call's report reads it (numerics/handed.py)
+    return outs
 
 
 class _Call:
@@ -248,7 +255,9 @@ class _Call:
     @calls_user_code
     def vjp(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
             grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return vjp(outs, leaves, own_storage(grads))
+        gradients = vjp(outs, leaves, own_storage(grads))
+        record_vjp(leaves, outs, grads, gradients)  # a failing call's report reads it
+        return gradients
 
 
 class _Given(Problem):
@@ -263,7 +272,9 @@ class _Given(Problem):
     def vjp(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
             grads: Sequence[torch.Tensor], create_graph: bool = False) -> list[torch.Tensor]:
         self.calls["backward"] += 1
-        return vjp(outs, leaves, own_storage(grads), create_graph=create_graph)
+        gradients = vjp(outs, leaves, own_storage(grads), create_graph=create_graph)
+        record_vjp(leaves, outs, grads, gradients)  # a failing call's report reads it
+        return gradients
 
 
 def _screened(call: _Call, config: CheckConfig, leaves: list[torch.Tensor],
@@ -313,6 +324,7 @@ def _full(func: Callable[..., Any], args: tuple[Any, ...], diff: list[int],
                      batched_fn=None if columns <= FEW else twin)
     if columns <= FEW:
         problem.cache.vmap_ok = False
+    problem.cache.pass_only = True  # a failing comparison ends it: the pipeline reports it
     if sum(o.numel() for o in outs) <= FEW // 2:
         problem.cache.batched_vjp_ok = False
     problem.learn(problem.facts.with_(learnt=True, **output_facts(outs, None, False, leaves)))

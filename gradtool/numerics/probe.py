@@ -66,16 +66,25 @@ def check_probe(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Te
             describe_probe(verdict, tallies[0][0])
         return verdict
     n_in = sum(v.numel() for v in leaves)
-    pairs = min(4, len(leaves) * len(outs))
-    if config.mode == "auto" and 2 * n_in <= localising_cost(n_in, pairs):
+    pairs = 1 if dropin_cut(config) else min(4, len(leaves) * len(outs))
+    if (config.mode == "auto" or dropin_cut(config)) and \
+            2 * n_in <= localising_cost(n_in, pairs):
         # Every column costs fewer evaluations than bisecting to elements: full mode names
-        # them all (and diagnoses whole blocks) for the price of gradcheck's slow mode.
+        # them all (and diagnoses whole blocks) for the price of gradcheck's slow mode -- what
+        # torch's failing fast mode pays too (the failing pair's slow-mode Jacobian)
         reason = (f"{reason}; the probe failed and {2 * n_in} column evaluations cost less "
                   "than localising it")
         if stop is None and not config.exhaustive:
             stop, first = cut_after_failure(problem, config, leaves, outs, probes, failing)
         return check_full(problem, config, leaves, outs, None, reason, stop, first)
     return _localise(problem, config, leaves, outs, tallies, probes, failing, reason)
+
+
+def dropin_cut(config: CheckConfig) -> bool:
+    """The drop-in's fast_mode (probe mode asked for, in gradcheck's scope), not exhaustive: a
+    failure's evidence is paid as torch's failing fast mode pays it (one pair's columns), the
+    rest offered with exhaustive=True / --exhaustive."""
+    return config.mode == "probe" and not config.exhaustive and not config.module_parameters
 
 
 def cut_after_failure(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],
@@ -95,8 +104,14 @@ def cut_after_failure(problem: Problem, config: CheckConfig, leaves: Sequence[to
     first = tuple(sorted({i for i, _ in found}))
     names = problem.input_names
     told = (f"alone along the failing direction, the probe fails for "
-            f"{', '.join(repr(names[i]) for i in first)} and passes for the others; "
+            f"{', '.join(repr(names[i]) for i in first)}"
+            f"{' and passes for the others' if len(first) < len(leaves) else ''}; "
             if found else "")
+    if dropin_cut(config):  # gradtool.gradcheck(fast_mode=True): no --exhaustive keyword
+        return ("the probe failed, and fast mode pays for a failure what torch's does (one "
+                "failing pair's columns), so the sweep stopped at its first block with a "
+                f"confirmed failure ({told}gradtool.check(..., exhaustive=True), or --exhaustive "
+                "on the command line, sweeps every column)"), first
     return (f"the probe failed and the target is expensive, so the sweep stopped at its first "
             f"block with a confirmed failure ({told}--exhaustive sweeps every column)"), first
 
@@ -255,7 +270,7 @@ def _localise(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tens
     # verdict needs, as torch's failing fast mode pays for one pair's columns: localising stops
     # at the first element that fails the pair for certain, and at the first failing pair
     # (gradtool's own report, elsewhere, keeps the elements its diagnoses read)
-    cut = config.mode == "probe" and not config.exhaustive and not config.module_parameters
+    cut = dropin_cut(config)
     for (i, o), (g, v) in pairs.items():
         tally = tallies[i][o]
         if cut and Outcome.FAILED in outcomes:

@@ -14,6 +14,7 @@ from torch.autograd.variable import Variable
 from ..heartbeat import Calls
 from ..tracebacks import calls_user_code
 from .facts import Facts, output_names  # noqa: F401 - output_names re-exported
+from .handed import served
 from .ledger import Ledger, graph_key  # noqa: F401 - graph_key re-exported
 from .placement import same_devices
 from .rng import frozen_rng  # noqa: F401 - re-exported: probe.py imports it from here
@@ -70,6 +71,9 @@ class Cache:
     # it (numerics/ledger.py: the contract's graph and backwards, for the layout check's
     # baseline and the gradient diagnosis's zero grad_output).
     ledger: Ledger = field(default_factory=Ledger)
+    # The caller takes a pass or nothing (the drop-in's lean path): a sweep gives up at its
+    # first failing comparison (columns.NotAPass), paying no failure's evidence.
+    pass_only: bool = False
 
     def take_first_graph(self) -> tuple[list[torch.Tensor], Any] | None:
         first, self.first_graph = self.first_graph, None
@@ -187,6 +191,10 @@ class Problem:
         # Fresh tensors every call: the forward may mark them (requires_grad_), resize or keep
         # them, and gradtool writes into its own buffers afterwards (the failing path does).
         self.placed(values)
+        kept = None if self.cache.recording else \
+            served(self.fn, self.diff, values, self.output_mask)  # the drop-in's, handed over
+        if kept is not None:
+            return kept
         values = [_fresh(v) for v in values]
         if self.cache.recording and len(self.cache.graphs) < RECORDED:
             return self._recorded(values)

@@ -11,6 +11,7 @@ from ..tracebacks import calls_user_code
 from .placement import same_devices
 from .batching import quiet_batching
 from .bounds import finite_max
+from .handed import served_vjps
 from .problem import Problem, flat_cat, select_outputs, split_flat
 from .transforms import vmap
 
@@ -52,6 +53,9 @@ def vjp_rows(problem: Problem, leaves: Sequence[torch.Tensor], outs: Sequence[to
              grad_rows: torch.Tensor) -> torch.Tensor:
     """vᵀJ for each row v of grad_rows (B, n_out) -> (B, n_in); falls back to a loop."""
     grads = split_flat(grad_rows, [o.shape for o in outs])
+    kept = served_vjps(leaves, outs, grads)
+    if kept is not None:  # the drop-in's lean path ran them through this graph (handed.py)
+        return torch.stack([flat_cat(k) for k in kept])
     # vmap batches no sparse tensor, and a sparse argument's rebuild hands its gradient back
     # sparse: the attempt would always fail, after a backward of the user's.
     if not problem.sparse and problem.cache.batched_vjp_ok is not False \

@@ -1,0 +1,120 @@
+"""A failing drop-in call costs no more evaluations than torch's failing call (issue 56, item 6).
+
+torch's failing gradcheck evaluates the function 2 n_in + 1 times forward and runs backward
+n_out times twice (its Jacobian, then reentrancy), fast mode after its failing projection too.
+The drop-in's lean path judges the call first; where it does not pass it, gradtool.check runs
+for the report, reading the lean path's evaluations (f(x), the probe's and the colours' points,
+its VJPs through the call's own graph: numerics/handed.py) instead of paying them again, and
+its fast mode sweeps the failing pair's columns where they cost less than bisecting. Counted
+in the user's Function (tests/fixtures/counted.py): a cheap tiny one, an adaptive solver vmap
+cannot batch (every evaluation a plain call, as an ODE solver's), a fixed-step one it can.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.autograd.gradcheck import GradcheckError
+
+import gradtool
+from gradtool.numerics.handed import Handed, recording, record, served, serving
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+from counted import counted, make  # noqa: E402
+
+KINDS = [("tiny", 10), ("adaptive", 8), ("solver", 64)]
+
+
+def _input(n: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(n)
+    return torch.randn(n, dtype=torch.float64, generator=gen).requires_grad_()
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "slow"])
+@pytest.mark.parametrize("bug", ["scale", "sign", "one"])
+@pytest.mark.parametrize("kind,n", KINDS, ids=[k for k, _ in KINDS])
+def test_a_failing_call_evaluates_no_more_than_torchs(kind, n, bug, fast):
+    func = make(kind, bug).apply
+    x = _input(n)
+    theirs_pass, theirs = counted(torch.autograd.gradcheck, func, (x,), fast_mode=fast)
+    ours_pass, ours = counted(gradtool.gradcheck, func, (x,), fast_mode=fast)
+    assert not ours_pass
+    if theirs_pass:  # one element 1% off: torch's fast projection cannot see it
+        assert bug == "one" and fast
+        return
+    assert ours["forward"] + ours["backward"] <= theirs["forward"] + theirs["backward"], \
+        (ours, theirs)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "slow"])
+def test_the_cheaper_report_still_names_the_element_and_the_cause(fast):
+    x = _input(10)
+    with pytest.raises(GradcheckError) as failed:
+        gradtool.gradcheck(make("tiny", "scale").apply, (x,), fast_mode=fast)
+    text = str(failed.value)
+    assert "extra factor 1.01" in text and "mismatched elements 10 / 100" in text
+    assert "look at:" in text and "reproduce:" in text
+    with pytest.raises(GradcheckError) as failed:
+        gradtool.gradcheck(make("adaptive", "one").apply, (_input(8),), fast_mode=fast)
+    assert "(2)->(2)" in str(failed.value)  # counted.py's element: n // 3
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "slow"])
+@pytest.mark.parametrize("kind,n", KINDS, ids=[k for k, _ in KINDS])
+def test_the_correct_twin_passes(kind, n, fast):
+    assert gradtool.gradcheck(make(kind).apply, (_input(n),), fast_mode=fast)
+
+
+def test_a_hand_over_serves_only_its_own_function_and_point():
+    def f(a):
+        return a * 2
+
+    def g(a):
+        return a * 2
+
+    x = torch.ones(3, dtype=torch.float64, requires_grad=True)
+    handed = Handed.of_call(f, (x, 1.0))
+    with recording(handed):
+        record(f, [0], [x.detach()], [torch.full((3,), 2.0, dtype=torch.float64)])
+        record(g, [0], [x.detach() + 1], [torch.zeros(3, dtype=torch.float64)])  # not f: no
+    assert served(f, [0], [x.detach()]) is None  # outside the hand-over
+    with serving(handed):
+        kept = served(f, [0], [x.detach()])
+        assert kept is not None and torch.equal(kept[0], torch.full((3,), 2.0,
+                                                                   dtype=torch.float64))
+        kept[0].zero_()  # a copy: the record stays
+        assert served(f, [0], [x.detach()])[0].sum() == 6
+        assert served(g, [0], [x.detach()]) is None  # another function
+        assert served(f, [0], [x.detach() + 1]) is None  # another point
+        assert served(f, [0], [x.detach()], mask=[False]) == []
+
+
+def test_a_random_forward_hands_nothing_over():
+    """A forward drawing from torch's RNG fails the lean path's purity test: nothing recorded,
+    the report's pipeline evaluates (and freezes the RNG) as before."""
+    from torch.autograd import Function
+
+    class Noisy(Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * (1 + 1e-3 * torch.rand(()))
+
+        @staticmethod
+        def backward(ctx, grad):
+            return 1.5 * grad
+
+    x = _input(5)
+    with pytest.raises(GradcheckError):
+        gradtool.gradcheck(Noisy.apply, (x,))
+    handed = Handed.of_call(Noisy.apply, (x,))
+    from gradtool.dropin.lean import passes
+
+    with recording(handed):
+        passes(Noisy.apply, (x,), Noisy.apply(x), {"masked": False, "mode": "full",
+                                                   "nondet_tol": 0.0, "eps": 1e-6,
+                                                   "atol": 1e-5, "rtol": 1e-3,
+                                                   "module_parameters": False})
+    assert not handed.recorded and not handed.backwards
