@@ -395,8 +395,7 @@ class Tracer:
         from gradtool.run.trace_messages import recorded
 
         self.stop()
-        self.checked = True
-        config = CheckConfig(**self.settings)
+        self.checked, config = True, CheckConfig(**self.settings)
         entries = recorded(self.messages)
         from gradtool.api import torch_trace_silenced
 
@@ -430,11 +429,9 @@ def _tracer(item: Any, folder: str) -> Tracer:
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """A test marked gradtool_trace gets the fixture, so that its recordings sit in pytest's
-    own temporary folders (kept for the last runs, then removed), not in one of the system's."""
-    names = getattr(item, "fixturenames", None)
-    if (names is not None and "gradtool_trace" not in names
-            and item.get_closest_marker("gradtool_trace") is not None):
+    """A test marked gradtool_trace gets the fixture: its recordings in pytest's pruned folders."""
+    names = getattr(item, "fixturenames", ["gradtool_trace"])  # (a doctest item has none)
+    if item.get_closest_marker("gradtool_trace") and "gradtool_trace" not in names:
         names.append("gradtool_trace")
 
 
@@ -446,8 +443,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     try:
         result = yield
     except BaseException:
-        if tracer is not None:
-            tracer.stop()
+        tracer is None or tracer.stop()  # the calls of a failed body are not checked
         raise
     if isinstance(tracer, Tracer) and not tracer.checked:
         tracer.check()
