@@ -344,12 +344,12 @@ def test_a_check_added_to_the_drop_ins_run_turns_the_lean_path_off(monkeypatch):
     settings = functions._settings((x,), 1e-6, 1e-5, 1e-3, 0.0, True, None)
     assert lean.passes(Cube.apply, (x,), Cube.apply(x), settings) is not None
     monkeypatch.setattr(lean, "GRADCHECK_BACKWARD", ("gradient", "contract"))
-    lean._gradient_alone.cache_clear()
+    lean._alone.cache_clear()
     try:
         assert lean.passes(Cube.apply, (x,), Cube.apply(x), settings) is None
     finally:
         monkeypatch.undo()
-        lean._gradient_alone.cache_clear()
+        lean._alone.cache_clear()
 
 
 def _odd_calls():
@@ -376,6 +376,11 @@ def _odd_calls():
          lambda: (torch.tensor(2.0, dtype=torch.float64, requires_grad=True),)),
         ("float32 inside", lambda a: (a.float() ** 2).double(), lambda: (x(),)),
         ("detached term", lambda a: a.detach() * 2 + a, lambda: (x(),)),
+        ("an index output beside", lambda a: (a.sin(), a.argmax()), lambda: (x(),)),
+        ("an index output first", lambda a: (a.max(0)[1], a.max(0)[0]), lambda: (x(),)),
+        ("empty input", lambda a: a.exp(),
+         lambda: (torch.randn(0, 3, dtype=torch.float64, requires_grad=True),)),
+        ("an empty output beside", lambda a: (a.sin(), a[:0] * 2), lambda: (x(),)),
     ]
 
 
@@ -389,3 +394,87 @@ def test_odd_calls_get_the_pipelines_verdict(monkeypatch, name, func, make, fast
         return gradtool.gradcheck(func, args, fast_mode=fast)
 
     assert _outcome(call) == _without_lean(monkeypatch, call)
+
+
+@pytest.mark.parametrize("fast", MODES)
+@pytest.mark.parametrize("name, func, make", _odd_calls(), ids=[c[0] for c in _odd_calls()])
+def test_odd_calls_in_forward_mode_get_the_pipelines_verdict(monkeypatch, name, func, make,
+                                                             fast):
+    torch.manual_seed(0)
+    args = make()
+
+    def call():
+        return gradtool.gradcheck(func, args, fast_mode=fast, check_forward_ad=True,
+                                  check_backward_ad=False)
+
+    with monkeypatch.context() as m:
+        m.setattr(functions, "forward_passes", lambda *args: False)
+        theirs = _outcome(call)
+    assert _outcome(call) == theirs
+
+
+class CountedJvp(Cube):
+    """Cube with its jvp, counting forwards (dual ones included), backwards and jvps; the
+    wrong twin's jvp is 1.5x."""
+
+    calls = {"forward": 0, "backward": 0, "jvp": 0}
+    factor = 1.0
+
+    @staticmethod
+    def forward(ctx, x):
+        CountedJvp.calls["forward"] += 1
+        ctx.save_for_forward(x)
+        return Cube.forward(ctx, x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        CountedJvp.calls["backward"] += 1
+        return Cube.backward(ctx, grad)
+
+    @classmethod
+    def jvp(cls, ctx, dx):
+        CountedJvp.calls["jvp"] += 1
+        (x,) = ctx.saved_tensors
+        return 3 * x ** 2 * dx * cls.factor
+
+
+class CountedJvpScaled(CountedJvp):
+    factor = 1.5
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_forward_mode_clean_pass_skips_the_pipeline(pipeline, fast):
+    torch.manual_seed(0)
+    x = _x(10)
+    CountedJvp.calls.update(forward=0, backward=0, jvp=0)
+    assert gradtool.gradcheck(CountedJvp.apply, (x,), fast_mode=fast, check_forward_ad=True,
+                              check_backward_ad=False) is True
+    assert pipeline == []
+    ours = dict(CountedJvp.calls)
+    # fast: the call, the purity forward, the probe's jvp and its 3 points (x + h u, x - h u,
+    # x + 2h u), torch's undefined-tangent test's 2 forwards (a zero tangent: a jvp, and none),
+    # forward against backward's one VJP; torch's fast mode: 6 forwards, 2 jvps. Full: a jvp
+    # per column and the columns' differences, as torch's slow mode (34 / 11 against 33 / 11)
+    assert ours == ({"forward": 8, "backward": 1, "jvp": 2} if fast else
+                    {"forward": 34, "backward": 1, "jvp": 11})
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_a_wrong_jvp_falls_back_to_the_pipelines_report(pipeline, fast):
+    torch.manual_seed(0)
+    with pytest.raises(GradcheckError) as caught:
+        gradtool.gradcheck(CountedJvpScaled.apply, (_x(),), fast_mode=fast,
+                           check_forward_ad=True, check_backward_ad=False)
+    assert len(pipeline) == 1
+    assert caught.value.report is not None and not caught.value.report.ok()
+    assert "jvp" in str(caught.value)
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_an_index_output_and_an_empty_call_are_judged_lean(pipeline, fast):
+    torch.manual_seed(0)
+    empty = torch.randn(0, 3, dtype=torch.float64, requires_grad=True)
+    for func, args in ((lambda a: (a.sin(), a.argmax()), (_x(),)), (lambda a: a.exp(), (empty,))):
+        assert gradtool.gradcheck(func, args, fast_mode=fast) is True
+        assert gradtool.gradcheck(func, args, fast_mode=fast, check_forward_ad=True) is True
+    assert pipeline == []

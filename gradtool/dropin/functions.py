@@ -51,7 +51,7 @@ from torch.autograd.gradcheck import GradcheckError
 from .calls import call, owned
 from .given import laid_out, on_torch_terms
 from .saved import plain_report, with_saved_inputs
-from .lean import passes as lean_pass
+from .lean import forward_passes, passes as lean_pass
 from .torch_tests import (check_inputs, check_outputs, differentiable_outputs, forward_mode,
                           no_differentiable_outputs, reentrant)
 from .torch_tests import run as torch_runs
@@ -136,7 +136,8 @@ def _tests(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
         forward_mode(func, args, **{k: settings.get(k, v) for k, v in TORCH_DEFAULTS.items()},
                      check_undefined_grad=check_undefined_grad, fast_mode=fast_mode,
                      masked=settings["masked"])
-    elif outputs and check_forward_ad:
+    elif outputs and check_forward_ad and (
+            extra_checks or not forward_passes(judged, args, out, settings)):
         _judge(judged, args, settings, backward=False,
                extra=extra_checks and not check_backward_ad)
     torch_runs(func, args, outputs, check_undefined_grad=check_undefined_grad,

@@ -22,14 +22,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config.registry import BY_NAME, GRADCHECK_BACKWARD
+from ..config.registry import BY_NAME, GRADCHECK_BACKWARD, GRADCHECK_FORWARD
 from ..config.settings import CheckConfig
 from ..numerics.facts import output_facts
+from ..numerics.forward import forward_mode
 from ..numerics.jacobian import SMALL, check_full
 from ..numerics.localise import Tests
 from ..numerics.probe import ceiling, probe_vectors
-from ..numerics.problem import (Problem, _fresh, flat_cat, own_storage, tensor_outputs,
-                                vjp)
+from ..numerics.problem import (Problem, _fresh, flat_cat, own_storage, select_outputs,
+                                tensor_outputs, vjp)
 from ..numerics.steps import FINITE_MACHINE, directional, vjp_rows
 from ..results import Outcome
 from ..targets.cases import batchable_forward
@@ -54,54 +55,107 @@ def passes(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
            settings: dict[str, Any]) -> Passed | None:
     """The gradient check's certain pass of this call (its fast or full mode as settings say),
     judged without the pipeline; None: let the pipeline judge and report."""
-    if settings["masked"] or not _gradient_alone():
+    gated = _gate(func, args, out, settings, GRADCHECK_BACKWARD)
+    if gated is None:
+        return None
+    diff, leaves, outs, config = gated
+    if not (_numel(leaves) and _numel(outs)):
+        return Passed()  # the gradient check's no elements to compare: skipped, no failure
+    try:
+        if config.mode == "probe":
+            return _screened(_Call(func, args, diff, _mask(out)), config, leaves, outs)
+        if _numel(leaves) * _numel(outs) > SMALL:
+            return None  # full mode's plan (grouping, batching, memory) is the pipeline's
+        return _full(func, args, diff, config, leaves, out)
+    except Exception:  # noqa: BLE001 - the pipeline runs it again and reports what it raises
+        return None
+
+
+def forward_passes(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
+                   settings: dict[str, Any]) -> bool:
+    """The forward_ad check's certain pass of this call (check_forward_ad: jvp against finite
+    differences, fast or full mode, and against backward), judged by its engine
+    (numerics/forward.py:forward_mode) on a Problem of the call without the pipeline; False:
+    let the pipeline judge and report."""
+    gated = _gate(func, args, out, settings, GRADCHECK_FORWARD)
+    if gated is None:
+        return False
+    diff, leaves, outs, config = gated
+    if not (_numel(leaves) and _numel(outs)):
+        return True  # forward_ad's no elements to compare: skipped, no failure
+    try:
+        if config.mode != "probe" and _numel(leaves) * _numel(outs) > SMALL:
+            return False  # full mode's plan is the pipeline's
+        problem = _problem(func, args, diff, leaves, out)
+        verdict = forward_mode(problem, config, leaves, outs, config.seed)
+        return verdict.outcome is Outcome.PASSED
+    except Exception:  # noqa: BLE001 - the pipeline runs it again and reports what it raises
+        return False
+
+
+def _gate(func: Callable[..., Any], args: tuple[Any, ...], out: Any, settings: dict[str, Any],
+          checks: tuple[str, ...]
+          ) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor], CheckConfig] | None:
+    """(the differentiable arguments' places, their tensors, the outputs, the configuration)
+    of a call this path judges: plain float64 values, a pure forward, the check alone; None
+    where the pipeline must."""
+    if settings["masked"] or not _alone(checks):
         return None  # the pipeline runs more than this path judges
     outs = _outputs(out)
     if outs is None or not _plain_callable(func) or not _plain(args):
         return None
     diff = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
     leaves = [args[k] for k in diff]
+    if _empty(leaves, outs):
+        return None  # some tensors empty, others not: the pipeline's
     if not (_finite(leaves) and _finite(outs)):
         return None  # the pipeline says which value, and where
-    if _float32_numbers(outs):
+    if _numel(leaves) and _numel(outs) and _float32_numbers(outs):
         return None  # maybe a coarse forward: the pipeline's coarse.py decides and judges it
     try:
-        if not _pure(func, args, outs):
+        if not _pure(func, args, tensor_outputs(out)):
             return None
-        config = _config(settings)
-        if config.mode == "probe":
-            return _screened(_Call(func, args, diff), config, leaves, outs)
-        n_in, n_out = sum(x.numel() for x in leaves), sum(o.numel() for o in outs)
-        if n_in * n_out > SMALL:
-            return None  # full mode's plan (grouping, batching, memory) is the pipeline's
-        return _full(func, args, diff, _batched_twin(func), config, leaves, outs)
     except Exception:  # noqa: BLE001 - the pipeline runs it again and reports what it raises
         return None
+    return diff, leaves, outs, _config(settings, checks)
+
+
+def _numel(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() for t in tensors)
+
+
+def _empty(leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> bool:
+    """Whether some inputs or outputs are empty beside others that are not: the checks skip a
+    call only where every input or every output is empty (no elements to compare)."""
+    return any(not t.numel() for t in (*leaves, *outs)) and bool(
+        _numel(leaves) and _numel(outs))
 
 
 @functools.cache
-def _gradient_alone() -> bool:
-    """Whether the drop-in's reverse-mode checks are the gradient check alone, no registry hook
-    on its result: what this path judges (a check added there is the pipeline's to run)."""
+def _alone(checks: tuple[str, ...]) -> bool:
+    """Whether the drop-in's checks of this mode are the one check this path runs the engine
+    of (gradient, forward_ad), no registry hook on its result: what this path judges (a check
+    added there is the pipeline's to run)."""
     from importlib import import_module
 
-    from ..checks import gradient
+    from ..checks import forward_ad, gradient
 
-    infos = [BY_NAME[name] for name in GRADCHECK_BACKWARD]
-    return len(infos) == 1 and not infos[0].hooks and \
-        import_module(infos[0].import_path) is gradient
+    module = {GRADCHECK_BACKWARD: gradient, GRADCHECK_FORWARD: forward_ad}.get(checks)
+    infos = [BY_NAME[name] for name in checks]
+    return module is not None and len(infos) == 1 and not infos[0].hooks and \
+        import_module(infos[0].import_path) is module
 
 
 _CONFIGS: dict[tuple[Any, ...], CheckConfig] = {}  # a suite's calls share a few keyword sets
 
 
-def _config(settings: dict[str, Any]) -> CheckConfig:
+def _config(settings: dict[str, Any], checks: tuple[str, ...]) -> CheckConfig:
     """gradtool.check's configuration for the drop-in's settings (float64 on the CPU)."""
-    key = tuple(sorted(settings.items()))
+    key = (checks, *sorted(settings.items()))
     config = _CONFIGS.get(key)
     if config is None:
-        config = CheckConfig(dtype="float64", device="cpu", checks=GRADCHECK_BACKWARD,
-                             **settings)
+        config = CheckConfig(dtype="float64", device="cpu", checks=checks,
+                             forward_any=checks == GRADCHECK_FORWARD, **settings)
         if len(_CONFIGS) < 64:
             _CONFIGS[key] = config
     return config
@@ -130,13 +184,24 @@ def _plain_callable(func: Callable[..., Any]) -> bool:
 
 
 def _outputs(out: Any) -> list[torch.Tensor] | None:
-    """The outputs, when every one is a float64 strided CPU tensor requiring grad (the
-    pipeline then compares them all); None otherwise."""
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    if not outs or not all(isinstance(o, torch.Tensor) and o.requires_grad and _plain_tensor(o)
-                           for o in outs):
+    """The outputs compared, when every one that requires grad is a float64 strided CPU tensor
+    and the others (if any) integer or bool tensors (indices, an info code: never compared,
+    as the pipeline's output facts leave them out); None otherwise."""
+    items = list(out) if isinstance(out, (tuple, list)) else [out]
+    if not all(isinstance(o, torch.Tensor) for o in items):
+        return None
+    outs = [o for o in items if o.requires_grad]
+    if not outs or not all(_plain_tensor(o) for o in outs) or not all(
+            _plain_index(o) for o in items if not o.requires_grad):
         return None
     return outs
+
+
+def _mask(out: Any) -> tuple[bool, ...] | None:
+    """Which of the outputs (_outputs took) are compared: None where every one is."""
+    items = list(out) if isinstance(out, (tuple, list)) else [out]
+    mask = tuple(o.requires_grad for o in items)
+    return None if all(mask) else mask
 
 
 def _plain(args: Sequence[Any]) -> bool:
@@ -166,7 +231,7 @@ def _float32_numbers(outs: Sequence[torch.Tensor]) -> bool:
 
 def _plain_tensor(t: torch.Tensor) -> bool:
     return (type(t) is torch.Tensor and t.dtype == torch.float64 and t.layout == torch.strided
-            and t.device.type == "cpu" and t.numel() > 0 and not t.is_conj() and not t.is_neg())
+            and t.device.type == "cpu" and not t.is_conj() and not t.is_neg())
 
 
 def _pure(func: Callable[..., Any], args: tuple[Any, ...], outs: list[torch.Tensor]) -> bool:
@@ -191,7 +256,8 @@ def _pure(func: Callable[..., Any], args: tuple[Any, ...], outs: list[torch.Tens
         if isinstance(a, torch.Tensor) and not (torch.equal(a, c) or both_nan(a.detach(), c)):
             return False
     return len(again) == len(outs) and all(  # outputs finite: no NaN to tell apart
-        type(a) is torch.Tensor and a.shape == o.shape and torch.equal(a, o)
+        type(a) is torch.Tensor and a.shape == o.shape and a.dtype == o.dtype
+        and torch.equal(a, o)
         for a, o in zip(again, outs))
 
 
@@ -215,7 +281,8 @@ def _on_clones(module: torch.nn.Module, args: Sequence[Any]
 
 
 def _forward(fn: Callable[..., Any], args: Sequence[Any], diff: Sequence[int],
-             values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+             values: Sequence[torch.Tensor], mask: Sequence[bool] | None
+             ) -> list[torch.Tensor]:
     """Problem.outputs for a plain deterministic CPU call (no recording, RNG frame, device
     check or output mask): forward without a graph at `values`, given as fresh copies (forward
     may keep or return them, and the engine writes its buffers again); the other tensors as
@@ -223,7 +290,7 @@ def _forward(fn: Callable[..., Any], args: Sequence[Any], diff: Sequence[int],
     given = dict(zip(diff, values))
     with torch.no_grad():
         result = fn(*[_fresh(given[k]) if k in given else a for k, a in enumerate(args)])
-    return [o.detach() for o in tensor_outputs(result)]
+    return [o.detach() for o in select_outputs(result, mask)]
 
 
 class _Call:
@@ -232,18 +299,19 @@ class _Call:
     through the engine (fresh grad_outputs, as Problem.vjp gives), no vmap twin (a probe's few
     evaluations run as plain calls there too)."""
 
-    __slots__ = ("fn", "args", "diff", "inputs", "cache")
+    __slots__ = ("fn", "args", "diff", "inputs", "cache", "mask")
     batched_fn = None
     sparse: dict[int, Any] = {}
 
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], diff: list[int]) -> None:
-        self.fn, self.args, self.diff = fn, args, diff
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], diff: list[int],
+                 mask: tuple[bool, ...] | None) -> None:
+        self.fn, self.args, self.diff, self.mask = fn, args, diff, mask
         self.inputs = [args[k].detach() for k in diff]
         self.cache = SimpleNamespace(vmap_ok=False, batched_vjp_ok=False)  # plain calls only
 
     @calls_user_code
     def outputs(self, values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return _forward(self.fn, self.args, self.diff, values)
+        return _forward(self.fn, self.args, self.diff, values, self.mask)
 
     @calls_user_code
     def vjp(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
@@ -257,7 +325,7 @@ class _Given(Problem):
     @calls_user_code
     def outputs(self, values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         self.calls["forward"] += 1
-        return _forward(self.fn, self.args, self.diff, values)
+        return _forward(self.fn, self.args, self.diff, values, self.output_mask)
 
     @calls_user_code
     def vjp(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
@@ -302,22 +370,31 @@ def _agrees(sides: list[torch.Tensor], eps: float, u: list[torch.Tensor], v: tor
 
 
 def _full(func: Callable[..., Any], args: tuple[Any, ...], diff: list[int],
-          twin: Callable[..., Any], config: CheckConfig, leaves: list[torch.Tensor],
-          outs: list[torch.Tensor]) -> Passed | None:
-    """numerics/jacobian.py's check_full on a Problem of the call (its vmap twin the
-    pipeline's, where vmap pays): its pass, or None."""
-    # vmap's fixed cost (and its check against plain calls, per Problem) exceeds a few plain
-    # evaluations: so few run as plain calls, which the engine also falls back to
-    columns = 2 * sum(x.numel() for x in leaves)
-    problem = _Given(func, list(args), [f"arg{k}" for k in range(len(args))], diff,
-                     batched_fn=None if columns <= FEW else twin)
-    if columns <= FEW:
-        problem.cache.vmap_ok = False
-    if sum(o.numel() for o in outs) <= FEW // 2:
-        problem.cache.batched_vjp_ok = False
-    problem.learn(problem.facts.with_(learnt=True, **output_facts(outs, None, False, leaves)))
+          config: CheckConfig, leaves: list[torch.Tensor], out: Any) -> Passed | None:
+    """numerics/jacobian.py's check_full on a Problem of the call: its pass, or None."""
+    problem = _problem(func, args, diff, leaves, out)
+    outs = select_outputs(out, problem.output_mask)
     verdict = check_full(problem, config, leaves, outs, None, REASON)
     return Passed() if verdict.outcome is Outcome.PASSED else None
+
+
+def _problem(func: Callable[..., Any], args: tuple[Any, ...], diff: list[int],
+             leaves: list[torch.Tensor], out: Any) -> _Given:
+    """A Problem of the call for full mode's and forward mode's engines (its vmap twin the
+    pipeline's, where vmap pays), its output facts (which are compared) learnt from the
+    drop-in's forward."""
+    every = tensor_outputs(out)
+    # vmap's fixed cost (and its check against plain calls, per Problem) exceeds a few plain
+    # evaluations: so few run as plain calls, which the engine also falls back to
+    columns = 2 * _numel(leaves)
+    problem = _Given(func, list(args), [f"arg{k}" for k in range(len(args))], diff,
+                     batched_fn=None if columns <= FEW else _batched_twin(func))
+    if columns <= FEW:
+        problem.cache.vmap_ok = False
+    if sum(o.numel() for o in every if o.requires_grad) <= FEW // 2:
+        problem.cache.batched_vjp_ok = False
+    problem.learn(problem.facts.with_(learnt=True, **output_facts(every, None, False, leaves)))
+    return problem
 
 
 FEW = 32  # evaluations (VJP rows: half as many) run as plain calls
