@@ -114,6 +114,23 @@ def test_a_tiny_clean_pass_skips_the_pipeline_with_few_evaluations(pipeline, fas
         assert ours["forward"] < theirs["forward"] and ours["backward"] < theirs["backward"]
 
 
+def test_the_batched_gradient_test_batches_the_probes_backwards(pipeline):
+    # check_batched_grad (PyTorch's OpInfo tests ask it): vmap over backward at the probe's two
+    # cotangents against the two backwards the probe made, where torch makes two more at its
+    # own draws: 5 forwards and 6 backwards (the vmapped one counted once) against torch's 4
+    # and 7
+    torch.manual_seed(0)
+    x = _x(10)
+    counts = []
+    for check in (gradtool.gradcheck, torch.autograd.gradcheck):
+        Counted.calls.update(forward=0, backward=0)
+        assert check(Counted.apply, (x,), check_batched_grad=True, check_grad_dtypes=True,
+                     fast_mode=True) is True
+        counts.append(dict(Counted.calls))
+    assert pipeline == []
+    assert counts == [{"forward": 5, "backward": 6}, {"forward": 4, "backward": 7}]
+
+
 class SteepSine(Function):
     """sin(300 x), exact: its central difference's truncation error (~h^2 300^3 / 6 an element)
     is beyond the probe's atol allowance, well within its measured tolerance."""

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
-from .calls import call, owned
+from .calls import call, grad, owned
 from .given import laid_out, on_torch_terms
 from .saved import plain_report, with_saved_inputs
 from .lean import forward_passes, passes as lean_pass
@@ -123,6 +123,7 @@ def _tests(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
         no_differentiable_outputs(func, args, eps, fast_mode, nondet_tol)
     judged = laid_out(func, args)  # gradtool's copies laid out as the tensors given
     complex_values = any(t.is_complex() for t in (*_tensors(args), *outputs))
+    passed = None  # a lean pass, whose backwards the later tests share
     if outputs and check_backward_ad:
         # a plain float64 call's clean pass needs no pipeline; anything else gets its report
         passed = None if extra_checks or complex_values else \
@@ -145,7 +146,7 @@ def _tests(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
                check_batched_grad=check_batched_grad,
                check_batched_forward_grad=check_batched_forward_grad,
                check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
-               masked=settings["masked"])
+               masked=settings["masked"], shared=passed)
 
 
 def _keywords(forward: bool, backward: bool, batched: bool, batched_forward: bool) -> None:
@@ -287,7 +288,7 @@ def _backward_of(func: Callable[..., Any], args: tuple[Any, ...],
             vs = [v.requires_grad_() if w else v for v, w in zip(values[-n:], wants_v)]
             outs = differentiable_outputs(func(*xs))
             diff = [x for x, w in zip(xs, wants) if w]
-            grads = torch.autograd.grad(outs, diff, vs, create_graph=True, allow_unused=True)
+            grads = grad(outs, diff, vs, create_graph=True, allow_unused=True)
         return tuple(g for g in grads if g is not None)
 
     return _named_after(backward, func, len(args), n)

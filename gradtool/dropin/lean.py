@@ -44,10 +44,11 @@ MODULE_SIZE = 1 << 16  # parameters' elements: a module this small is snapshotte
 
 @dataclass(frozen=True)
 class Passed:
-    """A lean pass, and one backward it made: a cotangent over the only output and the
-    gradients it gave, flat over the inputs (the reentrancy test runs backward again there)."""
+    """A lean pass, and the backwards it made: the probe's cotangents over the only output,
+    one a row, and the gradients each gave, flat over the inputs (the reentrancy test runs
+    backward again at the first; the batched-gradient test batches the first two)."""
 
-    cotangent: torch.Tensor | None = None  # None: no such backward to share
+    cotangents: torch.Tensor | None = None  # None: no such backwards to share
     gradients: torch.Tensor | None = None
 
 
@@ -344,14 +345,14 @@ def _screened(call: _Call, config: CheckConfig, leaves: list[torch.Tensor],
     sides = [flat_cat(call.outputs([torch.add(x, d, alpha=f) for x, d in zip(call.inputs, u[0])]))
              for f in (eps, -eps)]
     if len(u) == 1 and _agrees(sides, eps, u[0], v, grads, config.tolerance("atol")):
-        return Passed(v[0], grads[0]) if len(outs) == 1 else Passed()
+        return Passed(v, grads) if len(outs) == 1 else Passed()
     f0 = flat_cat(outs).detach()
     diffs = directional(call, call.inputs, u, eps, f0, known=[sides])
     tests = Tests(v, diffs, f0, grads, torch.stack([flat_cat(d) for d in u]), eps,
                   FINITE_MACHINE[torch.float64], config.tolerance("atol"), ceiling(config))
     if tests.fails.any() or tests.noisy.any():
         return None
-    return Passed(v[0], grads[0]) if len(outs) == 1 else Passed()
+    return Passed(v, grads) if len(outs) == 1 else Passed()
 
 
 def _agrees(sides: list[torch.Tensor], eps: float, u: list[torch.Tensor], v: torch.Tensor,

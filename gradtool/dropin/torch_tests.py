@@ -152,9 +152,10 @@ def forward_mode(func: Any, args: tuple[Any, ...], **keywords: Any) -> None:
 def run(func: Any, args: tuple[Any, ...], outputs: tuple[torch.Tensor, ...], *,
         check_undefined_grad: bool, check_batched_grad: bool, check_batched_forward_grad: bool,
         check_forward_ad: bool, check_backward_ad: bool, masked: bool,
-        undefined_forward: bool = True) -> None:
+        undefined_forward: bool = True, shared: Any = None) -> None:
     """The tests gradcheck runs once the Jacobians passed, in torch's order; GradcheckError on a
-    failure."""
+    failure. `shared`: backwards already made on this graph (lean.py:Passed: the probe's at two
+    random cotangents of the only output), which the batched-gradient test batches."""
     if check_forward_ad and check_undefined_grad and undefined_forward and outputs:
         undefined_tangents(func, args)
     if check_batched_forward_grad:
@@ -163,7 +164,7 @@ def run(func: Any, args: tuple[Any, ...], outputs: tuple[torch.Tensor, ...], *,
         return
     if check_batched_grad:
         for k, output in enumerate(outputs):
-            batched_backward(args, output, k)
+            batched_backward(args, output, k, shared if len(outputs) == 1 else None)
     mul_by_grad_output(outputs, args, masked)
     if check_undefined_grad:
         undefined_grad_outputs(func, args)
@@ -295,8 +296,8 @@ def reentrant(args: tuple[Any, ...], outputs: tuple[torch.Tensor, ...], nondet_t
     asks. `first`: a backward already made on this graph (lean.py:Passed, the probe's at its
     random cotangent of the only output): backward runs once more there."""
     diff = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-    if first is not None and first.cotangent is not None:
-        _again(outputs[0], diff, first.cotangent, first.gradients, nondet_tol,
+    if first is not None and first.cotangents is not None:
+        _again(outputs[0], diff, first.cotangents[0], first.gradients[0], nondet_tol,
                check_grad_dtypes)
         return
     for k, output in enumerate(outputs):
