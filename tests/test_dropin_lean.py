@@ -468,12 +468,37 @@ def test_forward_mode_clean_pass_skips_the_pipeline(pipeline, fast):
                               check_backward_ad=False) is True
     assert pipeline == []
     ours = dict(CountedJvp.calls)
-    # fast: the call, the purity forward, the probe's jvp and its 3 points (x + h u, x - h u,
-    # x + 2h u), torch's undefined-tangent test's 2 forwards (a zero tangent: a jvp, and none),
-    # forward against backward's one VJP; torch's fast mode: 6 forwards, 2 jvps. Full: a jvp
-    # per column and the columns' differences, as torch's slow mode (34 / 11 against 33 / 11)
-    assert ours == ({"forward": 8, "backward": 1, "jvp": 2} if fast else
+    # fast: the call, the purity forward, the screen's jvp (a dual forward) and its 2 points
+    # (x + h u, x - h u: the third only where these disagree beyond atol), torch's
+    # undefined-tangent test's 2 forwards (a zero tangent: a jvp, and none), forward against
+    # backward's one VJP; torch's fast mode: 6 forwards, 2 jvps. Full: a jvp per column and the
+    # columns' differences, as torch's slow mode (34 / 11 against 33 / 11)
+    assert ours == ({"forward": 7, "backward": 1, "jvp": 2} if fast else
                     {"forward": 34, "backward": 1, "jvp": 11})
+
+
+def test_forward_modes_screen_hands_a_steep_call_to_the_engine(pipeline, monkeypatch):
+    # sin(300 x): the central difference at h is beyond atol of the jvp, so the screen does
+    # not pass it; forward_ad's engine (its third point, Richardson) does, without the pipeline
+    from gradtool.dropin import lean_forward
+
+    torch.manual_seed(0)
+    x = _x(6)
+    engine = []
+    judged = lean_forward.forward_mode
+
+    def counted(*args, **kwargs):
+        engine.append(1)
+        return judged(*args, **kwargs)
+
+    monkeypatch.setattr(lean_forward, "forward_mode", counted)
+    steep = lambda a: (300 * a).sin()  # noqa: E731
+    assert gradtool.gradcheck(steep, (x,), fast_mode=True, check_forward_ad=True,
+                              check_backward_ad=False) is True
+    assert engine == [1] and pipeline == []
+    assert gradtool.gradcheck(lambda a: a.sin(), (x,), fast_mode=True, check_forward_ad=True,
+                              check_backward_ad=False) is True
+    assert engine == [1]  # a gentle call: the screen alone
 
 
 @pytest.mark.parametrize("fast", MODES)

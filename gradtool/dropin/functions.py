@@ -51,7 +51,8 @@ from torch.autograd.gradcheck import GradcheckError
 from .calls import call, grad, owned
 from .given import laid_out, on_torch_terms
 from .saved import plain_report, with_saved_inputs
-from .lean import forward_passes, passes as lean_pass
+from .lean import passes as lean_pass
+from .lean_forward import forward_passes
 from .torch_tests import (check_inputs, check_outputs, differentiable_outputs, forward_mode,
                           no_differentiable_outputs, reentrant)
 from .torch_tests import run as torch_runs

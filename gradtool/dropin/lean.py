@@ -25,7 +25,6 @@ import torch
 from ..config.registry import BY_NAME, GRADCHECK_BACKWARD, GRADCHECK_FORWARD
 from ..config.settings import CheckConfig
 from ..numerics.facts import output_facts
-from ..numerics.forward import forward_mode
 from ..numerics.jacobian import SMALL, check_full
 from ..numerics.localise import Tests
 from ..numerics.probe import ceiling, probe_vectors
@@ -70,28 +69,6 @@ def passes(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
         return _full(func, args, diff, config, leaves, out)
     except Exception:  # noqa: BLE001 - the pipeline runs it again and reports what it raises
         return None
-
-
-def forward_passes(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
-                   settings: dict[str, Any]) -> bool:
-    """The forward_ad check's certain pass of this call (check_forward_ad: jvp against finite
-    differences, fast or full mode, and against backward), judged by its engine
-    (numerics/forward.py:forward_mode) on a Problem of the call without the pipeline; False:
-    let the pipeline judge and report."""
-    gated = _gate(func, args, out, settings, GRADCHECK_FORWARD)
-    if gated is None:
-        return False
-    diff, leaves, outs, config = gated
-    if not (_numel(leaves) and _numel(outs)):
-        return True  # forward_ad's no elements to compare: skipped, no failure
-    try:
-        if config.mode != "probe" and _numel(leaves) * _numel(outs) > SMALL:
-            return False  # full mode's plan is the pipeline's
-        problem = _problem(func, args, diff, leaves, out)
-        verdict = forward_mode(problem, config, leaves, outs, config.seed)
-        return verdict.outcome is Outcome.PASSED
-    except Exception:  # noqa: BLE001 - the pipeline runs it again and reports what it raises
-        return False
 
 
 def _gate(func: Callable[..., Any], args: tuple[Any, ...], out: Any, settings: dict[str, Any],
