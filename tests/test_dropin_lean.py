@@ -398,6 +398,13 @@ def _odd_calls():
         ("empty input", lambda a: a.exp(),
          lambda: (torch.randn(0, 3, dtype=torch.float64, requires_grad=True),)),
         ("an empty output beside", lambda a: (a.sin(), a[:0] * 2), lambda: (x(),)),
+        ("a float output not differentiated beside", lambda a: (a.sin(), a.detach().mean()),
+         lambda: (x(),)),
+        ("an empty input beside", lambda a, b: a.sin() + b.sum(),
+         lambda: (x(), torch.randn(0, dtype=torch.float64, requires_grad=True))),
+        ("integer values out", lambda a: a.floor() + a * 0, lambda: (x() * 4,)),
+        ("halves out, float32 inside", lambda a: ((a * 2).float().round() / 2).double() + 0 * a,
+         lambda: (x() * 4,)),
     ]
 
 

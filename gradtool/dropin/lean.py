@@ -24,6 +24,7 @@ import torch
 
 from ..config.registry import BY_NAME, GRADCHECK_BACKWARD, GRADCHECK_FORWARD
 from ..config.settings import CheckConfig
+from ..numerics.coarse import RESIDUE, SIMPLE
 from ..numerics.facts import output_facts
 from ..numerics.jacobian import SMALL, check_full
 from ..numerics.localise import Tests
@@ -84,11 +85,9 @@ def _gate(func: Callable[..., Any], args: tuple[Any, ...], out: Any, settings: d
         return None
     diff = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
     leaves = [args[k] for k in diff]
-    if _empty(leaves, outs):
-        return None  # some tensors empty, others not: the pipeline's
     if not (_finite(leaves) and _finite(outs)):
         return None  # the pipeline says which value, and where
-    if _numel(leaves) and _numel(outs) and _float32_numbers(outs):
+    if _numel(leaves) and _numel(outs) and _maybe_coarse(leaves, outs):
         return None  # maybe a coarse forward: the pipeline's coarse.py decides and judges it
     try:
         if not _pure(func, args, tensor_outputs(out)):
@@ -100,13 +99,6 @@ def _gate(func: Callable[..., Any], args: tuple[Any, ...], out: Any, settings: d
 
 def _numel(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() for t in tensors)
-
-
-def _empty(leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> bool:
-    """Whether some inputs or outputs are empty beside others that are not: the checks skip a
-    call only where every input or every output is empty (no elements to compare)."""
-    return any(not t.numel() for t in (*leaves, *outs)) and bool(
-        _numel(leaves) and _numel(outs))
 
 
 @functools.cache
@@ -163,14 +155,15 @@ def _plain_callable(func: Callable[..., Any]) -> bool:
 
 def _outputs(out: Any) -> list[torch.Tensor] | None:
     """The outputs compared, when every one that requires grad is a float64 strided CPU tensor
-    and the others (if any) integer or bool tensors (indices, an info code: never compared,
-    as the pipeline's output facts leave them out); None otherwise."""
+    and the others (if any) integer or bool tensors (indices, an info code) or float64 ones
+    autograd does not differentiate (a layer norm's mean and rstd): never compared, as the
+    pipeline's output facts leave them out; None otherwise."""
     items = list(out) if isinstance(out, (tuple, list)) else [out]
     if not all(isinstance(o, torch.Tensor) for o in items):
         return None
     outs = [o for o in items if o.requires_grad]
     if not outs or not all(_plain_tensor(o) for o in outs) or not all(
-            _plain_index(o) for o in items if not o.requires_grad):
+            _plain_index(o) or _plain_tensor(o) for o in items if not o.requires_grad):
         return None
     return outs
 
@@ -199,11 +192,18 @@ def _finite(tensors: Sequence[torch.Tensor]) -> bool:
     return all(bool(np.isfinite(t.detach().numpy()).all()) for t in tensors)
 
 
-def _float32_numbers(outs: Sequence[torch.Tensor]) -> bool:
-    """Whether every output is a float32 number: the first sign of a forward computing coarser
-    than float64 (float16's and bfloat16's numbers are float32's too), which this path does not
-    judge (numerics/coarse.py:forward_dtype, at a moved point, tells it from chance)."""
+def _maybe_coarse(leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> bool:
+    """Whether the outputs are what numerics/coarse.py:forward_dtype examines further (at a
+    moved point) as the sign of a forward computing coarser than float64: every one beyond
+    float64's residue of a cancellation (RESIDUE of the inputs' scale) a float32 number
+    (float16's and bfloat16's are float32's too), not all of them simple (integers, halves:
+    numbers of any dtype, which prove nothing). This path does not judge those; every other
+    call the pipeline judges at float64, as this path does."""
+    scale = max([1.0] + [float(np.abs(x.detach().numpy()).max()) for x in leaves if x.numel()])
     flat = np.concatenate([o.detach().numpy().reshape(-1) for o in outs])
+    flat = flat[np.abs(flat) > RESIDUE * scale]
+    if not flat.size or bool((np.round(flat / SIMPLE) * SIMPLE == flat).all()):
+        return False
     return bool((flat.astype(np.float32).astype(np.float64) == flat).all())
 
 
