@@ -205,7 +205,7 @@ def _judge(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[str, 
         names = GRADCHECK_FORWARD + tuple(n for n in DEFAULT_CHECKS
                                           if extra and n not in GRADCHECK_FORWARD)
     with user_errors_propagate():
-        report = check(func, args, **settings, checks=names, forward_any=not backward)
+        report = check(_signed(func), args, **settings, checks=names, forward_any=not backward)
     if report.rejected:  # gradtool could not take the target (a module it cannot copy): its
         # usage error, with the fix, never a wrong-gradient verdict
         raise TargetError("; ".join(f"{r.source}: {r.message}" for r in report.rejected))
@@ -297,21 +297,11 @@ def _backward_of(func: Callable[..., Any], args: tuple[Any, ...],
 
 def _named_after(backward: Any, func: Any, n_args: int, n_grads: int) -> Any:
     """The report names backward's function after func: 'backward of Name', its arguments
-    func's and grad_output(s), look at: func's backward (a Function's) or func itself."""
-    import inspect
-
-    from ..targets.resolve import classify
-
+    func's and grad_output(s) (a signature made only where the pipeline runs: _signed), look
+    at: func's backward (a Function's) or func itself."""
     owner = getattr(func, "__self__", None)
     cls = owner if isinstance(owner, type) else None
-    try:
-        names = list(classify(func, _name(func)).arg_names)
-    except Exception:  # noqa: BLE001 - naming is best effort: the check runs either way
-        names = []
-    names = (names + [f"arg{k}" for k in range(len(names), n_args)])[:n_args]
-    names += ["grad_output"] if n_grads == 1 else [f"grad_output{k}" for k in range(n_grads)]
-    backward.__signature__ = inspect.Signature(
-        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in names])
+    backward.gradtool_signature = lambda: _signature(func, n_args, n_grads)
     backward.__name__ = backward.__qualname__ = f"backward of {_name(func)}"
     backward.__module__ = getattr(cls or func, "__module__", None) or __name__
     backward.__wrapped__ = cls.backward if cls is not None else func  # look at: there
@@ -319,6 +309,32 @@ def _named_after(backward: Any, func: Any, n_args: int, n_grads: int) -> Any:
     backward.gradtool_reproduce = (f"gradtool.gradgradcheck({shown}, <the same inputs>) in "
                                    "Python (the check of its backward's gradients)")
     return backward
+
+
+def _signature(func: Any, n_args: int, n_grads: int) -> Any:
+    """backward's signature for the report: func's argument names, then grad_output(s)."""
+    import inspect
+
+    from ..targets.resolve import classify
+
+    try:
+        names = list(classify(func, _name(func)).arg_names)
+    except Exception:  # noqa: BLE001 - naming is best effort: the check runs either way
+        names = []
+    names = (names + [f"arg{k}" for k in range(len(names), n_args)])[:n_args]
+    names += ["grad_output"] if n_grads == 1 else [f"grad_output{k}" for k in range(n_grads)]
+    return inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in names])
+
+
+def _signed(func: Callable[..., Any]) -> Callable[..., Any]:
+    """func with the signature gradgradcheck's backward defers (classifying its function
+    reads source: a tenth of a tiny gradgradcheck call, wanted by the pipeline's report
+    alone), set on func itself, the wrapper given.py may have put around backward included."""
+    signature = getattr(func, "gradtool_signature", None)
+    if signature is not None and "__signature__" not in vars(func):
+        func.__signature__ = signature()
+    return func
 
 
 def _tensors(args: Sequence[Any]) -> list[torch.Tensor]:
