@@ -487,18 +487,18 @@ def test_forward_mode_clean_pass_skips_the_pipeline(pipeline, fast):
 def test_forward_modes_screen_hands_a_steep_call_to_the_engine(pipeline, monkeypatch):
     # sin(300 x): the central difference at h is beyond atol of the jvp, so the screen does
     # not pass it; forward_ad's engine (its third point, Richardson) does, without the pipeline
-    from gradtool.dropin import lean_forward
+    from gradtool.numerics import forward
 
     torch.manual_seed(0)
     x = _x(6)
     engine = []
-    judged = lean_forward.forward_mode
+    judged = forward.forward_mode
 
     def counted(*args, **kwargs):
         engine.append(1)
         return judged(*args, **kwargs)
 
-    monkeypatch.setattr(lean_forward, "forward_mode", counted)
+    monkeypatch.setattr(forward, "forward_mode", counted)
     steep = lambda a: (300 * a).sin()  # noqa: E731
     assert gradtool.gradcheck(steep, (x,), fast_mode=True, check_forward_ad=True,
                               check_backward_ad=False) is True

@@ -50,7 +50,6 @@ from torch.autograd.gradcheck import GradcheckError
 
 from .calls import call, grad, owned
 from .given import laid_out, on_torch_terms
-from .saved import plain_report, with_saved_inputs
 from .lean import passes as lean_pass
 from .lean_forward import forward_passes
 from .torch_tests import (check_inputs, check_outputs, differentiable_outputs, forward_mode,
@@ -102,6 +101,8 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
                    check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
                    extra_checks=extra_checks)
     except GradcheckError as exc:
+        from .saved import with_saved_inputs  # a failure's: run/reproduce.py not imported else
+
         if raise_exception:
             failure = exc if isinstance(exc, GradcheckFailure) else \
                 GradcheckFailure(f"{_name(func)}: {exc}")
@@ -196,6 +197,7 @@ def _judge(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[str, 
     """gradtool's checks of reverse (backward) or forward mode on the call, gradtool's default
     checks too when `extra`: GradcheckFailure with the plain report when one fails."""
     from ..api import check
+    from .saved import plain_report
     from ..config.registry import (DEFAULT_CHECKS, GRADCHECK_BACKWARD, GRADCHECK_COMPLEX,
                                    GRADCHECK_FORWARD)
     if backward:  # gradtool's default run where asked: forward_ad then only for a jvp's own
@@ -222,6 +224,8 @@ def _torch_fast(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[
     """fast_mode=True where gradtool's probe could not judge (finite differences too noisy for
     it, full mode over budget): torch's own fast test decides, so the drop-in never passes
     what torch's fast mode fails without a word on why."""
+    from .saved import plain_report
+
     tolerances = {k: settings.get(k, v) for k, v in TORCH_DEFAULTS.items()}
     try:
         call(torch.autograd.gradcheck, func, args, **tolerances, nondet_tol=settings["nondet_tol"],

@@ -25,18 +25,19 @@ import torch
 from ..config.registry import BY_NAME, GRADCHECK_BACKWARD, GRADCHECK_FORWARD
 from ..config.settings import CheckConfig
 from ..numerics.coarse import RESIDUE, SIMPLE
+from ..numerics.draws import probe_vectors
 from ..numerics.facts import output_facts
-from ..numerics.jacobian import SMALL, check_full
-from ..numerics.localise import Tests
-from ..numerics.probe import ceiling, probe_vectors
 from ..numerics.problem import (Problem, _fresh, flat_cat, own_storage, select_outputs,
                                 tensor_outputs, vjp)
-from ..numerics.steps import FINITE_MACHINE, directional, vjp_rows
+from ..numerics.steps import vjp_rows
 from ..results import Outcome
-from ..targets.cases import batchable_forward
-from ..targets.probe import both_nan
 from ..targets.subclass import clone_keeping
 from ..tracebacks import calls_user_code
+
+# The full and probe engines (numerics/jacobian.py, localise.py, probe.py), the pipeline's
+# targets and the registry's check modules are imported where this path needs them (full mode,
+# a probe the central difference alone does not settle): a passing fast call, a suite's first
+# included, imports none of them.
 
 SCALARS = (int, float, bool, str, type(None))  # arguments the pipeline passes as they are
 MODULE_SIZE = 1 << 16  # parameters' elements: a module this small is snapshotted for _pure
@@ -65,6 +66,8 @@ def passes(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
     try:
         if config.mode == "probe":
             return _screened(_Call(func, args, diff, _mask(out)), config, leaves, outs)
+        from ..numerics.jacobian import SMALL
+
         if _numel(leaves) * _numel(outs) > SMALL:
             return None  # full mode's plan (grouping, batching, memory) is the pipeline's
         return _full(func, args, diff, config, leaves, out)
@@ -106,14 +109,10 @@ def _alone(checks: tuple[str, ...]) -> bool:
     """Whether the drop-in's checks of this mode are the one check this path runs the engine
     of (gradient, forward_ad), no registry hook on its result: what this path judges (a check
     added there is the pipeline's to run)."""
-    from importlib import import_module
-
-    from ..checks import forward_ad, gradient
-
-    module = {GRADCHECK_BACKWARD: gradient, GRADCHECK_FORWARD: forward_ad}.get(checks)
+    module = {GRADCHECK_BACKWARD: "gradient", GRADCHECK_FORWARD: "forward_ad"}.get(checks)
     infos = [BY_NAME[name] for name in checks]
     return module is not None and len(infos) == 1 and not infos[0].hooks and \
-        import_module(infos[0].import_path) is module
+        infos[0].import_path == f"{__package__.rpartition('.')[0]}.checks.{module}"
 
 
 _CONFIGS: dict[tuple[Any, ...], CheckConfig] = {}  # a suite's calls share a few keyword sets
@@ -134,6 +133,8 @@ def _config(settings: dict[str, Any], checks: tuple[str, ...]) -> CheckConfig:
 def _batched_twin(func: Callable[..., Any]) -> Callable[..., Any]:
     """The vmap twin the pipeline binds (targets/kinds.py): a Function's batchable forward,
     a plain function itself."""
+    from ..targets.cases import batchable_forward
+
     owner = getattr(func, "__self__", None)
     return batchable_forward(owner) if isinstance(owner, type) else func
 
@@ -223,7 +224,7 @@ def _pure(func: Callable[..., Any], args: tuple[Any, ...], outs: list[torch.Tens
         # user's written (their graph, already built, would break), a write shown on clones
         clones, result = _on_clones(func, copies)
         again = tensor_outputs(result)
-        if not all(torch.equal(c, p) or both_nan(c, p.detach()) for p, c in clones):
+        if not all(torch.equal(c, p) or _both_nan(c, p.detach()) for p, c in clones):
             return False  # forward writes its own parameters: the pipeline calls a copy
     else:
         with torch.no_grad():
@@ -231,12 +232,18 @@ def _pure(func: Callable[..., Any], args: tuple[Any, ...], outs: list[torch.Tens
     if not torch.equal(torch.default_generator.get_state(), state):
         return False  # it draws from torch's RNG, even where this draw gave the same outputs
     for a, c in zip(args, copies):  # every value float64 and strided: torch.equal compares it
-        if isinstance(a, torch.Tensor) and not (torch.equal(a, c) or both_nan(a.detach(), c)):
+        if isinstance(a, torch.Tensor) and not (torch.equal(a, c) or _both_nan(a.detach(), c)):
             return False
     return len(again) == len(outs) and all(  # outputs finite: no NaN to tell apart
         type(a) is torch.Tensor and a.shape == o.shape and a.dtype == o.dtype
         and torch.equal(a, o)
         for a, o in zip(again, outs))
+
+
+def _both_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
+    from ..targets.probe import both_nan  # only where torch.equal found a difference
+
+    return both_nan(a, b)
 
 
 def _on_clones(module: torch.nn.Module, args: Sequence[Any]
@@ -323,6 +330,10 @@ def _screened(call: _Call, config: CheckConfig, leaves: list[torch.Tensor],
              for f in (eps, -eps)]
     if len(u) == 1 and _agrees(sides, eps, u[0], v, grads, config.tolerance("atol")):
         return Passed(v, grads) if len(outs) == 1 else Passed()
+    from ..numerics.localise import Tests
+    from ..numerics.probe import ceiling
+    from ..numerics.steps import FINITE_MACHINE, directional
+
     f0 = flat_cat(outs).detach()
     diffs = directional(call, call.inputs, u, eps, f0, known=[sides])
     tests = Tests(v, diffs, f0, grads, torch.stack([flat_cat(d) for d in u]), eps,
@@ -350,6 +361,8 @@ def _agrees(sides: list[torch.Tensor], eps: float, u: list[torch.Tensor], v: tor
 def _full(func: Callable[..., Any], args: tuple[Any, ...], diff: list[int],
           config: CheckConfig, leaves: list[torch.Tensor], out: Any) -> Passed | None:
     """numerics/jacobian.py's check_full on a Problem of the call: its pass, or None."""
+    from ..numerics.jacobian import check_full
+
     problem = _problem(func, args, diff, leaves, out)
     outs = select_outputs(out, problem.output_mask)
     verdict = check_full(problem, config, leaves, outs, None, REASON)

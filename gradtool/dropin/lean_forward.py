@@ -3,7 +3,7 @@ of the forward_ad check without the pipeline.
 
 The gate is lean.py's (plain float64 values, a pure forward, forward_ad the mode's one check).
 First a screen on the drop-in's call itself: jvp along forward_ad's seeded direction u (its
-own draw, numerics/forward.py's `_direction`), against the central difference at h, element by
+own draw, numerics/draws.py's `direction`), against the central difference at h, element by
 element, and ⟨v, J u⟩ against ⟨vᵀJ, u⟩ by one backward on the drop-in's graph (forward_ad's
 consistency test, at its v). Where every element agrees within atol alone, the whole probe test
 passes whatever its third point (x + 2h u) measures: its Richardson estimate moves a third of
@@ -23,8 +23,7 @@ import torch
 
 from ..config.registry import GRADCHECK_FORWARD
 from ..config.settings import CheckConfig
-from ..numerics.forward import _direction, forward_mode
-from ..numerics.jacobian import SMALL
+from ..numerics.draws import direction
 from ..numerics.problem import flat_cat, select_outputs
 from ..results import Outcome
 from ..tracebacks import calls_user_code
@@ -47,6 +46,9 @@ def forward_passes(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
         if config.mode == "probe" and _screened(_Call(func, args, diff, _mask(out)), config,
                                                 leaves, outs):
             return True
+        from ..numerics.forward import forward_mode
+        from ..numerics.jacobian import SMALL
+
         if config.mode != "probe" and _numel(leaves) * _numel(outs) > SMALL:
             return False  # full mode's plan is the pipeline's
         problem = _problem(func, args, diff, leaves, out)
@@ -62,12 +64,12 @@ def _screened(call: _Call, config: CheckConfig, leaves: list[torch.Tensor],
     ⟨v, J u⟩ within forward_ad's tolerance of ⟨vᵀJ, u⟩ (one backward)."""
     eps, atol, rtol = (config.tolerance(k) for k in ("eps", "atol", "rtol"))
     gen = torch.Generator().manual_seed(config.seed + DIRECTION_SEED)
-    u = [_direction(x, gen) for x in call.inputs]
+    u = [direction(x, gen) for x in call.inputs]
     ju = _jvp(call, u)
     plus, minus = (flat_cat(call.outputs([torch.add(x, d, alpha=f)
                                           for x, d in zip(call.inputs, u)]))
                    for f in (eps, -eps))
-    v = [_direction(o.detach(), gen) for o in outs]
+    v = [direction(o.detach(), gen) for o in outs]
     grads = call.vjp(leaves, outs, v)
     # numpy on the same CPU float64 memory: a tenth of torch's dispatch for these few values
     ju_, plus_, minus_ = ju.numpy(), plus.numpy(), minus.numpy()
