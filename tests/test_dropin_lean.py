@@ -527,3 +527,31 @@ def test_an_index_output_and_an_empty_call_are_judged_lean(pipeline, fast):
         assert gradtool.gradcheck(func, args, fast_mode=fast) is True
         assert gradtool.gradcheck(func, args, fast_mode=fast, check_forward_ad=True) is True
     assert pipeline == []
+
+
+PASSING_CALLS = """
+import sys, torch, gradtool
+x = torch.randn(10, dtype=torch.float64, requires_grad=True)
+f = lambda a: (a * a.sin()).cumsum(0)
+keywords = dict(check_batched_grad=True, check_grad_dtypes=True, fast_mode=True)
+assert gradtool.gradcheck(f, (x,), **keywords)
+assert gradtool.gradgradcheck(f, (x,), **keywords)
+assert gradtool.gradcheck(f, (x,), fast_mode=True, check_forward_ad=True, check_backward_ad=False,
+                          check_batched_forward_grad=True)
+print(" ".join(sorted(m for m in sys.modules if m.startswith("gradtool."))))
+"""
+
+
+def test_passing_calls_import_neither_the_engines_nor_the_pipeline():
+    # A process's first call pays gradtool's imports (PyTorch's OpInfo harness has torch's own
+    # warm): a passing fast call needs the lean path's modules alone
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", PASSING_CALLS], capture_output=True, text=True,
+                         check=True).stdout.split()
+    for heavy in ("gradtool.numerics.jacobian", "gradtool.numerics.localise",
+                  "gradtool.numerics.probe", "gradtool.numerics.forward", "gradtool.api",
+                  "gradtool.run.runner", "gradtool.run.reproduce", "gradtool.targets.cases",
+                  "gradtool.targets.probe", "gradtool.checks.gradient", "gradtool.dropin.saved"):
+        assert heavy not in out, heavy
+    assert "gradtool.dropin.lean" in out and "gradtool.numerics.draws" in out

@@ -30,9 +30,11 @@ Verdict policy (docs/library-and-pytest.md says it for users):
   torch's own finite differences fail a correct function (a step across a kink, rounding its
   fixed tolerance cannot absorb), gradtool's verdict (inconclusive is not a failure) stands.
 - A plain float64 call whose gradient check passes is judged by that check's engine alone
-  (lean.py: the pipeline's pass, without its Run, Case and Report); every other call, and every
-  failure, runs gradtool.check for the report. Its reentrancy test then runs backward once more
-  at the probe's random cotangent, where torch draws another (one output; fast mode).
+  (lean.py: the pipeline's pass, without its Run, Case and Report; lean_forward.py: forward_ad's
+  under check_forward_ad); every other call, and every failure, runs gradtool.check for the
+  report. Its reentrancy test then runs backward once more at the probe's first random
+  cotangent, and check_batched_grad batches the probe's two, where torch draws its own (one
+  output; fast mode).
 - gradtool's other checks (contract, layout, double backward, ...) are opt-in: `extra_checks=True`.
 - gradgradcheck is gradcheck of the function (inputs, grad_outputs) -> backward's gradients,
   built with a graph, exactly as torch's: the caller's grad_outputs, else random ones (non-
