@@ -88,9 +88,11 @@ def _gate(func: Callable[..., Any], args: tuple[Any, ...], out: Any, settings: d
         return None
     diff = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
     leaves = [args[k] for k in diff]
-    if not (_finite(leaves) and _finite(outs)):
+    flat = _flat(outs)
+    scale, largest = _largest(leaves), _largest([flat])
+    if not (np.isfinite(scale) and np.isfinite(largest)):
         return None  # the pipeline says which value, and where
-    if _numel(leaves) and _numel(outs) and _maybe_coarse(leaves, outs):
+    if _numel(leaves) and flat.size and _maybe_coarse(flat, scale):
         return None  # maybe a coarse forward: the pipeline's coarse.py decides and judges it
     try:
         if not _pure(func, args, tensor_outputs(out)):
@@ -188,24 +190,33 @@ def _plain_index(t: torch.Tensor) -> bool:
             and t.layout == torch.strided and t.device.type == "cpu")
 
 
-def _finite(tensors: Sequence[torch.Tensor]) -> bool:
+def _largest(values: Sequence[torch.Tensor | np.ndarray]) -> float:
+    """The largest |value| (0 where there is none): NaN or inf where a value is not finite."""
     # numpy reads the same memory (plain CPU float64 tensors) for a tenth of torch's dispatch
-    return all(bool(np.isfinite(t.detach().numpy()).all()) for t in tensors)
+    arrays = [v if isinstance(v, np.ndarray) else v.detach().numpy() for v in values]
+    return max([float(np.abs(a).max()) for a in arrays if a.size], default=0.0)
 
 
-def _maybe_coarse(leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> bool:
-    """Whether the outputs are what numerics/coarse.py:forward_dtype examines further (at a
-    moved point) as the sign of a forward computing coarser than float64: every one beyond
-    float64's residue of a cancellation (RESIDUE of the inputs' scale) a float32 number
-    (float16's and bfloat16's are float32's too), not all of them simple (integers, halves:
-    numbers of any dtype, which prove nothing). This path does not judge those; every other
-    call the pipeline judges at float64, as this path does."""
-    scale = max([1.0] + [float(np.abs(x.detach().numpy()).max()) for x in leaves if x.numel()])
-    flat = np.concatenate([o.detach().numpy().reshape(-1) for o in outs])
-    flat = flat[np.abs(flat) > RESIDUE * scale]
-    if not flat.size or bool((np.round(flat / SIMPLE) * SIMPLE == flat).all()):
+def _flat(outs: Sequence[torch.Tensor]) -> np.ndarray:
+    flat = [o.detach().numpy().reshape(-1) for o in outs]
+    return flat[0] if len(flat) == 1 else np.concatenate(flat)
+
+
+def _maybe_coarse(flat: np.ndarray, scale: float) -> bool:
+    """Whether the outputs (flat) are what numerics/coarse.py:forward_dtype examines further
+    (at a moved point) as the sign of a forward computing coarser than float64: every one
+    beyond float64's residue of a cancellation (RESIDUE of the inputs' scale, at least 1) a
+    float32 number (float16's and bfloat16's are float32's too), not all of them simple
+    (integers, halves: numbers of any dtype, which prove nothing). This path does not judge
+    those; every other call the pipeline judges at float64, as this path does."""
+    floor = RESIDUE * max(1.0, scale)
+    exact = flat.astype(np.float32).astype(np.float64) == flat
+    if not exact.any():  # the usual answer: no value is a float32 number
         return False
-    return bool((flat.astype(np.float32).astype(np.float64) == flat).all())
+    if not exact.all() and bool((np.abs(flat[~exact]) > floor).any()):
+        return False  # a value no float32 number, beyond the residue
+    kept = flat[np.abs(flat) > floor]
+    return bool(kept.size) and not bool((np.round(kept / SIMPLE) * SIMPLE == kept).all())
 
 
 def _plain_tensor(t: torch.Tensor) -> bool:
