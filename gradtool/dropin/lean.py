@@ -6,8 +6,11 @@ engine (numerics/probe.py's screen in fast mode, numerics/jacobian.py's check_fu
 judges the call directly, on the graph the drop-in's forward already built, and a Passed means
 exactly the gradient check's pass. Anything else -- a failing test, a non-finite value, a
 forward that writes its inputs or differs from call to call, a module with buffers, any
-argument or output beyond plain float64 tensors and scalars, an exception -- answers None, and
-the pipeline judges and reports.
+argument or output beyond plain float64 tensors and scalars (integer outputs beside, and ones
+autograd does not differentiate, are left out as the pipeline leaves them), an exception --
+answers None, and the pipeline judges and reports. The gate (`_gate`) is forward mode's too
+(lean_forward.py). A pass on one output hands the probe's backwards to the reentrancy and
+batched-gradient tests (Passed).
 """
 
 from __future__ import annotations
