@@ -555,3 +555,20 @@ def test_passing_calls_import_neither_the_engines_nor_the_pipeline():
                   "gradtool.targets.probe", "gradtool.checks.gradient", "gradtool.dropin.saved"):
         assert heavy not in out, heavy
     assert "gradtool.dropin.lean" in out and "gradtool.numerics.draws" in out
+
+
+def test_forward_modes_kept_draws_are_forward_ads_own_and_copies():
+    from gradtool.dropin import lean_forward
+    from gradtool.numerics.draws import direction
+
+    x, out = _x(5), _x(3)
+    lean_forward._DRAWN.clear()
+    first = lean_forward._vectors(0, [x], [out])
+    again = lean_forward._vectors(0, [x], [out])
+    gen = torch.Generator().manual_seed(0 + lean_forward.DIRECTION_SEED)
+    drawn = [direction(x, gen)], [direction(out, gen)]  # numerics/forward.py's order: u, then v
+    for a, b, c in zip(first, again, drawn):
+        assert torch.equal(a[0], c[0]) and torch.equal(b[0], c[0])
+        a[0].zero_()  # the user's jvp may write its tangent: the kept draw stays
+    assert torch.equal(lean_forward._vectors(0, [x], [out])[0][0], drawn[0][0])
+    assert len(lean_forward._DRAWN) == 1

@@ -63,13 +63,11 @@ def _screened(call: _Call, config: CheckConfig, leaves: list[torch.Tensor],
     """jvp along u within atol of the central difference at h on every output element, and
     ⟨v, J u⟩ within forward_ad's tolerance of ⟨vᵀJ, u⟩ (one backward)."""
     eps, atol, rtol = (config.tolerance(k) for k in ("eps", "atol", "rtol"))
-    gen = torch.Generator().manual_seed(config.seed + DIRECTION_SEED)
-    u = [direction(x, gen) for x in call.inputs]
+    u, v = _vectors(config.seed, call.inputs, outs)
     ju = _jvp(call, u)
     plus, minus = (flat_cat(call.outputs([torch.add(x, d, alpha=f)
                                           for x, d in zip(call.inputs, u)]))
                    for f in (eps, -eps))
-    v = [direction(o.detach(), gen) for o in outs]
     grads = call.vjp(leaves, outs, v)
     # numpy on the same CPU float64 memory: a tenth of torch's dispatch for these few values
     ju_, plus_, minus_ = ju.numpy(), plus.numpy(), minus.numpy()
@@ -79,6 +77,29 @@ def _screened(call: _Call, config: CheckConfig, leaves: list[torch.Tensor],
         forward = float(flat_cat(v).numpy() @ ju_)
         reverse = float(flat_cat(grads).numpy() @ flat_cat(u).numpy())
         return abs(forward - reverse) <= atol + rtol * abs(reverse)
+
+
+# A suite's many tiny calls draw the same few vectors (a generator and two draws: a sixth of a
+# tiny call's screen): kept per seed and shapes, handed out as copies (the user's jvp receives u)
+_DRAWN: dict[tuple[Any, ...], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+DRAWN_KEEP, DRAWN_MAX = 64, 4096  # entries kept; elements per draw worth keeping
+
+
+def _vectors(seed: int, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]
+             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """forward_ad's direction u (one tensor an input) and cotangent v (one an output), drawn as
+    numerics/forward.py:forward_mode draws them from its seed: fresh copies."""
+    key = (seed, *(x.shape for x in inputs), None, *(o.shape for o in outs))
+    kept = _DRAWN.get(key)
+    if kept is None:
+        gen = torch.Generator().manual_seed(seed + DIRECTION_SEED)
+        kept = [direction(x, gen) for x in inputs], [direction(o.detach(), gen) for o in outs]
+        if _numel(inputs) + _numel(outs) > DRAWN_MAX:
+            return kept
+        if len(_DRAWN) >= DRAWN_KEEP:
+            _DRAWN.pop(next(iter(_DRAWN)))
+        _DRAWN[key] = kept
+    return [t.clone() for t in kept[0]], [t.clone() for t in kept[1]]
 
 
 @calls_user_code  # forward with dual inputs: a Function without jvp raises there, the user's
