@@ -484,6 +484,23 @@ def test_forward_mode_clean_pass_skips_the_pipeline(pipeline, fast):
                     {"forward": 34, "backward": 1, "jvp": 11})
 
 
+def test_the_batched_forward_test_batches_the_screens_jvp(pipeline):
+    # check_batched_forward_grad (PyTorch's forward-mode tests ask it): vmap over jvp at the
+    # screen's tangent and one drawn, against the screen's jvp and one more: 9 forwards and 4
+    # jvps (one backward: forward against reverse mode) against torch's 9 and 5
+    torch.manual_seed(0)
+    x = _x(10)
+    counts = []
+    for check in (gradtool.gradcheck, torch.autograd.gradcheck):
+        CountedJvp.calls.update(forward=0, backward=0, jvp=0)
+        assert check(CountedJvp.apply, (x,), fast_mode=True, check_forward_ad=True,
+                     check_backward_ad=False, check_batched_forward_grad=True) is True
+        counts.append(dict(CountedJvp.calls))
+    assert pipeline == []
+    assert counts == [{"forward": 9, "backward": 1, "jvp": 4},
+                      {"forward": 9, "backward": 0, "jvp": 5}]
+
+
 def test_forward_modes_screen_hands_a_steep_call_to_the_engine(pipeline, monkeypatch):
     # sin(300 x): the central difference at h is beyond atol of the jvp, so the screen does
     # not pass it; forward_ad's engine (its third point, Richardson) does, without the pipeline

@@ -116,6 +116,9 @@ CALLS = {
                                         lambda: (_x(3),), {}),
     "jvp not batchable": ("gradcheck", ItemInJvp.apply, lambda: (_x(3),),
                           {"check_forward_ad": True, "check_batched_forward_grad": True}),
+    "jvp not batchable, fast (the screen's jvp batched)": (
+        "gradcheck", ItemInJvp.apply, lambda: (_x(3),),
+        {"check_forward_ad": True, "check_batched_forward_grad": True, "fast_mode": True}),
     "its jvp twin": ("gradcheck", Double.apply, lambda: (_x(3),),
                      {"check_forward_ad": True, "check_batched_forward_grad": True}),
 }

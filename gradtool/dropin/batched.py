@@ -58,9 +58,11 @@ def batched_backward(args: Sequence[Any], output: torch.Tensor, k: int,
     _compare(result, expected, k, "check_batched_grad")
 
 
-def batched_forward(func: Callable[..., Any], args: tuple[Any, ...]) -> None:
+def batched_forward(func: Callable[..., Any], args: tuple[Any, ...], shared: Any = None) -> None:
     """vmap over forward AD at two random tangents of each float input requiring grad equals
-    the two forward-mode calls."""
+    the two forward-mode calls. `shared` (lean_forward.py:ForwardPassed): a jvp already made
+    at a random tangent of the only input requiring grad, of func's one output, batched here
+    in place of one more at torch's draw (the test is the same at any two tangents)."""
     import torch.autograd.forward_ad as fwAD
     from torch._vmap_internals import _vmap
 
@@ -78,8 +80,14 @@ def batched_forward(func: Callable[..., Any], args: tuple[Any, ...]) -> None:
                 outs = out if isinstance(out, (tuple, list)) else (out,)
                 return tuple(_tangent(o) for o in outs if o is not None)
 
-        tangents = [torch.randn_like(x) for _ in range(2)]
-        expected = [torch.stack(parts) for parts in zip(*(jvp(t) for t in tangents))]
+        kept = getattr(shared, "tangent", None)
+        if kept is not None and kept.shape == x.shape:
+            tangents = [kept, torch.randn_like(x)]
+            looped = [(shared.jvp,), jvp(tangents[1])]
+        else:
+            tangents = [torch.randn_like(x) for _ in range(2)]
+            looped = [jvp(t) for t in tangents]
+        expected = [torch.stack(parts) for parts in zip(*looped)]
         try:
             with quiet_batching(legacy=True):
                 result = _vmap(jvp)(torch.stack(tangents))

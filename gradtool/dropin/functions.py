@@ -127,7 +127,7 @@ def _tests(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
         no_differentiable_outputs(func, args, eps, fast_mode, nondet_tol)
     judged = laid_out(func, args)  # gradtool's copies laid out as the tensors given
     complex_values = any(t.is_complex() for t in (*_tensors(args), *outputs))
-    passed = None  # a lean pass, whose backwards the later tests share
+    passed = tangent = None  # lean passes, whose backwards and jvp the later tests share
     if outputs and check_backward_ad:
         # a plain float64 call's clean pass needs no pipeline; anything else gets its report
         passed = None if extra_checks or complex_values else \
@@ -141,16 +141,19 @@ def _tests(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
         forward_mode(func, args, **{k: settings.get(k, v) for k, v in TORCH_DEFAULTS.items()},
                      check_undefined_grad=check_undefined_grad, fast_mode=fast_mode,
                      masked=settings["masked"])
-    elif outputs and check_forward_ad and (
-            extra_checks or not forward_passes(judged, args, out, settings)):
-        _judge(judged, args, settings, backward=False,
-               extra=extra_checks and not check_backward_ad)
+    elif outputs and check_forward_ad:
+        forward = False if extra_checks else forward_passes(judged, args, out, settings)
+        if not forward:
+            _judge(judged, args, settings, backward=False,
+                   extra=extra_checks and not check_backward_ad)
+        elif judged is func:  # the lean pass's jvp, made on the user's function itself
+            tangent = forward
     torch_runs(func, args, outputs, check_undefined_grad=check_undefined_grad,
                undefined_forward=not complex_values,  # else torch's ran it above
                check_batched_grad=check_batched_grad,
                check_batched_forward_grad=check_batched_forward_grad,
                check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
-               masked=settings["masked"], shared=passed)
+               masked=settings["masked"], shared=passed, shared_jvp=tangent)
 
 
 def _keywords(forward: bool, backward: bool, batched: bool, batched_forward: bool) -> None:

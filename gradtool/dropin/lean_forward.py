@@ -16,6 +16,7 @@ lets the pipeline judge and report.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,8 +33,18 @@ from .lean import _Call, _gate, _mask, _numel, _problem
 DIRECTION_SEED = 4241  # numerics/forward.py:forward_mode's offset: the same u and v
 
 
+@dataclass(frozen=True)
+class ForwardPassed:
+    """A lean pass in forward mode, and the jvp it made where one input requires grad and
+    forward returns one tensor: the tangent and J·tangent in the output's shape (the batched
+    forward-gradient test batches it)."""
+
+    tangent: torch.Tensor | None = None
+    jvp: torch.Tensor | None = None
+
+
 def forward_passes(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
-                   settings: dict[str, Any]) -> bool:
+                   settings: dict[str, Any]) -> ForwardPassed | bool:
     """The forward_ad check's certain pass of this call (jvp against finite differences, fast
     or full mode, and against backward); False: let the pipeline judge and report."""
     gated = _gate(func, args, out, settings, GRADCHECK_FORWARD)
@@ -41,11 +52,14 @@ def forward_passes(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
         return False
     diff, leaves, outs, config = gated
     if not (_numel(leaves) and _numel(outs)):
-        return True  # forward_ad's no elements to compare: skipped, no failure
+        return ForwardPassed()  # forward_ad's no elements to compare: skipped, no failure
     try:
-        if config.mode == "probe" and _screened(_Call(func, args, diff, _mask(out)), config,
-                                                leaves, outs):
-            return True
+        screened = config.mode == "probe" and _screened(
+            _Call(func, args, diff, _mask(out)), config, leaves, outs)
+        if screened:
+            u, ju = screened
+            one = len(u) == 1 and isinstance(out, torch.Tensor)
+            return ForwardPassed(u[0], ju.view(out.shape)) if one else ForwardPassed()
         from ..numerics.forward import forward_mode
         from ..numerics.jacobian import SMALL
 
@@ -53,15 +67,15 @@ def forward_passes(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
             return False  # full mode's plan is the pipeline's
         problem = _problem(func, args, diff, leaves, out)
         verdict = forward_mode(problem, config, leaves, outs, config.seed)
-        return verdict.outcome is Outcome.PASSED
+        return ForwardPassed() if verdict.outcome is Outcome.PASSED else False
     except Exception:  # noqa: BLE001 - the pipeline runs it again and reports what it raises
         return False
 
 
 def _screened(call: _Call, config: CheckConfig, leaves: list[torch.Tensor],
-              outs: list[torch.Tensor]) -> bool:
+              outs: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor] | None:
     """jvp along u within atol of the central difference at h on every output element, and
-    ⟨v, J u⟩ within forward_ad's tolerance of ⟨vᵀJ, u⟩ (one backward)."""
+    ⟨v, J u⟩ within forward_ad's tolerance of ⟨vᵀJ, u⟩ (one backward): (u, J u), else None."""
     eps, atol, rtol = (config.tolerance(k) for k in ("eps", "atol", "rtol"))
     u, v = _vectors(config.seed, call.inputs, outs)
     ju = _jvp(call, u)
@@ -73,10 +87,10 @@ def _screened(call: _Call, config: CheckConfig, leaves: list[torch.Tensor],
     ju_, plus_, minus_ = ju.numpy(), plus.numpy(), minus.numpy()
     with np.errstate(all="ignore"):  # NaN or inf: no agreement, the engine judges it
         if not bool((abs(ju_ - (plus_ - minus_) / (2 * eps)) <= atol).all()):
-            return False
+            return None
         forward = float(flat_cat(v).numpy() @ ju_)
         reverse = float(flat_cat(grads).numpy() @ flat_cat(u).numpy())
-        return abs(forward - reverse) <= atol + rtol * abs(reverse)
+        return (u, ju) if abs(forward - reverse) <= atol + rtol * abs(reverse) else None
 
 
 # A suite's many tiny calls draw the same few vectors (a generator and two draws: a sixth of a

@@ -152,14 +152,16 @@ def forward_mode(func: Any, args: tuple[Any, ...], **keywords: Any) -> None:
 def run(func: Any, args: tuple[Any, ...], outputs: tuple[torch.Tensor, ...], *,
         check_undefined_grad: bool, check_batched_grad: bool, check_batched_forward_grad: bool,
         check_forward_ad: bool, check_backward_ad: bool, masked: bool,
-        undefined_forward: bool = True, shared: Any = None) -> None:
+        undefined_forward: bool = True, shared: Any = None, shared_jvp: Any = None) -> None:
     """The tests gradcheck runs once the Jacobians passed, in torch's order; GradcheckError on a
     failure. `shared`: backwards already made on this graph (lean.py:Passed: the probe's at two
-    random cotangents of the only output), which the batched-gradient test batches."""
+    random cotangents of the only output), which the batched-gradient test batches;
+    `shared_jvp` a jvp already made (lean_forward.py:ForwardPassed), which the batched
+    forward-gradient test batches."""
     if check_forward_ad and check_undefined_grad and undefined_forward and outputs:
         undefined_tangents(func, args)
     if check_batched_forward_grad:
-        batched_forward(func, args)
+        batched_forward(func, args, shared_jvp)
     if not check_backward_ad:
         return
     if check_batched_grad:
