@@ -114,6 +114,23 @@ def test_a_tiny_clean_pass_skips_the_pipeline_with_few_evaluations(pipeline, fas
         assert ours["forward"] < theirs["forward"] and ours["backward"] < theirs["backward"]
 
 
+def test_the_batched_gradient_test_batches_the_probes_backwards(pipeline):
+    # check_batched_grad (PyTorch's OpInfo tests ask it): vmap over backward at the probe's two
+    # cotangents against the two backwards the probe made, where torch makes two more at its
+    # own draws: 5 forwards and 6 backwards (the vmapped one counted once) against torch's 4
+    # and 7
+    torch.manual_seed(0)
+    x = _x(10)
+    counts = []
+    for check in (gradtool.gradcheck, torch.autograd.gradcheck):
+        Counted.calls.update(forward=0, backward=0)
+        assert check(Counted.apply, (x,), check_batched_grad=True, check_grad_dtypes=True,
+                     fast_mode=True) is True
+        counts.append(dict(Counted.calls))
+    assert pipeline == []
+    assert counts == [{"forward": 5, "backward": 6}, {"forward": 4, "backward": 7}]
+
+
 class SteepSine(Function):
     """sin(300 x), exact: its central difference's truncation error (~h^2 300^3 / 6 an element)
     is beyond the probe's atol allowance, well within its measured tolerance."""
@@ -344,12 +361,12 @@ def test_a_check_added_to_the_drop_ins_run_turns_the_lean_path_off(monkeypatch):
     settings = functions._settings((x,), 1e-6, 1e-5, 1e-3, 0.0, True, None)
     assert lean.passes(Cube.apply, (x,), Cube.apply(x), settings) is not None
     monkeypatch.setattr(lean, "GRADCHECK_BACKWARD", ("gradient", "contract"))
-    lean._gradient_alone.cache_clear()
+    lean._alone.cache_clear()
     try:
         assert lean.passes(Cube.apply, (x,), Cube.apply(x), settings) is None
     finally:
         monkeypatch.undo()
-        lean._gradient_alone.cache_clear()
+        lean._alone.cache_clear()
 
 
 def _odd_calls():
@@ -376,6 +393,18 @@ def _odd_calls():
          lambda: (torch.tensor(2.0, dtype=torch.float64, requires_grad=True),)),
         ("float32 inside", lambda a: (a.float() ** 2).double(), lambda: (x(),)),
         ("detached term", lambda a: a.detach() * 2 + a, lambda: (x(),)),
+        ("an index output beside", lambda a: (a.sin(), a.argmax()), lambda: (x(),)),
+        ("an index output first", lambda a: (a.max(0)[1], a.max(0)[0]), lambda: (x(),)),
+        ("empty input", lambda a: a.exp(),
+         lambda: (torch.randn(0, 3, dtype=torch.float64, requires_grad=True),)),
+        ("an empty output beside", lambda a: (a.sin(), a[:0] * 2), lambda: (x(),)),
+        ("a float output not differentiated beside", lambda a: (a.sin(), a.detach().mean()),
+         lambda: (x(),)),
+        ("an empty input beside", lambda a, b: a.sin() + b.sum(),
+         lambda: (x(), torch.randn(0, dtype=torch.float64, requires_grad=True))),
+        ("integer values out", lambda a: a.floor() + a * 0, lambda: (x() * 4,)),
+        ("halves out, float32 inside", lambda a: ((a * 2).float().round() / 2).double() + 0 * a,
+         lambda: (x() * 4,)),
     ]
 
 
@@ -389,3 +418,174 @@ def test_odd_calls_get_the_pipelines_verdict(monkeypatch, name, func, make, fast
         return gradtool.gradcheck(func, args, fast_mode=fast)
 
     assert _outcome(call) == _without_lean(monkeypatch, call)
+
+
+@pytest.mark.parametrize("fast", MODES)
+@pytest.mark.parametrize("name, func, make", _odd_calls(), ids=[c[0] for c in _odd_calls()])
+def test_odd_calls_in_forward_mode_get_the_pipelines_verdict(monkeypatch, name, func, make,
+                                                             fast):
+    torch.manual_seed(0)
+    args = make()
+
+    def call():
+        return gradtool.gradcheck(func, args, fast_mode=fast, check_forward_ad=True,
+                                  check_backward_ad=False)
+
+    with monkeypatch.context() as m:
+        m.setattr(functions, "forward_passes", lambda *args: False)
+        theirs = _outcome(call)
+    assert _outcome(call) == theirs
+
+
+class CountedJvp(Cube):
+    """Cube with its jvp, counting forwards (dual ones included), backwards and jvps; the
+    wrong twin's jvp is 1.5x."""
+
+    calls = {"forward": 0, "backward": 0, "jvp": 0}
+    factor = 1.0
+
+    @staticmethod
+    def forward(ctx, x):
+        CountedJvp.calls["forward"] += 1
+        ctx.save_for_forward(x)
+        return Cube.forward(ctx, x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        CountedJvp.calls["backward"] += 1
+        return Cube.backward(ctx, grad)
+
+    @classmethod
+    def jvp(cls, ctx, dx):
+        CountedJvp.calls["jvp"] += 1
+        (x,) = ctx.saved_tensors
+        return 3 * x ** 2 * dx * cls.factor
+
+
+class CountedJvpScaled(CountedJvp):
+    factor = 1.5
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_forward_mode_clean_pass_skips_the_pipeline(pipeline, fast):
+    torch.manual_seed(0)
+    x = _x(10)
+    CountedJvp.calls.update(forward=0, backward=0, jvp=0)
+    assert gradtool.gradcheck(CountedJvp.apply, (x,), fast_mode=fast, check_forward_ad=True,
+                              check_backward_ad=False) is True
+    assert pipeline == []
+    ours = dict(CountedJvp.calls)
+    # fast: the call, the purity forward, the screen's jvp (a dual forward) and its 2 points
+    # (x + h u, x - h u: the third only where these disagree beyond atol), torch's
+    # undefined-tangent test's 2 forwards (a zero tangent: a jvp, and none), forward against
+    # backward's one VJP; torch's fast mode: 6 forwards, 2 jvps. Full: a jvp per column and the
+    # columns' differences, as torch's slow mode (34 / 11 against 33 / 11)
+    assert ours == ({"forward": 7, "backward": 1, "jvp": 2} if fast else
+                    {"forward": 34, "backward": 1, "jvp": 11})
+
+
+def test_the_batched_forward_test_batches_the_screens_jvp(pipeline):
+    # check_batched_forward_grad (PyTorch's forward-mode tests ask it): vmap over jvp at the
+    # screen's tangent and one drawn, against the screen's jvp and one more: 9 forwards and 4
+    # jvps (one backward: forward against reverse mode) against torch's 9 and 5
+    torch.manual_seed(0)
+    x = _x(10)
+    counts = []
+    for check in (gradtool.gradcheck, torch.autograd.gradcheck):
+        CountedJvp.calls.update(forward=0, backward=0, jvp=0)
+        assert check(CountedJvp.apply, (x,), fast_mode=True, check_forward_ad=True,
+                     check_backward_ad=False, check_batched_forward_grad=True) is True
+        counts.append(dict(CountedJvp.calls))
+    assert pipeline == []
+    assert counts == [{"forward": 9, "backward": 1, "jvp": 4},
+                      {"forward": 9, "backward": 0, "jvp": 5}]
+
+
+def test_forward_modes_screen_hands_a_steep_call_to_the_engine(pipeline, monkeypatch):
+    # sin(300 x): the central difference at h is beyond atol of the jvp, so the screen does
+    # not pass it; forward_ad's engine (its third point, Richardson) does, without the pipeline
+    from gradtool.numerics import forward
+
+    torch.manual_seed(0)
+    x = _x(6)
+    engine = []
+    judged = forward.forward_mode
+
+    def counted(*args, **kwargs):
+        engine.append(1)
+        return judged(*args, **kwargs)
+
+    monkeypatch.setattr(forward, "forward_mode", counted)
+    steep = lambda a: (300 * a).sin()  # noqa: E731
+    assert gradtool.gradcheck(steep, (x,), fast_mode=True, check_forward_ad=True,
+                              check_backward_ad=False) is True
+    assert engine == [1] and pipeline == []
+    assert gradtool.gradcheck(lambda a: a.sin(), (x,), fast_mode=True, check_forward_ad=True,
+                              check_backward_ad=False) is True
+    assert engine == [1]  # a gentle call: the screen alone
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_a_wrong_jvp_falls_back_to_the_pipelines_report(pipeline, fast):
+    torch.manual_seed(0)
+    with pytest.raises(GradcheckError) as caught:
+        gradtool.gradcheck(CountedJvpScaled.apply, (_x(),), fast_mode=fast,
+                           check_forward_ad=True, check_backward_ad=False)
+    assert len(pipeline) == 1
+    assert caught.value.report is not None and not caught.value.report.ok()
+    assert "jvp" in str(caught.value)
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_an_index_output_and_an_empty_call_are_judged_lean(pipeline, fast):
+    torch.manual_seed(0)
+    empty = torch.randn(0, 3, dtype=torch.float64, requires_grad=True)
+    for func, args in ((lambda a: (a.sin(), a.argmax()), (_x(),)), (lambda a: a.exp(), (empty,))):
+        assert gradtool.gradcheck(func, args, fast_mode=fast) is True
+        assert gradtool.gradcheck(func, args, fast_mode=fast, check_forward_ad=True) is True
+    assert pipeline == []
+
+
+PASSING_CALLS = """
+import sys, torch, gradtool
+x = torch.randn(10, dtype=torch.float64, requires_grad=True)
+f = lambda a: (a * a.sin()).cumsum(0)
+keywords = dict(check_batched_grad=True, check_grad_dtypes=True, fast_mode=True)
+assert gradtool.gradcheck(f, (x,), **keywords)
+assert gradtool.gradgradcheck(f, (x,), **keywords)
+assert gradtool.gradcheck(f, (x,), fast_mode=True, check_forward_ad=True, check_backward_ad=False,
+                          check_batched_forward_grad=True)
+print(" ".join(sorted(m for m in sys.modules if m.startswith("gradtool."))))
+"""
+
+
+def test_passing_calls_import_neither_the_engines_nor_the_pipeline():
+    # A process's first call pays gradtool's imports (PyTorch's OpInfo harness has torch's own
+    # warm): a passing fast call needs the lean path's modules alone
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", PASSING_CALLS], capture_output=True, text=True,
+                         check=True).stdout.split()
+    for heavy in ("gradtool.numerics.jacobian", "gradtool.numerics.localise",
+                  "gradtool.numerics.probe", "gradtool.numerics.forward", "gradtool.api",
+                  "gradtool.run.runner", "gradtool.run.reproduce", "gradtool.targets.cases",
+                  "gradtool.targets.probe", "gradtool.checks.gradient", "gradtool.dropin.saved"):
+        assert heavy not in out, heavy
+    assert "gradtool.dropin.lean" in out and "gradtool.numerics.draws" in out
+
+
+def test_forward_modes_kept_draws_are_forward_ads_own_and_copies():
+    from gradtool.dropin import lean_forward
+    from gradtool.numerics.draws import direction
+
+    x, out = _x(5), _x(3)
+    lean_forward._DRAWN.clear()
+    first = lean_forward._vectors(0, [x], [out])
+    again = lean_forward._vectors(0, [x], [out])
+    gen = torch.Generator().manual_seed(0 + lean_forward.DIRECTION_SEED)
+    drawn = [direction(x, gen)], [direction(out, gen)]  # numerics/forward.py's order: u, then v
+    for a, b, c in zip(first, again, drawn):
+        assert torch.equal(a[0], c[0]) and torch.equal(b[0], c[0])
+        a[0].zero_()  # the user's jvp may write its tangent: the kept draw stays
+    assert torch.equal(lean_forward._vectors(0, [x], [out])[0][0], drawn[0][0])
+    assert len(lean_forward._DRAWN) == 1

@@ -109,10 +109,16 @@ CALLS = {
     "its twin": ("gradcheck", Doubled.apply, lambda: (_x(3),), {"fast_mode": True}),
     "backward not batchable": ("gradcheck", ItemInBackward.apply, lambda: (_x(3),),
                                {"check_batched_grad": True}),
+    "backward not batchable, fast (the probe's backwards batched)": (
+        "gradcheck", ItemInBackward.apply, lambda: (_x(3),), FAST),
+    "its twin, fast": ("gradcheck", Doubled.apply, lambda: (_x(3),), FAST),
     "backward not batchable, unasked": ("gradcheck", ItemInBackward.apply,
                                         lambda: (_x(3),), {}),
     "jvp not batchable": ("gradcheck", ItemInJvp.apply, lambda: (_x(3),),
                           {"check_forward_ad": True, "check_batched_forward_grad": True}),
+    "jvp not batchable, fast (the screen's jvp batched)": (
+        "gradcheck", ItemInJvp.apply, lambda: (_x(3),),
+        {"check_forward_ad": True, "check_batched_forward_grad": True, "fast_mode": True}),
     "its jvp twin": ("gradcheck", Double.apply, lambda: (_x(3),),
                      {"check_forward_ad": True, "check_batched_forward_grad": True}),
 }

@@ -34,8 +34,9 @@ def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 @calls_user_code
 def grad(outputs: Any, inputs: Sequence[torch.Tensor] | torch.Tensor, grad_outputs: Any, *,
-         retain_graph: bool | None = None, allow_unused: bool = False,
-         is_grads_batched: bool = False, **kwargs: Any) -> tuple[Any, ...]:
+         retain_graph: bool | None = None, create_graph: bool = False,
+         allow_unused: bool = False, is_grads_batched: bool = False,
+         **kwargs: Any) -> tuple[Any, ...]:
     """torch.autograd.grad: autograd's engine running the checked function's backward. Plain
     tensors with cotangents of their outputs' own shape (after the batch dimension where
     batched), dtype and layout go to the engine as autograd.grad hands them over, without its
@@ -45,12 +46,13 @@ def grad(outputs: Any, inputs: Sequence[torch.Tensor] | torch.Tensor, grad_outpu
                            for t in (outputs, grad_outputs, inputs))
     if kwargs or not allow_unused or not _plain(outs, seeds, leaves, is_grads_batched):
         return torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph=retain_graph,
-                                   allow_unused=allow_unused, is_grads_batched=is_grads_batched,
-                                   **kwargs)
+                                   create_graph=create_graph, allow_unused=allow_unused,
+                                   is_grads_batched=is_grads_batched, **kwargs)
+    keep = create_graph if retain_graph is None else retain_graph  # autograd.grad's default
 
     def run(*cotangents: torch.Tensor) -> tuple[Any, ...]:
         return Variable._execution_engine.run_backward(
-            outs, cotangents, bool(retain_graph), False, leaves, True, False)
+            outs, cotangents, bool(keep), create_graph, leaves, True, False)
 
     if not is_grads_batched:
         return run(*seeds)

@@ -30,9 +30,11 @@ Verdict policy (docs/library-and-pytest.md says it for users):
   torch's own finite differences fail a correct function (a step across a kink, rounding its
   fixed tolerance cannot absorb), gradtool's verdict (inconclusive is not a failure) stands.
 - A plain float64 call whose gradient check passes is judged by that check's engine alone
-  (lean.py: the pipeline's pass, without its Run, Case and Report); every other call, and every
-  failure, runs gradtool.check for the report. Its reentrancy test then runs backward once more
-  at the probe's random cotangent, where torch draws another (one output; fast mode).
+  (lean.py: the pipeline's pass, without its Run, Case and Report; lean_forward.py: forward_ad's
+  under check_forward_ad); every other call, and every failure, runs gradtool.check for the
+  report. Its reentrancy test then runs backward once more at the probe's first random
+  cotangent, and check_batched_grad batches the probe's two, where torch draws its own (one
+  output; fast mode).
 - gradtool's other checks (contract, layout, double backward, ...) are opt-in: `extra_checks=True`.
 - gradgradcheck is gradcheck of the function (inputs, grad_outputs) -> backward's gradients,
   built with a graph, exactly as torch's: the caller's grad_outputs, else random ones (non-
@@ -48,10 +50,10 @@ from typing import Any
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
-from .calls import call, owned
+from .calls import call, grad, owned
 from .given import laid_out, on_torch_terms
-from .saved import plain_report, with_saved_inputs
 from .lean import passes as lean_pass
+from .lean_forward import forward_passes
 from .torch_tests import (check_inputs, check_outputs, differentiable_outputs, forward_mode,
                           no_differentiable_outputs, reentrant)
 from .torch_tests import run as torch_runs
@@ -102,6 +104,8 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
                    check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
                    extra_checks=extra_checks)
     except GradcheckError as exc:
+        from .saved import with_saved_inputs  # a failure's: run/reproduce.py not imported else
+
         if raise_exception:
             failure = exc if isinstance(exc, GradcheckFailure) else \
                 GradcheckFailure(f"{_name(func)}: {exc}")
@@ -124,6 +128,7 @@ def _tests(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
         no_differentiable_outputs(func, args, eps, fast_mode, nondet_tol)
     judged = laid_out(func, args)  # gradtool's copies laid out as the tensors given
     complex_values = any(t.is_complex() for t in (*_tensors(args), *outputs))
+    passed = tangent = None  # lean passes, whose backwards and jvp the later tests share
     if outputs and check_backward_ad:
         # a plain float64 call's clean pass needs no pipeline; anything else gets its report,
         # which reads what the lean path evaluated instead of paying it again (handed.py)
@@ -143,14 +148,18 @@ def _tests(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
                      check_undefined_grad=check_undefined_grad, fast_mode=fast_mode,
                      masked=settings["masked"])
     elif outputs and check_forward_ad:
-        _judge(judged, args, settings, backward=False,
-               extra=extra_checks and not check_backward_ad)
+        forward = False if extra_checks else forward_passes(judged, args, out, settings)
+        if not forward:
+            _judge(judged, args, settings, backward=False,
+                   extra=extra_checks and not check_backward_ad)
+        elif judged is func:  # the lean pass's jvp, made on the user's function itself
+            tangent = forward
     torch_runs(func, args, outputs, check_undefined_grad=check_undefined_grad,
                undefined_forward=not complex_values,  # else torch's ran it above
                check_batched_grad=check_batched_grad,
                check_batched_forward_grad=check_batched_forward_grad,
                check_forward_ad=check_forward_ad, check_backward_ad=check_backward_ad,
-               masked=settings["masked"])
+               masked=settings["masked"], shared=passed, shared_jvp=tangent)
 
 
 def _keywords(forward: bool, backward: bool, batched: bool, batched_forward: bool) -> None:
@@ -199,6 +208,7 @@ def _judge(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[str, 
     """gradtool's checks of reverse (backward) or forward mode on the call, gradtool's default
     checks too when `extra`: GradcheckFailure with the plain report when one fails."""
     from ..api import check
+    from .saved import plain_report
     from ..config.registry import (DEFAULT_CHECKS, GRADCHECK_BACKWARD, GRADCHECK_COMPLEX,
                                    GRADCHECK_FORWARD)
     if backward:  # gradtool's default run where asked: forward_ad then only for a jvp's own
@@ -208,7 +218,7 @@ def _judge(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[str, 
         names = GRADCHECK_FORWARD + tuple(n for n in DEFAULT_CHECKS
                                           if extra and n not in GRADCHECK_FORWARD)
     with user_errors_propagate():
-        report = check(func, args, **settings, checks=names, forward_any=not backward)
+        report = check(_signed(func), args, **settings, checks=names, forward_any=not backward)
     if report.rejected:  # gradtool could not take the target (a module it cannot copy): its
         # usage error, with the fix, never a wrong-gradient verdict
         raise TargetError("; ".join(f"{r.source}: {r.message}" for r in report.rejected))
@@ -225,6 +235,8 @@ def _torch_fast(func: Callable[..., Any], args: tuple[Any, ...], settings: dict[
     """fast_mode=True where gradtool's probe could not judge (finite differences too noisy for
     it, full mode over budget): torch's own fast test decides, so the drop-in never passes
     what torch's fast mode fails without a word on why."""
+    from .saved import plain_report
+
     tolerances = {k: settings.get(k, v) for k, v in TORCH_DEFAULTS.items()}
     try:
         call(torch.autograd.gradcheck, func, args, **tolerances, nondet_tol=settings["nondet_tol"],
@@ -292,7 +304,7 @@ def _backward_of(func: Callable[..., Any], args: tuple[Any, ...],
             vs = [v.requires_grad_() if w else v for v, w in zip(values[-n:], wants_v)]
             outs = differentiable_outputs(func(*xs))
             diff = [x for x, w in zip(xs, wants) if w]
-            grads = torch.autograd.grad(outs, diff, vs, create_graph=True, allow_unused=True)
+            grads = grad(outs, diff, vs, create_graph=True, allow_unused=True)
         return tuple(g for g in grads if g is not None)
 
     return _named_after(backward, func, len(args), n)
@@ -300,21 +312,11 @@ def _backward_of(func: Callable[..., Any], args: tuple[Any, ...],
 
 def _named_after(backward: Any, func: Any, n_args: int, n_grads: int) -> Any:
     """The report names backward's function after func: 'backward of Name', its arguments
-    func's and grad_output(s), look at: func's backward (a Function's) or func itself."""
-    import inspect
-
-    from ..targets.resolve import classify
-
+    func's and grad_output(s) (a signature made only where the pipeline runs: _signed), look
+    at: func's backward (a Function's) or func itself."""
     owner = getattr(func, "__self__", None)
     cls = owner if isinstance(owner, type) else None
-    try:
-        names = list(classify(func, _name(func)).arg_names)
-    except Exception:  # noqa: BLE001 - naming is best effort: the check runs either way
-        names = []
-    names = (names + [f"arg{k}" for k in range(len(names), n_args)])[:n_args]
-    names += ["grad_output"] if n_grads == 1 else [f"grad_output{k}" for k in range(n_grads)]
-    backward.__signature__ = inspect.Signature(
-        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in names])
+    backward.gradtool_signature = lambda: _signature(func, n_args, n_grads)
     backward.__name__ = backward.__qualname__ = f"backward of {_name(func)}"
     backward.__module__ = getattr(cls or func, "__module__", None) or __name__
     backward.__wrapped__ = cls.backward if cls is not None else func  # look at: there
@@ -322,6 +324,32 @@ def _named_after(backward: Any, func: Any, n_args: int, n_grads: int) -> Any:
     backward.gradtool_reproduce = (f"gradtool.gradgradcheck({shown}, <the same inputs>) in "
                                    "Python (the check of its backward's gradients)")
     return backward
+
+
+def _signature(func: Any, n_args: int, n_grads: int) -> Any:
+    """backward's signature for the report: func's argument names, then grad_output(s)."""
+    import inspect
+
+    from ..targets.resolve import classify
+
+    try:
+        names = list(classify(func, _name(func)).arg_names)
+    except Exception:  # noqa: BLE001 - naming is best effort: the check runs either way
+        names = []
+    names = (names + [f"arg{k}" for k in range(len(names), n_args)])[:n_args]
+    names += ["grad_output"] if n_grads == 1 else [f"grad_output{k}" for k in range(n_grads)]
+    return inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in names])
+
+
+def _signed(func: Callable[..., Any]) -> Callable[..., Any]:
+    """func with the signature gradgradcheck's backward defers (classifying its function
+    reads source: a tenth of a tiny gradgradcheck call, wanted by the pipeline's report
+    alone), set on func itself, the wrapper given.py may have put around backward included."""
+    signature = getattr(func, "gradtool_signature", None)
+    if signature is not None and "__signature__" not in vars(func):
+        func.__signature__ = signature()
+    return func
 
 
 def _tensors(args: Sequence[Any]) -> list[torch.Tensor]:

@@ -6,8 +6,11 @@ engine (numerics/probe.py's screen in fast mode, numerics/jacobian.py's check_fu
 judges the call directly, on the graph the drop-in's forward already built, and a Passed means
 exactly the gradient check's pass. Anything else -- a failing test, a non-finite value, a
 forward that writes its inputs or differs from call to call, a module with buffers, any
-argument or output beyond plain float64 tensors and scalars, an exception -- answers None, and
-the pipeline judges and reports.
+argument or output beyond plain float64 tensors and scalars (integer outputs beside, and ones
+autograd does not differentiate, are left out as the pipeline leaves them), an exception --
+answers None, and the pipeline judges and reports. The gate (`_gate`) is forward mode's too
+(lean_forward.py). A pass on one output hands the probe's backwards to the reentrancy and
+batched-gradient tests (Passed).
 """
 
 from __future__ import annotations
@@ -22,21 +25,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config.registry import BY_NAME, GRADCHECK_BACKWARD
+from ..config.registry import BY_NAME, GRADCHECK_BACKWARD, GRADCHECK_FORWARD
 from ..config.settings import CheckConfig
+from ..numerics.coarse import RESIDUE, SIMPLE
+from ..numerics.draws import probe_vectors
 from ..numerics.facts import output_facts
 from ..numerics.handed import record, record_vjp
-from ..numerics.jacobian import SMALL, check_full
-from ..numerics.localise import Tests
-from ..numerics.probe import ceiling, probe_vectors
-from ..numerics.problem import (Problem, _fresh, flat_cat, own_storage, tensor_outputs,
-                                vjp)
-from ..numerics.steps import FINITE_MACHINE, directional, vjp_rows
+from ..numerics.problem import (Problem, _fresh, flat_cat, own_storage, select_outputs,
+                                tensor_outputs, vjp)
+from ..numerics.steps import vjp_rows
 from ..results import Outcome
-from ..targets.cases import batchable_forward
-from ..targets.probe import both_nan
 from ..targets.subclass import clone_keeping
 from ..tracebacks import calls_user_code
+
+# The full and probe engines (numerics/jacobian.py, localise.py, probe.py), the pipeline's
+# targets and the registry's check modules are imported where this path needs them (full mode,
+# a probe the central difference alone does not settle): a passing fast call, a suite's first
+# included, imports none of them.
 
 SCALARS = (int, float, bool, str, type(None))  # arguments the pipeline passes as they are
 MODULE_SIZE = 1 << 16  # parameters' elements: a module this small is snapshotted for _pure
@@ -44,10 +49,11 @@ MODULE_SIZE = 1 << 16  # parameters' elements: a module this small is snapshotte
 
 @dataclass(frozen=True)
 class Passed:
-    """A lean pass, and one backward it made: a cotangent over the only output and the
-    gradients it gave, flat over the inputs (the reentrancy test runs backward again there)."""
+    """A lean pass, and the backwards it made: the probe's cotangents over the only output,
+    one a row, and the gradients each gave, flat over the inputs (the reentrancy test runs
+    backward again at the first; the batched-gradient test batches the first two)."""
 
-    cotangent: torch.Tensor | None = None  # None: no such backward to share
+    cotangents: torch.Tensor | None = None  # None: no such backwards to share
     gradients: torch.Tensor | None = None
 
 
@@ -55,54 +61,76 @@ def passes(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
            settings: dict[str, Any]) -> Passed | None:
     """The gradient check's certain pass of this call (its fast or full mode as settings say),
     judged without the pipeline; None: let the pipeline judge and report."""
-    if settings["masked"] or not _gradient_alone():
+    gated = _gate(func, args, out, settings, GRADCHECK_BACKWARD)
+    if gated is None:
+        return None
+    diff, leaves, outs, config = gated
+    if not (_numel(leaves) and _numel(outs)):
+        return Passed()  # the gradient check's no elements to compare: skipped, no failure
+    try:
+        if config.mode == "probe":
+            return _screened(_Call(func, args, diff, _mask(out)), config, leaves, outs)
+        from ..numerics.jacobian import SMALL
+
+        if _numel(leaves) * _numel(outs) > SMALL:
+            return None  # full mode's plan (grouping, batching, memory) is the pipeline's
+        return _full(func, args, diff, config, leaves, out)
+    except Exception:  # noqa: BLE001 - the pipeline runs it again and reports what it raises
+        return None
+
+
+def _gate(func: Callable[..., Any], args: tuple[Any, ...], out: Any, settings: dict[str, Any],
+          checks: tuple[str, ...]
+          ) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor], CheckConfig] | None:
+    """(the differentiable arguments' places, their tensors, the outputs, the configuration)
+    of a call this path judges: plain float64 values, a pure forward, the check alone; None
+    where the pipeline must."""
+    if settings["masked"] or not _alone(checks):
         return None  # the pipeline runs more than this path judges
     outs = _outputs(out)
     if outs is None or not _plain_callable(func) or not _plain(args):
         return None
     diff = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
     leaves = [args[k] for k in diff]
-    if not (_finite(leaves) and _finite(outs)):
+    flat = _flat(outs)
+    scale, largest = _largest(leaves), _largest([flat])
+    if not (np.isfinite(scale) and np.isfinite(largest)):
         return None  # the pipeline says which value, and where
-    if _float32_numbers(outs):
+    if _numel(leaves) and flat.size and _maybe_coarse(flat, scale):
         return None  # maybe a coarse forward: the pipeline's coarse.py decides and judges it
     try:
-        if not _pure(func, args, outs):
+        if not _pure(func, args, tensor_outputs(out)):
             return None
-        config = _config(settings)
-        if config.mode == "probe":
-            return _screened(_Call(func, args, diff), config, leaves, outs)
-        n_in, n_out = sum(x.numel() for x in leaves), sum(o.numel() for o in outs)
-        if n_in * n_out > SMALL:
-            return None  # full mode's plan (grouping, batching, memory) is the pipeline's
-        return _full(func, args, diff, _batched_twin(func), config, leaves, outs)
     except Exception:  # noqa: BLE001 - the pipeline runs it again and reports what it raises
         return None
+    return diff, leaves, outs, _config(settings, checks)
+
+
+def _numel(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() for t in tensors)
 
 
 @functools.cache
-def _gradient_alone() -> bool:
-    """Whether the drop-in's reverse-mode checks are the gradient check alone, no registry hook
-    on its result: what this path judges (a check added there is the pipeline's to run)."""
-    from importlib import import_module
-
-    from ..checks import gradient
-
-    infos = [BY_NAME[name] for name in GRADCHECK_BACKWARD]
-    return len(infos) == 1 and not infos[0].hooks and \
-        import_module(infos[0].import_path) is gradient
+def _alone(checks: tuple[str, ...]) -> bool:
+    """Whether the drop-in's checks of this mode are the one check this path runs the engine
+    of (gradient, forward_ad), no registry hook on its result: what this path judges (a check
+    added there is the pipeline's to run)."""
+    module = {GRADCHECK_BACKWARD: "gradient", GRADCHECK_FORWARD: "forward_ad"}.get(checks)
+    infos = [BY_NAME[name] for name in checks]
+    return module is not None and len(infos) == 1 and not infos[0].hooks and \
+        infos[0].import_path == f"{__package__.rpartition('.')[0]}.checks.{module}"
 
 
 _CONFIGS: dict[tuple[Any, ...], CheckConfig] = {}  # a suite's calls share a few keyword sets
 
 
-def _config(settings: dict[str, Any]) -> CheckConfig:
+def _config(settings: dict[str, Any], checks: tuple[str, ...]) -> CheckConfig:
     """gradtool.check's configuration for the drop-in's settings (float64 on the CPU)."""
-    key = tuple(sorted(settings.items()))
+    key = (checks, *sorted(settings.items()))
     config = _CONFIGS.get(key)
     if config is None:
-        config = CheckConfig(dtype="float64", device="cpu", checks=GRADCHECK_BACKWARD,
-                             **settings)
+        config = CheckConfig(dtype="float64", device="cpu", checks=checks,
+                             forward_any=checks == GRADCHECK_FORWARD, **settings)
         if len(_CONFIGS) < 64:
             _CONFIGS[key] = config
     return config
@@ -111,6 +139,8 @@ def _config(settings: dict[str, Any]) -> CheckConfig:
 def _batched_twin(func: Callable[..., Any]) -> Callable[..., Any]:
     """The vmap twin the pipeline binds (targets/kinds.py): a Function's batchable forward,
     a plain function itself."""
+    from ..targets.cases import batchable_forward
+
     owner = getattr(func, "__self__", None)
     return batchable_forward(owner) if isinstance(owner, type) else func
 
@@ -131,13 +161,25 @@ def _plain_callable(func: Callable[..., Any]) -> bool:
 
 
 def _outputs(out: Any) -> list[torch.Tensor] | None:
-    """The outputs, when every one is a float64 strided CPU tensor requiring grad (the
-    pipeline then compares them all); None otherwise."""
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    if not outs or not all(isinstance(o, torch.Tensor) and o.requires_grad and _plain_tensor(o)
-                           for o in outs):
+    """The outputs compared, when every one that requires grad is a float64 strided CPU tensor
+    and the others (if any) integer or bool tensors (indices, an info code) or float64 ones
+    autograd does not differentiate (a layer norm's mean and rstd): never compared, as the
+    pipeline's output facts leave them out; None otherwise."""
+    items = list(out) if isinstance(out, (tuple, list)) else [out]
+    if not all(isinstance(o, torch.Tensor) for o in items):
+        return None
+    outs = [o for o in items if o.requires_grad]
+    if not outs or not all(_plain_tensor(o) for o in outs) or not all(
+            _plain_index(o) or _plain_tensor(o) for o in items if not o.requires_grad):
         return None
     return outs
+
+
+def _mask(out: Any) -> tuple[bool, ...] | None:
+    """Which of the outputs (_outputs took) are compared: None where every one is."""
+    items = list(out) if isinstance(out, (tuple, list)) else [out]
+    mask = tuple(o.requires_grad for o in items)
+    return None if all(mask) else mask
 
 
 def _plain(args: Sequence[Any]) -> bool:
@@ -152,22 +194,38 @@ def _plain_index(t: torch.Tensor) -> bool:
             and t.layout == torch.strided and t.device.type == "cpu")
 
 
-def _finite(tensors: Sequence[torch.Tensor]) -> bool:
+def _largest(values: Sequence[torch.Tensor | np.ndarray]) -> float:
+    """The largest |value| (0 where there is none): NaN or inf where a value is not finite."""
     # numpy reads the same memory (plain CPU float64 tensors) for a tenth of torch's dispatch
-    return all(bool(np.isfinite(t.detach().numpy()).all()) for t in tensors)
+    arrays = [v if isinstance(v, np.ndarray) else v.detach().numpy() for v in values]
+    return max([float(np.abs(a).max()) for a in arrays if a.size], default=0.0)
 
 
-def _float32_numbers(outs: Sequence[torch.Tensor]) -> bool:
-    """Whether every output is a float32 number: the first sign of a forward computing coarser
-    than float64 (float16's and bfloat16's numbers are float32's too), which this path does not
-    judge (numerics/coarse.py:forward_dtype, at a moved point, tells it from chance)."""
-    flat = np.concatenate([o.detach().numpy().reshape(-1) for o in outs])
-    return bool((flat.astype(np.float32).astype(np.float64) == flat).all())
+def _flat(outs: Sequence[torch.Tensor]) -> np.ndarray:
+    flat = [o.detach().numpy().reshape(-1) for o in outs]
+    return flat[0] if len(flat) == 1 else np.concatenate(flat)
+
+
+def _maybe_coarse(flat: np.ndarray, scale: float) -> bool:
+    """Whether the outputs (flat) are what numerics/coarse.py:forward_dtype examines further
+    (at a moved point) as the sign of a forward computing coarser than float64: every one
+    beyond float64's residue of a cancellation (RESIDUE of the inputs' scale, at least 1) a
+    float32 number (float16's and bfloat16's are float32's too), not all of them simple
+    (integers, halves: numbers of any dtype, which prove nothing). This path does not judge
+    those; every other call the pipeline judges at float64, as this path does."""
+    floor = RESIDUE * max(1.0, scale)
+    exact = flat.astype(np.float32).astype(np.float64) == flat
+    if not exact.any():  # the usual answer: no value is a float32 number
+        return False
+    if not exact.all() and bool((np.abs(flat[~exact]) > floor).any()):
+        return False  # a value no float32 number, beyond the residue
+    kept = flat[np.abs(flat) > floor]
+    return bool(kept.size) and not bool((np.round(kept / SIMPLE) * SIMPLE == kept).all())
 
 
 def _plain_tensor(t: torch.Tensor) -> bool:
     return (type(t) is torch.Tensor and t.dtype == torch.float64 and t.layout == torch.strided
-            and t.device.type == "cpu" and t.numel() > 0 and not t.is_conj() and not t.is_neg())
+            and t.device.type == "cpu" and not t.is_conj() and not t.is_neg())
 
 
 def _pure(func: Callable[..., Any], args: tuple[Any, ...], outs: list[torch.Tensor]) -> bool:
@@ -181,7 +239,7 @@ def _pure(func: Callable[..., Any], args: tuple[Any, ...], outs: list[torch.Tens
         # user's written (their graph, already built, would break), a write shown on clones
         clones, result = _on_clones(func, copies)
         again = tensor_outputs(result)
-        if not all(torch.equal(c, p) or both_nan(c, p.detach()) for p, c in clones):
+        if not all(torch.equal(c, p) or _both_nan(c, p.detach()) for p, c in clones):
             return False  # forward writes its own parameters: the pipeline calls a copy
     else:
         with torch.no_grad():
@@ -189,15 +247,22 @@ def _pure(func: Callable[..., Any], args: tuple[Any, ...], outs: list[torch.Tens
     if not torch.equal(torch.default_generator.get_state(), state):
         return False  # it draws from torch's RNG, even where this draw gave the same outputs
     for a, c in zip(args, copies):  # every value float64 and strided: torch.equal compares it
-        if isinstance(a, torch.Tensor) and not (torch.equal(a, c) or both_nan(a.detach(), c)):
+        if isinstance(a, torch.Tensor) and not (torch.equal(a, c) or _both_nan(a.detach(), c)):
             return False
     pure = len(again) == len(outs) and all(  # outputs finite: no NaN to tell apart
-        type(a) is torch.Tensor and a.shape == o.shape and torch.equal(a, o)
+        type(a) is torch.Tensor and a.shape == o.shape and a.dtype == o.dtype
+        and torch.equal(a, o)
         for a, o in zip(again, outs))
     if pure:  # f(x), for a failing call's report (numerics/handed.py)
         diff = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
         record(func, diff, [args[k].detach() for k in diff], again)
     return pure
+
+
+def _both_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
+    from ..targets.probe import both_nan  # only where torch.equal found a difference
+
+    return both_nan(a, b)
 
 
 def _on_clones(module: torch.nn.Module, args: Sequence[Any]
@@ -220,7 +285,8 @@ def _on_clones(module: torch.nn.Module, args: Sequence[Any]
 
 
 def _forward(fn: Callable[..., Any], args: Sequence[Any], diff: Sequence[int],
-             values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+             values: Sequence[torch.Tensor], mask: Sequence[bool] | None
+             ) -> list[torch.Tensor]:
     """Problem.outputs for a plain deterministic CPU call (no recording, RNG frame, device
     check or output mask): forward without a graph at `values`, given as fresh copies (forward
     may keep or return them, and the engine writes its buffers again); the other tensors as
@@ -229,8 +295,8 @@ def _forward(fn: Callable[..., Any], args: Sequence[Any], diff: Sequence[int],
     with torch.no_grad():
         result = fn(*[_fresh(given[k]) if k in given else a for k, a in enumerate(args)])
     outs = [o.detach() for o in tensor_outputs(result)]
-    record(fn, diff, values, outs)  # a failing call's report reads it (numerics/handed.py)
-    return outs
+    record(fn, diff, values, outs)  # every output: a failing call's report reads it (handed.py)
+    return outs if mask is None else [o for o, keep in zip(outs, mask) if keep]
 
 
 class _Call:
@@ -239,18 +305,19 @@ class _Call:
     through the engine (fresh grad_outputs, as Problem.vjp gives), no vmap twin (a probe's few
     evaluations run as plain calls there too)."""
 
-    __slots__ = ("fn", "args", "diff", "inputs", "cache")
+    __slots__ = ("fn", "args", "diff", "inputs", "cache", "mask")
     batched_fn = None
     sparse: dict[int, Any] = {}
 
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], diff: list[int]) -> None:
-        self.fn, self.args, self.diff = fn, args, diff
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], diff: list[int],
+                 mask: tuple[bool, ...] | None) -> None:
+        self.fn, self.args, self.diff, self.mask = fn, args, diff, mask
         self.inputs = [args[k].detach() for k in diff]
         self.cache = SimpleNamespace(vmap_ok=False, batched_vjp_ok=False)  # plain calls only
 
     @calls_user_code
     def outputs(self, values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return _forward(self.fn, self.args, self.diff, values)
+        return _forward(self.fn, self.args, self.diff, values, self.mask)
 
     @calls_user_code
     def vjp(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
@@ -266,7 +333,7 @@ class _Given(Problem):
     @calls_user_code
     def outputs(self, values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         self.calls["forward"] += 1
-        return _forward(self.fn, self.args, self.diff, values)
+        return _forward(self.fn, self.args, self.diff, values, self.output_mask)
 
     @calls_user_code
     def vjp(self, leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
@@ -287,14 +354,18 @@ def _screened(call: _Call, config: CheckConfig, leaves: list[torch.Tensor],
     sides = [flat_cat(call.outputs([torch.add(x, d, alpha=f) for x, d in zip(call.inputs, u[0])]))
              for f in (eps, -eps)]
     if len(u) == 1 and _agrees(sides, eps, u[0], v, grads, config.tolerance("atol")):
-        return Passed(v[0], grads[0]) if len(outs) == 1 else Passed()
+        return Passed(v, grads) if len(outs) == 1 else Passed()
+    from ..numerics.localise import Tests
+    from ..numerics.probe import ceiling
+    from ..numerics.steps import FINITE_MACHINE, directional
+
     f0 = flat_cat(outs).detach()
     diffs = directional(call, call.inputs, u, eps, f0, known=[sides])
     tests = Tests(v, diffs, f0, grads, torch.stack([flat_cat(d) for d in u]), eps,
                   FINITE_MACHINE[torch.float64], config.tolerance("atol"), ceiling(config))
     if tests.fails.any() or tests.noisy.any():
         return None
-    return Passed(v[0], grads[0]) if len(outs) == 1 else Passed()
+    return Passed(v, grads) if len(outs) == 1 else Passed()
 
 
 def _agrees(sides: list[torch.Tensor], eps: float, u: list[torch.Tensor], v: torch.Tensor,
@@ -313,23 +384,34 @@ def _agrees(sides: list[torch.Tensor], eps: float, u: list[torch.Tensor], v: tor
 
 
 def _full(func: Callable[..., Any], args: tuple[Any, ...], diff: list[int],
-          twin: Callable[..., Any], config: CheckConfig, leaves: list[torch.Tensor],
-          outs: list[torch.Tensor]) -> Passed | None:
-    """numerics/jacobian.py's check_full on a Problem of the call (its vmap twin the
-    pipeline's, where vmap pays): its pass, or None."""
-    # vmap's fixed cost (and its check against plain calls, per Problem) exceeds a few plain
-    # evaluations: so few run as plain calls, which the engine also falls back to
-    columns = 2 * sum(x.numel() for x in leaves)
-    problem = _Given(func, list(args), [f"arg{k}" for k in range(len(args))], diff,
-                     batched_fn=None if columns <= FEW else twin)
-    if columns <= FEW:
-        problem.cache.vmap_ok = False
+          config: CheckConfig, leaves: list[torch.Tensor], out: Any) -> Passed | None:
+    """numerics/jacobian.py's check_full on a Problem of the call: its pass, or None."""
+    from ..numerics.jacobian import check_full
+
+    problem = _problem(func, args, diff, leaves, out)
     problem.cache.pass_only = True  # a failing comparison ends it: the pipeline reports it
-    if sum(o.numel() for o in outs) <= FEW // 2:
-        problem.cache.batched_vjp_ok = False
-    problem.learn(problem.facts.with_(learnt=True, **output_facts(outs, None, False, leaves)))
+    outs = select_outputs(out, problem.output_mask)
     verdict = check_full(problem, config, leaves, outs, None, REASON)
     return Passed() if verdict.outcome is Outcome.PASSED else None
+
+
+def _problem(func: Callable[..., Any], args: tuple[Any, ...], diff: list[int],
+             leaves: list[torch.Tensor], out: Any) -> _Given:
+    """A Problem of the call for full mode's and forward mode's engines (its vmap twin the
+    pipeline's, where vmap pays), its output facts (which are compared) learnt from the
+    drop-in's forward."""
+    every = tensor_outputs(out)
+    # vmap's fixed cost (and its check against plain calls, per Problem) exceeds a few plain
+    # evaluations: so few run as plain calls, which the engine also falls back to
+    columns = 2 * _numel(leaves)
+    problem = _Given(func, list(args), [f"arg{k}" for k in range(len(args))], diff,
+                     batched_fn=None if columns <= FEW else _batched_twin(func))
+    if columns <= FEW:
+        problem.cache.vmap_ok = False
+    if sum(o.numel() for o in every if o.requires_grad) <= FEW // 2:
+        problem.cache.batched_vjp_ok = False
+    problem.learn(problem.facts.with_(learnt=True, **output_facts(every, None, False, leaves)))
+    return problem
 
 
 FEW = 32  # evaluations (VJP rows: half as many) run as plain calls

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..config.settings import CheckConfig
 from ..results import CheckResult, Finding, Outcome, Severity
-from .jacobian import Verdict
 from .problem import Problem, flat_cat
+
+if TYPE_CHECKING:
+    from .jacobian import Verdict
 
 # Narrower dtypes, finest first, and the unit roundoff each computes with.
 COARSER = {torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}

@@ -12,6 +12,7 @@ from ..results import Outcome
 from ..tracebacks import calls_user_code
 from .jacobian import SMALL, Verdict, _finish, _tallies
 from .batching import quiet_batching
+from .draws import direction as _direction
 from .problem import Problem, flat_cat, select_outputs
 from .steps import FINITE_MACHINE, LOOP_MAX, directional, element, numerical_columns
 from .transforms import vmap
@@ -189,13 +190,6 @@ def _noisy(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor]
     return Verdict(Outcome.INCONCLUSIVE, blocks, "probe", reason,
                    [f"inconclusive: {why}; full mode would compare every column: run it with "
                     "--mode full, or set --atol/--rtol to the noise you accept"]), ju
-
-
-def _direction(v: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """±[1, 2) per element: no element hidden by a tiny weight."""
-    # half float64's cost; drawn on the CPU: the same directions on every device
-    r = torch.rand(v.shape, generator=gen, dtype=torch.float32, device="cpu") * 2
-    return torch.where(r < 1, r - 2, r).to(dtype=v.dtype, device=v.device)
 
 
 def _mismatch(problem: Problem, config: CheckConfig, values: Sequence[torch.Tensor],

@@ -19,6 +19,8 @@ import torch
 from ..config.settings import CheckConfig
 from ..results import Outcome
 from .compare import BlockTally
+from .draws import (DRAWN_KEEP, DRAWN_MAX, _DRAWN, _drawn, _uniform,  # noqa: F401 - re-exported
+                    probe_vectors)
 from .confirm import KINK_CAUSE
 from .jacobian import Reference, Verdict, _tallies, check_full, choose_mode, judged_tallies
 from .localise import Locator, Test, Tests, machine
@@ -137,57 +139,6 @@ def screen(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor]
     if tallies is None:
         tallies = judged_tallies(problem, config, leaves, outs)
     return probes, _screen(probes, tallies, config, values[0].dtype)
-
-
-def probe_vectors(problem: Problem, outs: Sequence[torch.Tensor], config: CheckConfig,
-                  seed: int) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
-    """Seeded directions u and cotangents v, every entry in ±[1, 2): no tiny entry that would
-    hide an element, and continuous, so no exact cancellation between two elements."""
-    # One direction already makes an exact cancellation a probability-0 event; two cotangents
-    # square the chance of a near one. More probes, more directions.
-    n_dirs, n_cots = max(1, config.probes // 4), min(config.probes, 2)
-    values = [x.detach() for x in problem.inputs]
-    sizes = [x.numel() for x in values]
-    n_in, n_out = sum(sizes), sum(o.numel() for o in outs)
-    drawn, v = _drawn(seed, n_dirs * n_in, n_out, n_cots, values[0].dtype, values[0].device)
-    u = [[d.view(x.shape) for d, x in zip(drawn[k * n_in:(k + 1) * n_in].split(sizes), values)]
-         for k in range(n_dirs)]
-    return u, v
-
-
-# A suite's many tiny calls draw the same few vectors over and over (the generator's setup and
-# the draw cost ~10 small-tensor operations, a tenth of a tiny probe check): kept, and handed
-# out as copies (user code receives v as grad_output, and may write it).
-_DRAWN: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
-DRAWN_KEEP, DRAWN_MAX = 64, 4096  # entries kept; elements per draw worth keeping
-
-
-def _drawn(seed: int, n_u: int, n_out: int, n_cots: int, dtype: torch.dtype,
-           device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The draw the directions are read from, and the (n_cots, n_out) cotangents: fresh copies."""
-    key = (seed, n_u, n_out, n_cots, dtype, device)
-    kept = _DRAWN.get(key)
-    if kept is None:
-        gen = torch.Generator().manual_seed(seed + 7919)
-        # The generator costs more than a forward at 1e5 elements, so one draw serves u and v:
-        # v is the draw read from an offset (rotated), so each output weight comes from another
-        # position than the input weights it meets in an elementwise op, and stays independent.
-        drawn = _uniform(max(n_u, n_out + 1), gen, torch.empty((), dtype=dtype, device=device))
-        shift = max(1, n_out // 2)
-        kept = drawn, torch.stack([drawn.roll(shift + k)[:n_out] for k in range(n_cots)])
-        if drawn.numel() > DRAWN_MAX:
-            return kept
-        if len(_DRAWN) >= DRAWN_KEEP:
-            _DRAWN.pop(next(iter(_DRAWN)))
-        _DRAWN[key] = kept
-    return kept[0].clone(), kept[1].clone()
-
-
-def _uniform(size: int, gen: torch.Generator, like: torch.Tensor) -> torch.Tensor:
-    """±[1, 2) in like's dtype and on its device, from float32 draws on the CPU (half the
-    generator's and the memory's work of float64; the same probes on every device)."""
-    r = torch.rand(size, generator=gen, dtype=torch.float32, device="cpu").mul_(2)   # [0, 2)
-    return torch.where(r < 1, r - 2, r).to(like)                  # [-2, -1) ∪ [1, 2)
 
 
 def _slices(sizes: Sequence[int]) -> list[slice]:
