@@ -118,6 +118,13 @@ def setup(env: Path, projects: list[Project]) -> None:
             archive.extractall(env / "roma-tests", members=members, filter="data")
 
 
+def commit(checkout: Path) -> str | None:
+    """The checkout's commit (and a + where its files differ from it), None outside git."""
+    done = subprocess.run(["git", "-C", str(checkout), "describe", "--always", "--dirty=+"],
+                          capture_output=True, text=True)
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
 def pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", "-q", *args], check=True)
 
@@ -287,7 +294,8 @@ def main() -> None:
             "pin": project.pin, "deps": list(project.deps),
             "files": list(project.seed.paths if seeded else project.paths),
             **({"seeded": list(project.seed.targets), "scale": 1.01} if seeded else {}),
-            "gradtool_from": str(args.gradtool_from), "modes": modes,
+            "gradtool_from": str(args.gradtool_from), "commit": commit(args.gradtool_from),
+            "modes": modes,
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "load_before": load, "load_after": os.getloadavg()[0], **compare(*runs.values()),
             **({"seeded_split": seeded_split(runs["paired"]["pairs"])} if seeded else {})}
