@@ -12,13 +12,16 @@ calls, and tiny ones of <= 100 elements), which a shared machine's load would bl
     python benchmarks/drop_in.py                    # every project, env in /tmp/gradtool-dropin
     python benchmarks/drop_in.py --projects entmax  # one
     python benchmarks/drop_in.py --seed-bug         # each project's own backward made wrong
-Writes benchmarks/results/drop_in.json (drop_in_seeded.json with --seed-bug). Needs pip access to
-PyPI for the pinned packages.
+    python benchmarks/drop_in.py --seed-bug double  # only the gradients' own derivative wrong
+Writes benchmarks/results/drop_in.json (drop_in_seeded.json with --seed-bug,
+drop_in_seeded_double.json with --seed-bug double). Needs pip access to PyPI for the pinned
+packages.
 
 None of the suites fails a gradcheck call as published, so --seed-bug plants a real bug for the
 failing path: drop_in_seed.py (a pytest plugin, `-p drop_in_seed`) scales the gradients that
-chosen torch.autograd.Functions of the installed project return by 1.01, at pytest's configure
-time, in the test process only (the installed files are never edited), and counts their calls.
+chosen torch.autograd.Functions of the installed project return by 1.01 (or, `double`, only their
+derivative), at pytest's configure time, in the test process only (the installed files are never
+edited), and counts their calls.
 Only the test files whose gradcheck calls reach those Functions run. Beyond the comparison above,
 the seeded run splits the paired calls into failing ones (torch's gradcheck or the drop-in
 failed them) and passing ones: verdicts, per-call medians and totals, the seeded Functions'
@@ -42,6 +45,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "drop_in.json"
 SEEDED = HERE / "results" / "drop_in_seeded.json"
+SEEDED_DOUBLE = HERE / "results" / "drop_in_seeded_double.json"
 MODES = ("torch", "gradtool", "paired")
 TINY = 100  # elements: issue 47's "tiny problem"
 
@@ -129,11 +133,12 @@ def pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", "-q", *args], check=True)
 
 
-def run_suite(project: Project, env: Path, mode: str, seeded: bool = False,
+def run_suite(project: Project, env: Path, mode: str, seeded: str | None = None,
               gradtool_from: Path = HERE.parent) -> dict[str, Any]:
     """One pytest process over the project's test files (mode: torch, gradtool or paired), with
-    the project's seeded bug planted if asked (and only its test files run)."""
-    out = env / f"calls-{project.name}-{mode}{'-seeded' if seeded else ''}.json"
+    the project's seeded bug of that kind planted if asked (and only its test files run)."""
+    tag = {None: "", "first": "-seeded", "double": "-seeded-double"}[seeded]
+    out = env / f"calls-{project.name}-{mode}{tag}.json"
     environ = {**os.environ, "GRADTOOL_DROPIN_OUT": str(out), "OMP_NUM_THREADS": "1",
                # gradtool from this checkout (not whatever the environment installed)
                "PYTHONPATH": os.pathsep.join([str(env / "site"), str(HERE), str(gradtool_from)])}
@@ -142,6 +147,7 @@ def run_suite(project: Project, env: Path, mode: str, seeded: bool = False,
     paths, plugins = project.paths, ["-p", "drop_in_probe"]
     if seeded and project.seed is not None:
         environ["GRADTOOL_DROPIN_SEED"] = ",".join(project.seed.targets)
+        environ["GRADTOOL_DROPIN_SEED_KIND"] = seeded
         paths, plugins = project.seed.paths, ["-p", "drop_in_seed", *plugins]
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=10",
                *plugins, *paths]
@@ -268,9 +274,10 @@ def main() -> None:
                         help=f"comma-separated, among {', '.join(PROJECTS)}")
     parser.add_argument("--out", type=Path, default=None,
                         help=f"default {RESULTS.name}, or {SEEDED.name} with --seed-bug")
-    parser.add_argument("--seed-bug", action="store_true",
+    parser.add_argument("--seed-bug", nargs="?", const="first", choices=("first", "double"),
                         help="plant each project's seeded bug (drop_in_seed.py) and run only the "
-                             "test files that reach it")
+                             "test files that reach it: first (the gradients x1.01, the default) "
+                             "or double (only their derivative: gradgradcheck's calls fail)")
     parser.add_argument("--modes", default=",".join(MODES),
                         help="comma-separated among torch, gradtool, paired (the paired run "
                              "alone gives verdicts and per-call times on identical inputs)")
@@ -279,7 +286,7 @@ def main() -> None:
     args = parser.parse_args()
     projects = [PROJECTS[name] for name in args.projects.split(",")]
     modes = args.modes.split(",")
-    out = args.out or (SEEDED if args.seed_bug else RESULTS)
+    out = args.out or {None: RESULTS, "first": SEEDED, "double": SEEDED_DOUBLE}[args.seed_bug]
     setup(args.env, projects)
     # the projects not run keep their last run's entry (each entry says its own time and load)
     kept = json.loads(out.read_text()).get("projects", {}) if out.exists() else {}
@@ -289,11 +296,12 @@ def main() -> None:
         runs = {mode: run_suite(project, args.env, mode, args.seed_bug, args.gradtool_from)
                 if mode in modes else {"calls": [], "pairs": [], "wall_s": None, "summary": None}
                 for mode in MODES}
-        seeded = args.seed_bug and project.seed is not None
+        seeded = bool(args.seed_bug) and project.seed is not None
         results["projects"][project.name] = {
             "pin": project.pin, "deps": list(project.deps),
             "files": list(project.seed.paths if seeded else project.paths),
-            **({"seeded": list(project.seed.targets), "scale": 1.01} if seeded else {}),
+            **({"seeded": list(project.seed.targets), "scale": 1.01, "kind": args.seed_bug}
+               if seeded else {}),
             "gradtool_from": str(args.gradtool_from), "commit": commit(args.gradtool_from),
             "modes": modes,
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

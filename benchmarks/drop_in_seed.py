@@ -5,7 +5,9 @@ targets, `module:Class` separated by commas: each is a torch.autograd.Function o
 project whose `backward` is replaced, at pytest's configure time (before the test modules
 import it), by one that returns every gradient it computed times GRADTOOL_DROPIN_SEED_SCALE
 (1.01 unless set): a wrong constant in the vector-Jacobian product, the kind of bug gradcheck
-exists to find. The installed files are never edited; the class attribute is swapped in this
+exists to find. With GRADTOOL_DROPIN_SEED_KIND=double the gradients keep their values and only
+their own derivative is scaled (`g.detach() + (g - g.detach()) * scale`, as a backward that
+detaches part of its graph): gradcheck passes, gradgradcheck fails. The installed files are never edited; the class attribute is swapped in this
 process only and put back at the end of the session.
 
 Each target also counts its calls: `apply` (the forward, from the user's code or from the
@@ -22,6 +24,7 @@ from typing import Any, Callable
 
 _COUNTS: dict[str, list[int]] = {}  # target -> [applies, backwards]
 _UNDO: list[Callable[[], None]] = []
+KINDS = ("first", "double")
 
 
 def counts() -> dict[str, list[int]]:
@@ -29,15 +32,19 @@ def counts() -> dict[str, list[int]]:
     return {name: list(pair) for name, pair in _COUNTS.items()}
 
 
-def scaled(gradients: Any, scale: float) -> Any:
-    """backward's return value with every tensor in it times `scale` (None and others kept)."""
+def scaled(gradients: Any, scale: float, kind: str = "first") -> Any:
+    """backward's return value with every tensor in it times `scale` (None and others kept);
+    kind "double": the values kept, their derivative (the graph of create_graph) scaled."""
     import torch
 
-    if isinstance(gradients, torch.Tensor):
-        return gradients * scale
+    def wrong(g: Any) -> Any:
+        if not isinstance(g, torch.Tensor):
+            return g
+        return g * scale if kind == "first" else g.detach() + (g - g.detach()) * scale
+
     if isinstance(gradients, tuple):
-        return tuple(g * scale if isinstance(g, torch.Tensor) else g for g in gradients)
-    return gradients
+        return tuple(wrong(g) for g in gradients)
+    return wrong(gradients)
 
 
 def _swap(cls: type, attribute: str, make: Callable[[Callable[..., Any]], Callable[..., Any]],
@@ -60,8 +67,11 @@ def _swap(cls: type, attribute: str, make: Callable[[Callable[..., Any]], Callab
     return undo
 
 
-def plant(cls: type, scale: float, name: str | None = None) -> Callable[[], None]:
+def plant(cls: type, scale: float, name: str | None = None, kind: str = "first",
+          ) -> Callable[[], None]:
     """The bug in cls.backward, the counters on cls.apply and cls.backward; returns the undo."""
+    if kind not in KINDS:
+        raise ValueError(f"seed kind {kind!r}: one of {', '.join(KINDS)}")
     name = name or f"{cls.__module__}:{cls.__qualname__}"
     tally = _COUNTS.setdefault(name, [0, 0])
     if not isinstance(inspect.getattr_static(cls, "backward"), (staticmethod, classmethod)):
@@ -71,7 +81,7 @@ def plant(cls: type, scale: float, name: str | None = None) -> Callable[[], None
     def wrong_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         def backward(*args: Any) -> Any:
             tally[1] += 1
-            return scaled(original(*args), scale)
+            return scaled(original(*args), scale, kind)
         return backward
 
     def counted_apply(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -104,8 +114,9 @@ def resolve(target: str) -> type:
 def pytest_configure(config: Any) -> None:
     targets = [t for t in os.environ.get("GRADTOOL_DROPIN_SEED", "").split(",") if t]
     scale = float(os.environ.get("GRADTOOL_DROPIN_SEED_SCALE", "1.01"))
+    kind = os.environ.get("GRADTOOL_DROPIN_SEED_KIND", "first")
     for target in targets:
-        _UNDO.append(plant(resolve(target), scale, target))
+        _UNDO.append(plant(resolve(target), scale, target, kind))
 
 
 def pytest_unconfigure(config: Any) -> None:

@@ -126,3 +126,19 @@ def test_the_split_puts_a_call_either_tool_failed_among_the_failing():
     assert split["torch_failed_gradtool_passed"] == []
     assert [s["seconds"][1] for s in split["slowest_failing"]] == [3.0, 1.0, 0.5]
     assert passing["per_call_ms"]["median_ratio"] == 0.5
+
+
+def test_the_double_kind_keeps_the_gradient_and_fails_gradgradcheck_only():
+    x = inputs()
+    call = Square.apply
+    undo = drop_in_seed.plant(Square, 1.01, "double", kind="double")
+    try:
+        first, = torch.autograd.grad(call(x).sum(), x)
+        assert torch.equal(first, 2 * x.detach())
+        assert torch.autograd.gradcheck(call, (x,))
+        assert not torch.autograd.gradgradcheck(call, (x,), raise_exception=False)
+    finally:
+        undo()
+    assert torch.autograd.gradgradcheck(call, (x,))
+    with pytest.raises(ValueError, match="first, double"):
+        drop_in_seed.plant(Square, 1.01, kind="triple")
