@@ -13,6 +13,7 @@ calls, and tiny ones of <= 100 elements), which a shared machine's load would bl
     python benchmarks/drop_in.py --projects entmax  # one
     python benchmarks/drop_in.py --seed-bug         # each project's own backward made wrong
     python benchmarks/drop_in.py --seed-bug double  # only the gradients' own derivative wrong
+    python benchmarks/drop_in.py --seed-bug --modes paired --gradtool-from ../other-checkout
 Writes benchmarks/results/drop_in.json (drop_in_seeded.json with --seed-bug,
 drop_in_seeded_double.json with --seed-bug double). Needs pip access to PyPI for the pinned
 packages.
@@ -21,8 +22,9 @@ None of the suites fails a gradcheck call as published, so --seed-bug plants a r
 failing path: drop_in_seed.py (a pytest plugin, `-p drop_in_seed`) scales the gradients that
 chosen torch.autograd.Functions of the installed project return by 1.01 (or, `double`, only their
 derivative), at pytest's configure time, in the test process only (the installed files are never
-edited), and counts their calls.
-Only the test files whose gradcheck calls reach those Functions run. Beyond the comparison above,
+edited), and counts their calls. Only the test files whose gradcheck calls reach those
+Functions run. --modes picks among the three runs; --gradtool-from measures another checkout's
+gradtool (each entry names the commit it measured). Beyond the comparison above,
 the seeded run splits the paired calls into failing ones (torch's gradcheck or the drop-in
 failed them) and passing ones: verdicts, per-call medians and totals, the seeded Functions'
 applies and backwards per tool, and the failing calls that took the drop-in longest.
