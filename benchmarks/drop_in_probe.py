@@ -8,6 +8,8 @@ calls go to the JSON file named by GRADTOOL_DROPIN_OUT at the end of the session
 With GRADTOOL_DROPIN_PAIRED=1 each call runs both functions, torch's and the drop-in, one after
 the other (the order alternating, torch's RNG state the same for both), and the test goes on with
 torch's result: verdicts compared on identical inputs, times measured at the same moment.
+Where drop_in_seed.py planted a bug, each side of a pair also says how many times the seeded
+Functions ran (`evals`: [applies, backwards], summed over the targets).
 
 The suites draw unseeded random inputs (module-level tensors, randn in tests): torch's RNG is
 seeded at the start and before each test from its node id, so both runs check the same values.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import zlib
 
 import pytest
@@ -35,29 +38,40 @@ def _paired(name, torch_fn, pairs, where):
     from gradtool.run.swap import input_elements
 
     ours = getattr(gradtool.dropin, name)
-    failure = __import__("sys").modules["torch.autograd.gradcheck"].GradcheckError
+    failure = sys.modules["torch.autograd.gradcheck"].GradcheckError
 
     def run(*args, **kwargs):
-        state, results = torch.get_rng_state(), {}
+        state, results, evals = torch.get_rng_state(), {}, {}
         order = [("torch", torch_fn), ("gradtool", ours)]
         for label, fn in order if len(pairs) % 2 == 0 else order[::-1]:
             torch.set_rng_state(state)
+            before = _seeded()
             start, outcome, error = time.perf_counter(), "passed", None
             try:
                 outcome = "passed" if fn(*args, **kwargs) else "failed"
             except Exception as exc:  # noqa: BLE001 (the test sees torch's, re-raised below)
                 outcome, error = ("failed" if isinstance(exc, failure) else "raised"), exc
             results[label] = (outcome, time.perf_counter() - start, error)
+            evals[label] = [after - then for after, then in zip(_seeded(), before)]
         pairs.append({"name": name, "where": where(), "elements": input_elements(args, kwargs),
                       **{
             label: [outcome, seconds, f"{type(error).__name__}: {str(error).strip()[:300]}"
-                    if error else ""] for label, (outcome, seconds, error) in results.items()}})
+                    if error else ""] for label, (outcome, seconds, error) in results.items()},
+                      **({"evals": evals} if "drop_in_seed" in sys.modules else {})})
         outcome, _, error = results["torch"]
         if error is not None:
             raise error
         return outcome == "passed"
 
     return run
+
+
+def _seeded() -> list[int]:
+    """[applies, backwards] of the Functions drop_in_seed.py planted bugs in, summed (zeros
+    when no bug was planted)."""
+    seed = sys.modules.get("drop_in_seed")
+    tallies = seed.counts().values() if seed is not None else ()
+    return [sum(t[0] for t in tallies), sum(t[1] for t in tallies)]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -74,7 +88,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
     from gradtool.run.swap import NAMES, Swap
 
-    module = __import__("sys").modules["torch.autograd.gradcheck"]
+    module = sys.modules["torch.autograd.gradcheck"]
     where = lambda: os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]  # noqa: E731
     pairs = config.stash.get(_PAIRS, None)
     swap = Swap({name: getattr(module, name) if pairs is None
