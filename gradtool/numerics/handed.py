@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import torch
 
@@ -33,6 +34,28 @@ KEEP = 512  # evaluations recorded at most (a tiny call's lean path makes 5 to 4
 # (key tensors, value tensors, their versions when recorded): references to the lists the
 # lean path built for that one evaluation, so a passing call (most of them) pays no copy
 Entry = tuple[Sequence[torch.Tensor], Sequence[torch.Tensor], list[int], list[int]]
+
+
+# fn -> the callable whose evaluations fn's are: a private deep copy of the user's nn.Module
+# instance, uncast and with no parameter swapped in (targets/cases.py:bind_module), computes
+# what the instance computes; the drop-in recorded the instance's. Keyed by the function
+# object itself (a wrapper around it, even one made with functools.wraps, is not in it).
+_STANDS_FOR: WeakKeyDictionary[Any, Any] = WeakKeyDictionary()
+
+
+def stands_for(fn: Callable[..., Any], original: Any) -> None:
+    """Declare that fn(*args) evaluates original(*args) (on a copy of its state)."""
+    _STANDS_FOR[fn] = original
+
+
+def same_function(fn: Callable[..., Any], recorded: Callable[..., Any]) -> bool:
+    """Whether fn evaluates what `recorded` (the hand-over's function) evaluated."""
+    if fn is recorded or fn == recorded:
+        return True
+    try:
+        return _STANDS_FOR.get(fn) is recorded
+    except TypeError:  # not weakly referenceable: never declared
+        return False
 
 
 def _index(entries: list[Entry]) -> dict[Any, list[torch.Tensor]]:
@@ -93,7 +116,7 @@ class Handed:
     def at(self, fn: Callable[..., Any], diff: Sequence[int],
            values: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
         """Fresh copies of the outputs recorded at `values` for this function, else None."""
-        if not self.recorded or tuple(diff) != self.diff or not fn == self.fn:
+        if not self.recorded or tuple(diff) != self.diff or not same_function(fn, self.fn):
             return None
         if self._outputs is None:
             self._outputs = _index(self.recorded)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -111,7 +112,9 @@ def record(problem: Problem) -> tuple[list[Application], list[Any]]:
     """_record, once per Problem: the contract's inner check, the culprit search and double
     backward's share one recording (kept in Problem.cache)."""
     if problem.cache.applications is None:
+        start = time.perf_counter()
         problem.cache.applications = _record(problem)
+        problem.cache.applications_s = time.perf_counter() - start
     return problem.cache.applications
 
 
@@ -232,6 +235,36 @@ def locate_functions(problem: Problem, config: CheckConfig,
     findings = findings + [FunctionFinding(**found) for found in locate_ops(problem, config)]
     # run/received.py passes its re-check in received strides (culprit cannot import it).
     return recheck(problem, config, findings) if recheck is not None else findings
+
+
+# The drop-in's failing call pays the culprit search only where it is cheap: its predicted
+# cost (each Function's columns and f(x), 2n + 1 evaluations, each at most one recording
+# forward of the model) within about what the report's own Python costs. Torch's failing call
+# pays one sweep, which the drop-in has paid already; re-checking a Function whose arguments
+# are the model's own inputs replays the whole forward per column (entmax's losses: 81 more
+# forwards, as many as the sweep).
+CHEAP_S = 0.02
+
+
+def over_budget(problem: Problem, config: CheckConfig) -> str | None:
+    """For the drop-in (gradcheck's scope, not exhaustive), the report's line where checking
+    each custom Function alone is not cheap, saying how to get it; else None (it runs)."""
+    if config.module_parameters or config.exhaustive or not problem.has_functions:
+        return None
+    try:
+        applications, _ = record(problem)
+    except Exception:  # noqa: BLE001 - the search itself then finds nothing to check
+        return None
+    apps = unique(applications)
+    columns = sum(2 * v.numel() + 1 for app in apps for v in app.args
+                  if isinstance(v, torch.Tensor) and v.requires_grad)
+    if not apps or columns * problem.cache.applications_s <= CHEAP_S:
+        return None
+    names = _names([app.cls.__qualname__ for app in apps])
+    return (f"the custom Function(s) inside ({names}) not checked alone, for cost (about "
+            f"{columns} more evaluations of the forward, beyond what torch's failing gradcheck "
+            "pays): gradtool.check(..., exhaustive=True), or --exhaustive on the command line, "
+            "checks each alone and names the wrong one")
 
 
 def unique(applications: Sequence[Application]) -> list[Application]:
@@ -356,6 +389,9 @@ def annotate(result: CheckResult, problem: Problem, config: CheckConfig,
     whole = _whole_model(result, problem)
     if whole is not None:
         return named_whole(result, problem, whole)
+    skipped = over_budget(problem, config)
+    if skipped is not None:  # the drop-in's failing call: said, not paid
+        return replace(result, details=(*result.details, skipped))
     findings = locate_functions(problem, config, recheck)
     if not findings:
         return result
