@@ -237,13 +237,13 @@ def locate_functions(problem: Problem, config: CheckConfig,
     return recheck(problem, config, findings) if recheck is not None else findings
 
 
-# The drop-in's failing call pays the culprit search only where it is cheap: its predicted
-# cost (each Function's columns and f(x), 2n + 1 evaluations, each at most one recording
-# forward of the model) within about what the report's own Python costs. Torch's failing call
-# pays one sweep, which the drop-in has paid already; re-checking a Function whose arguments
-# are the model's own inputs replays the whole forward per column (entmax's losses: 81 more
-# forwards, as many as the sweep).
-CHEAP_S = 0.02
+# The drop-in's failing call pays the culprit search only where it is cheap: few evaluations
+# (each Function's columns and f(x), 2n + 1: Functions of 7 elements in all at most), their
+# predicted time (each at most one recording forward of the model) within about what the
+# report's own Python costs. Torch's failing call pays one sweep, which the drop-in has paid
+# already; re-checking a Function whose arguments are the model's own inputs replays the whole
+# forward per column (entmax's losses: 81 more forwards, as many as the sweep).
+FEW, CHEAP_S = 16, 0.02
 
 
 def over_budget(problem: Problem, config: CheckConfig) -> str | None:
@@ -258,7 +258,7 @@ def over_budget(problem: Problem, config: CheckConfig) -> str | None:
     apps = unique(applications)
     columns = sum(2 * v.numel() + 1 for app in apps for v in app.args
                   if isinstance(v, torch.Tensor) and v.requires_grad)
-    if not apps or columns * problem.cache.applications_s <= CHEAP_S:
+    if not apps or (columns <= FEW and columns * problem.cache.applications_s <= CHEAP_S):
         return None
     names = _names([app.cls.__qualname__ for app in apps])
     return (f"the custom Function(s) inside ({names}) not checked alone, for cost (about "
