@@ -11,7 +11,9 @@ differentiable values (their exact bits, ledger.graph_key) instead of evaluating
 probe phase takes the call's own graph (torch's gradcheck runs backward there too), and
 backward through that graph at a grad_output recorded reads its gradients. Recorded only from a
 forward shown to write no input, draw from no RNG and give the same outputs twice (lean.py's
-_pure): a plain deterministic call, whose outputs at a point are its outputs there.
+_pure): a plain deterministic call, whose outputs at a point are its outputs there. A
+module's report calls a private deep copy of it; where that copy computes what the instance
+does (not cast, no parameter swapped in: targets/cases.py's `stands_for`), it reads them too.
 
 A passing call (most of them) pays only a reference per evaluation: what was recorded is keyed
 and copied when the pipeline first asks, and a tensor written since (its version moved) is not

@@ -24,6 +24,7 @@ from ..targets.resolve import make_target
 from ..targets.subclass import clone_keeping, keeps_class, plain, retyping
 from .alone import FunctionFinding, check_alone, finding_of, wrt
 from .applyhook import Call, Hook, hooked, same_definition
+from .budget import over_budget, over_on_graph
 from .paths import calls_user_ops, failing_inputs, is_whole, named_whole
 from .replay import anchors_of, replaying
 from .sites import user_site
@@ -237,36 +238,6 @@ def locate_functions(problem: Problem, config: CheckConfig,
     return recheck(problem, config, findings) if recheck is not None else findings
 
 
-# The drop-in's failing call pays the culprit search only where it is cheap: few evaluations
-# (each Function's columns and f(x), 2n + 1: Functions of 7 elements in all at most), their
-# predicted time (each at most one recording forward of the model) within about what the
-# report's own Python costs. Torch's failing call pays one sweep, which the drop-in has paid
-# already; re-checking a Function whose arguments are the model's own inputs replays the whole
-# forward per column (entmax's losses: 81 more forwards, as many as the sweep).
-FEW, CHEAP_S = 16, 0.02
-
-
-def over_budget(problem: Problem, config: CheckConfig) -> str | None:
-    """For the drop-in (gradcheck's scope, not exhaustive), the report's line where checking
-    each custom Function alone is not cheap, saying how to get it; else None (it runs)."""
-    if config.module_parameters or config.exhaustive or not problem.has_functions:
-        return None
-    try:
-        applications, _ = record(problem)
-    except Exception:  # noqa: BLE001 - the search itself then finds nothing to check
-        return None
-    apps = unique(applications)
-    columns = sum(2 * v.numel() + 1 for app in apps for v in app.args
-                  if isinstance(v, torch.Tensor) and v.requires_grad)
-    if not apps or (columns <= FEW and columns * problem.cache.applications_s <= CHEAP_S):
-        return None
-    names = _names([app.cls.__qualname__ for app in apps])
-    return (f"the custom Function(s) inside ({names}) not checked alone, for cost (about "
-            f"{columns} more evaluations of the forward, beyond what torch's failing gradcheck "
-            "pays): gradtool.check(..., exhaustive=True), or --exhaustive on the command line, "
-            "checks each alone and names the wrong one")
-
-
 def unique(applications: Sequence[Application]) -> list[Application]:
     """The first application of each Function class at each call site, in forward order."""
     first: dict[tuple[type, str | None], Application] = {}
@@ -386,10 +357,13 @@ def annotate(result: CheckResult, problem: Problem, config: CheckConfig,
     `look at:` names a Function only on evidence specific to it."""
     if result.outcome is not Outcome.FAILED:
         return result
+    skipped = over_on_graph(problem, config)  # the drop-in's: said, not paid
+    if skipped is not None:
+        return replace(result, details=(*result.details, skipped))
     whole = _whole_model(result, problem)
     if whole is not None:
         return named_whole(result, problem, whole)
-    skipped = over_budget(problem, config)
+    skipped = _over_budget(problem, config)
     if skipped is not None:  # the drop-in's failing call: said, not paid
         return replace(result, details=(*result.details, skipped))
     findings = locate_functions(problem, config, recheck)
@@ -401,6 +375,17 @@ def annotate(result: CheckResult, problem: Problem, config: CheckConfig,
     bad = failing[0] if failing and failing[0].source else None
     return replace(result, details=(*result.details, *describe(findings)),
                    source=bad.source if bad else result.source)
+
+
+def _over_budget(problem: Problem, config: CheckConfig) -> str | None:
+    """budget.over_budget of the recording forward's applications, where there are any."""
+    if config.module_parameters or config.exhaustive or not problem.has_functions:
+        return None  # (nothing recorded for the command line's run)
+    try:
+        applications, _ = record(problem)
+    except Exception:  # noqa: BLE001 - the search itself then finds nothing to check
+        return None
+    return over_budget(problem, config, unique(applications))
 
 
 def _whole_model(result: CheckResult, problem: Problem) -> Application | None:
