@@ -185,3 +185,20 @@ def test_a_modules_private_copy_is_served_but_no_wrapper_around_it():
     with serving(handed):
         assert served(call, [0], [x.detach()]) is not None
         assert served(wrapper, [0], [x.detach()]) is None
+
+
+def test_a_culprit_whose_evaluations_are_not_cheap_is_offered_not_paid(monkeypatch):
+    """The same few-element Function, its forward taken as costly (the budget's time at zero):
+    the drop-in says how to check it alone and replays nothing; exhaustive=True pays it."""
+    from gradtool.run import budget
+
+    monkeypatch.setattr(budget, "CHEAP_S", 0.0)
+    module, x = Loss("tiny", "scale", 4), _input(4)
+    _, ours = counted(gradtool.gradcheck, module, (x,))
+    with pytest.raises(GradcheckError) as failed:
+        gradtool.gradcheck(module, (x,))
+    assert "TinyScale) not checked alone, for cost (about 9 more" in str(failed.value)
+    assert ours["forward"] <= 2 * 4 + 3  # the call, purity, its columns, the recording forward
+    report = gradtool.check(module, (x,), checks=("gradient",), module_parameters=False,
+                            exhaustive=True)
+    assert "is wrong w.r.t. x" in report.text()

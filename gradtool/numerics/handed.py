@@ -76,7 +76,7 @@ class Handed:
     drop-in call makes one, and a dataclass's default factories cost a passing call ~2 us.)"""
 
     __slots__ = ("fn", "diff", "positions", "recorded", "backwards", "graph", "leaf_ids",
-                 "out_ids", "_outputs", "_vjps", "_seen")
+                 "out_ids", "_outputs", "_vjps", "_seen", "seconds")
 
     def __init__(self, fn: Callable[..., Any], diff: tuple[int, ...]) -> None:
         self.fn, self.diff, self.positions = fn, diff, list(diff)
@@ -91,6 +91,7 @@ class Handed:
         self.out_ids: list[int] = []
         self._outputs: dict[Any, list[torch.Tensor]] | None = None  # keyed on first use
         self._vjps: dict[Any, list[torch.Tensor]] | None = None
+        self.seconds = 0.0  # the drop-in's own forward (with its graph): what one costs
 
     @classmethod
     def of_call(cls, fn: Callable[..., Any], args: Sequence[Any]) -> Handed:
@@ -205,6 +206,12 @@ def served_vjps(leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
             return None
         kept.append(found)
     return kept
+
+
+def served_seconds() -> float | None:
+    """The handed-over call's own forward time, within a hand-over that recorded any."""
+    handed = _SERVING.get()
+    return None if handed is None or handed.graph is None else handed.seconds
 
 
 def served_graph(fn: Callable[..., Any], diff: Sequence[int], values: Sequence[torch.Tensor]
