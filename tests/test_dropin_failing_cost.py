@@ -23,7 +23,7 @@ import gradtool
 from gradtool.numerics.handed import Handed, recording, record, served, serving
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
-from counted import counted, make  # noqa: E402
+from counted import Loss, counted, make  # noqa: E402
 
 KINDS = [("tiny", 10), ("adaptive", 8), ("solver", 64)]
 
@@ -118,3 +118,87 @@ def test_a_random_forward_hands_nothing_over():
                                                    "atol": 1e-5, "rtol": 1e-3,
                                                    "module_parameters": False})
     assert not handed.recorded and not handed.backwards
+
+
+LABEL = torch.tensor([1, 3])
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "slow"])
+@pytest.mark.parametrize("label", [False, True], ids=["plain", "label"])
+@pytest.mark.parametrize("kind,n", KINDS, ids=[k for k, _ in KINDS])
+def test_a_module_hiding_a_wrong_function_costs_what_torchs_failing_call_does(kind, n, label,
+                                                                             fast):
+    """An nn.Module (entmax's losses' shape: a Function inside, an integer label beside): the
+    report's pipeline calls a private copy of it, which reads the lean path's evaluations of
+    the user's instance; the culprit search, a sweep of the Function alone as long as the
+    model's, is said, not paid (read off the call's own graph: no recording forward). Beyond
+    torch's: the lean path's purity forward (a passing call needs it) and, in fast mode, the
+    probe's third point (its measured error)."""
+    module = Loss(kind, "scale", n)
+    args = (_input(n), LABEL) if label else (_input(n),)
+    theirs_pass, theirs = counted(torch.autograd.gradcheck, module, args, fast_mode=fast)
+    with pytest.raises(GradcheckError) as failed:
+        gradtool.gradcheck(module, args, fast_mode=fast)
+    _, ours = counted(gradtool.gradcheck, module, args, fast_mode=fast)
+    assert not theirs_pass
+    extra = 2 if fast else 1
+    assert ours["forward"] + ours["backward"] <= theirs["forward"] + theirs["backward"] + extra, \
+        (ours, theirs)
+    text = str(failed.value)
+    assert f"{kind.capitalize()}Scale) not checked alone, for cost" in text
+    assert "exhaustive=True" in text
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "slow"])
+def test_a_cheap_culprit_is_still_named_and_the_command_lines_search_is_unchanged(fast):
+    """A Function of few elements is checked alone in the drop-in too; gradtool.check (the
+    command line's run) checks a Function alone whatever it costs."""
+    with pytest.raises(GradcheckError) as failed:
+        gradtool.gradcheck(Loss("tiny", "scale", 4), (_input(4),), fast_mode=fast)
+    assert "TinyScale (" in str(failed.value) and "is wrong w.r.t. x" in str(failed.value)
+    report = gradtool.check(Loss("tiny", "scale", 10), (_input(10),), checks=("gradient",))
+    text = report.text() if hasattr(report, "text") else str(report)
+    assert "is wrong w.r.t. x" in text and "not checked alone" not in text
+
+
+def test_a_modules_private_copy_is_served_but_no_wrapper_around_it():
+    """targets/cases.py declares a module's uncast copy to stand for the instance; a wrapper
+    made around that call (functools.wraps copies attributes, not the declaration) is not."""
+    import functools
+
+    from gradtool.numerics.handed import stands_for
+
+    module = Loss("tiny", None, 3)
+
+    def call(*a):
+        return module(*a)
+
+    @functools.wraps(call)
+    def wrapper(*a):
+        return call(*a) * 2
+
+    stands_for(call, module)
+    x = _input(3)
+    handed = Handed.of_call(module, (x,))
+    with recording(handed):
+        record(module, [0], [x.detach()], [torch.ones(())])
+    with serving(handed):
+        assert served(call, [0], [x.detach()]) is not None
+        assert served(wrapper, [0], [x.detach()]) is None
+
+
+def test_a_culprit_whose_evaluations_are_not_cheap_is_offered_not_paid(monkeypatch):
+    """The same few-element Function, its forward taken as costly (the budget's time at zero):
+    the drop-in says how to check it alone and replays nothing; exhaustive=True pays it."""
+    from gradtool.run import budget
+
+    monkeypatch.setattr(budget, "CHEAP_S", 0.0)
+    module, x = Loss("tiny", "scale", 4), _input(4)
+    _, ours = counted(gradtool.gradcheck, module, (x,))
+    with pytest.raises(GradcheckError) as failed:
+        gradtool.gradcheck(module, (x,))
+    assert "TinyScale) not checked alone, for cost (about 9 more" in str(failed.value)
+    assert ours["forward"] <= 2 * 4 + 3  # the call, purity, its columns, the recording forward
+    report = gradtool.check(module, (x,), checks=("gradient",), module_parameters=False,
+                            exhaustive=True)
+    assert "is wrong w.r.t. x" in report.text()

@@ -342,13 +342,25 @@ def _zero_cotangent(problem: Problem, i: int) -> Any:
         try:  # the contract's, read from the ledger where it ran at this point
             grads = problem.cache.ledger.backward(problem.inputs, ZERO)
             if grads is None:
-                leaves, outs = problem.graph()
+                leaves, outs = _graph(problem)
                 grads = problem.vjp(leaves, outs, [torch.zeros_like(t) for t in outs])
             memo = [as_numpy(g.detach().reshape(-1).double()) for g in grads]
         except Exception:  # noqa: BLE001 - the diagnosis is best effort; the verdict stands
             memo = [None] * len(problem.diff)
         problem.cache.zero_cotangent = memo
     return memo[i]
+
+
+def _graph(problem: Problem) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(leaves, outputs) of a forward with its graph at the case's point: the drop-in call's
+    own where it is handed over (numerics/handed.py), else a forward."""
+    from ..numerics.handed import served_graph
+    from ..numerics.problem import select_outputs
+
+    kept = served_graph(problem.fn, problem.diff, problem.inputs)
+    if kept is None:
+        return problem.graph()
+    return kept[0], select_outputs(kept[1], problem.output_mask)
 
 
 def as_numpy(t: torch.Tensor) -> Any:

@@ -44,6 +44,7 @@ Verdict policy (docs/library-and-pytest.md says it for users):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -92,12 +93,14 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
     args = _as_tuple(inputs)
     try:
         check_inputs(args)  # torch's refusals, in its words (ValueError, RuntimeError)
+        start = time.perf_counter()
         out = call(func, *args)
+        settings = _settings(args, eps, atol, rtol, nondet_tol, fast_mode, masked)
+        settings["seconds"] = time.perf_counter() - start  # what a forward costs (not passed on)
         outputs = differentiable_outputs(out)
         check_outputs(outputs)
         with owned((GradcheckError,)):
-            _tests(func, args, out, outputs, _settings(args, eps, atol, rtol, nondet_tol,
-                                                       fast_mode, masked),
+            _tests(func, args, out, outputs, settings,
                    check_undefined_grad=check_undefined_grad,
                    check_grad_dtypes=check_grad_dtypes, check_batched_grad=check_batched_grad,
                    check_batched_forward_grad=check_batched_forward_grad,
@@ -122,6 +125,7 @@ def _tests(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
            extra_checks: bool) -> None:
     """gradcheck's tests in torch's order, so that the first failure is the one torch's
     gradcheck would raise: GradcheckError (a GradcheckFailure with gradtool's report)."""
+    seconds = settings.pop("seconds", 0.0)  # the drop-in's own: gradtool.check takes none
     eps, nondet_tol = settings.get("eps", TORCH_DEFAULTS["eps"]), settings["nondet_tol"]
     fast_mode = settings["mode"] == "probe"
     if not outputs:  # torch's test: finite differences find every output constant
@@ -134,6 +138,7 @@ def _tests(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
         # which reads what the lean path evaluated instead of paying it again (handed.py)
         handed = Handed.of_call(judged, args)
         handed.bind([args[k] for k in handed.diff], out, outputs)
+        handed.seconds = seconds
         with recording(handed):
             passed = None if extra_checks or complex_values else \
                 lean_pass(judged, args, out, settings)

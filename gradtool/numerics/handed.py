@@ -11,7 +11,9 @@ differentiable values (their exact bits, ledger.graph_key) instead of evaluating
 probe phase takes the call's own graph (torch's gradcheck runs backward there too), and
 backward through that graph at a grad_output recorded reads its gradients. Recorded only from a
 forward shown to write no input, draw from no RNG and give the same outputs twice (lean.py's
-_pure): a plain deterministic call, whose outputs at a point are its outputs there.
+_pure): a plain deterministic call, whose outputs at a point are its outputs there. A
+module's report calls a private deep copy of it; where that copy computes what the instance
+does (not cast, no parameter swapped in: targets/cases.py's `stands_for`), it reads them too.
 
 A passing call (most of them) pays only a reference per evaluation: what was recorded is keyed
 and copied when the pipeline first asks, and a tensor written since (its version moved) is not
@@ -23,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import torch
 
@@ -33,6 +36,28 @@ KEEP = 512  # evaluations recorded at most (a tiny call's lean path makes 5 to 4
 # (key tensors, value tensors, their versions when recorded): references to the lists the
 # lean path built for that one evaluation, so a passing call (most of them) pays no copy
 Entry = tuple[Sequence[torch.Tensor], Sequence[torch.Tensor], list[int], list[int]]
+
+
+# fn -> the callable whose evaluations fn's are: a private deep copy of the user's nn.Module
+# instance, uncast and with no parameter swapped in (targets/cases.py:bind_module), computes
+# what the instance computes; the drop-in recorded the instance's. Keyed by the function
+# object itself (a wrapper around it, even one made with functools.wraps, is not in it).
+_STANDS_FOR: WeakKeyDictionary[Any, Any] = WeakKeyDictionary()
+
+
+def stands_for(fn: Callable[..., Any], original: Any) -> None:
+    """Declare that fn(*args) evaluates original(*args) (on a copy of its state)."""
+    _STANDS_FOR[fn] = original
+
+
+def same_function(fn: Callable[..., Any], recorded: Callable[..., Any]) -> bool:
+    """Whether fn evaluates what `recorded` (the hand-over's function) evaluated."""
+    if fn is recorded or fn == recorded:
+        return True
+    try:
+        return _STANDS_FOR.get(fn) is recorded
+    except TypeError:  # not weakly referenceable: never declared
+        return False
 
 
 def _index(entries: list[Entry]) -> dict[Any, list[torch.Tensor]]:
@@ -51,7 +76,7 @@ class Handed:
     drop-in call makes one, and a dataclass's default factories cost a passing call ~2 us.)"""
 
     __slots__ = ("fn", "diff", "positions", "recorded", "backwards", "graph", "leaf_ids",
-                 "out_ids", "_outputs", "_vjps", "_seen")
+                 "out_ids", "_outputs", "_vjps", "_seen", "seconds")
 
     def __init__(self, fn: Callable[..., Any], diff: tuple[int, ...]) -> None:
         self.fn, self.diff, self.positions = fn, diff, list(diff)
@@ -66,6 +91,7 @@ class Handed:
         self.out_ids: list[int] = []
         self._outputs: dict[Any, list[torch.Tensor]] | None = None  # keyed on first use
         self._vjps: dict[Any, list[torch.Tensor]] | None = None
+        self.seconds = 0.0  # the drop-in's own forward (with its graph): what one costs
 
     @classmethod
     def of_call(cls, fn: Callable[..., Any], args: Sequence[Any]) -> Handed:
@@ -93,7 +119,7 @@ class Handed:
     def at(self, fn: Callable[..., Any], diff: Sequence[int],
            values: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
         """Fresh copies of the outputs recorded at `values` for this function, else None."""
-        if not self.recorded or tuple(diff) != self.diff or not fn == self.fn:
+        if not self.recorded or tuple(diff) != self.diff or not same_function(fn, self.fn):
             return None
         if self._outputs is None:
             self._outputs = _index(self.recorded)
@@ -180,6 +206,12 @@ def served_vjps(leaves: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
             return None
         kept.append(found)
     return kept
+
+
+def served_seconds() -> float | None:
+    """The handed-over call's own forward time, within a hand-over that recorded any."""
+    handed = _SERVING.get()
+    return None if handed is None or handed.graph is None else handed.seconds
 
 
 def served_graph(fn: Callable[..., Any], diff: Sequence[int], values: Sequence[torch.Tensor]

@@ -64,6 +64,7 @@ class Cache:
     # run/culprit.py:record's Function applications, shared by the contract's inner check, the
     # culprit search and double backward's (one recording forward, not three).
     applications: Any = None
+    applications_s: float = 0.0  # that recording forward's seconds: the culprit's budget gate
     # The dtype the forward computes in where coarser than its inputs', learnt once by
     # numerics/coarse.py:forward_dtype ((None,): not coarser; None: not learnt yet).
     forward_dtype: tuple[Any] | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -23,6 +24,7 @@ from ..targets.resolve import make_target
 from ..targets.subclass import clone_keeping, keeps_class, plain, retyping
 from .alone import FunctionFinding, check_alone, finding_of, wrt
 from .applyhook import Call, Hook, hooked, same_definition
+from .budget import over_budget, over_on_graph
 from .paths import calls_user_ops, failing_inputs, is_whole, named_whole
 from .replay import anchors_of, replaying
 from .sites import user_site
@@ -111,7 +113,9 @@ def record(problem: Problem) -> tuple[list[Application], list[Any]]:
     """_record, once per Problem: the contract's inner check, the culprit search and double
     backward's share one recording (kept in Problem.cache)."""
     if problem.cache.applications is None:
+        start = time.perf_counter()
         problem.cache.applications = _record(problem)
+        problem.cache.applications_s = time.perf_counter() - start
     return problem.cache.applications
 
 
@@ -353,9 +357,15 @@ def annotate(result: CheckResult, problem: Problem, config: CheckConfig,
     `look at:` names a Function only on evidence specific to it."""
     if result.outcome is not Outcome.FAILED:
         return result
+    skipped = over_on_graph(problem, config)  # the drop-in's: said, not paid
+    if skipped is not None:
+        return replace(result, details=(*result.details, skipped))
     whole = _whole_model(result, problem)
     if whole is not None:
         return named_whole(result, problem, whole)
+    skipped = _over_budget(problem, config)
+    if skipped is not None:  # the drop-in's failing call: said, not paid
+        return replace(result, details=(*result.details, skipped))
     findings = locate_functions(problem, config, recheck)
     if not findings:
         return result
@@ -365,6 +375,17 @@ def annotate(result: CheckResult, problem: Problem, config: CheckConfig,
     bad = failing[0] if failing and failing[0].source else None
     return replace(result, details=(*result.details, *describe(findings)),
                    source=bad.source if bad else result.source)
+
+
+def _over_budget(problem: Problem, config: CheckConfig) -> str | None:
+    """budget.over_budget of the recording forward's applications, where there are any."""
+    if config.module_parameters or config.exhaustive or not problem.has_functions:
+        return None  # (nothing recorded for the command line's run)
+    try:
+        applications, _ = record(problem)
+    except Exception:  # noqa: BLE001 - the search itself then finds nothing to check
+        return None
+    return over_budget(problem, config, unique(applications))
 
 
 def _whole_model(result: CheckResult, problem: Problem) -> Application | None:

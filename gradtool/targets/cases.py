@@ -14,6 +14,7 @@ import torch
 from ..config.settings import CheckConfig
 from ..errors import GradtoolError, InputError, InternalError, TargetError, did_you_mean
 from ..numerics.facts import Facts
+from ..numerics.handed import stands_for
 from ..numerics.problem import Problem
 from ..numerics.rng import seed_all
 from ..numerics.sparse import Encoding, is_sparse, rebuilding
@@ -272,6 +273,10 @@ def bind_module(target: Target, n_args: int, config: CheckConfig, seed: int) -> 
 
     module, owned = private_copy(target, seed)
     dtype, device = getattr(torch, config.dtype), config.device
+    # a copy of the user's instance that no cast below changes computes what the instance does
+    same = owned and not inspect.isclass(target.obj) and all(
+        t.dtype == cast_dtype(t, dtype) and t.device == torch.device(device)
+        for t in [*module.parameters(), *module.buffers()])
     # a copy is cast in place; the user's own instance (no copy possible) never is: its
     # parameters and buffers are swapped for cast clones around every call instead
     state = {} if owned else private_state(module, dtype, device)
@@ -302,6 +307,8 @@ def bind_module(target: Target, n_args: int, config: CheckConfig, seed: int) -> 
         with scope(args):
             return module(*args[:n_args], **kwargs)
 
+    if same and not names:  # call(*args) is the user's instance's forward on the same values
+        stands_for(call, target.obj)  # the drop-in's recorded outputs serve it (handed.py)
     # vmap's batched values are no subclass's: a subclass parameter is called plainly
     return call, None if kept else call, params, scope
 
