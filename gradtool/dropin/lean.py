@@ -404,7 +404,9 @@ def _full(func: Callable[..., Any], args: tuple[Any, ...], diff: list[int],
     problem = _problem(func, args, diff, leaves, out)
     problem.cache.pass_only = True  # a failing comparison ends it: the pipeline reports it
     outs = select_outputs(out, problem.output_mask)
-    verdict = check_full(problem, config, leaves, outs, None, REASON)
+    # analytical rows output by output, as the comparison reaches them (numerics/stopping.py):
+    # a failing call's first failing comparison comes before the other outputs' backwards
+    verdict = check_full(problem, config, leaves, outs, None, REASON, stop=REASON)
     return Passed() if verdict.outcome is Outcome.PASSED else None
 
 
