@@ -202,3 +202,48 @@ def test_a_culprit_whose_evaluations_are_not_cheap_is_offered_not_paid(monkeypat
     report = gradtool.check(module, (x,), checks=("gradient",), module_parameters=False,
                             exhaustive=True)
     assert "is wrong w.r.t. x" in report.text()
+
+
+# gradgradcheck: torch's failing slow mode evaluates backward (a forward and a backward each)
+# 2 n + 1 times over the inputs and grad_outputs, then runs backward of backward for its first
+# failing output's rows, twice (reentrancy); the drop-in's slow mode stops at its first block
+# with a confirmed failure (numerics/stopping.py:dropin_slow), its fast mode at its probe's.
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "slow"])
+@pytest.mark.parametrize("kind,n", KINDS, ids=[k for k, _ in KINDS])
+def test_a_failing_gradgradcheck_evaluates_no_more_than_torchs(kind, n, fast):
+    func = make(kind, "double", tap=True).apply
+    x = _input(n)
+    assert counted(torch.autograd.gradcheck, func, (x,), fast_mode=fast)[0]  # first order right
+    theirs_pass, theirs = counted(torch.autograd.gradgradcheck, func, (x,), fast_mode=fast)
+    ours_pass, ours = counted(gradtool.gradgradcheck, func, (x,), fast_mode=fast)
+    assert not theirs_pass and not ours_pass
+    assert sum(ours.values()) <= sum(theirs.values()), (ours, theirs)
+    assert ours["double"] <= theirs["double"], (ours, theirs)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "slow"])
+@pytest.mark.parametrize("kind,n", KINDS, ids=[k for k, _ in KINDS])
+def test_the_correct_double_backward_passes(kind, n, fast):
+    assert gradtool.gradgradcheck(make(kind, tap=True).apply, (_input(n),), fast_mode=fast)
+
+
+def test_a_stopped_gradgradcheck_report_names_element_cause_and_the_rest_left():
+    x = _input(10)
+    with pytest.raises(GradcheckError) as failed:
+        gradtool.gradgradcheck(make("tiny", "double", tap=True).apply, (x,))
+    text = str(failed.value)
+    assert "mismatched elements" in text and "diagnosis:" in text
+    assert "look at:" in text and "reproduce:" in text
+    assert "not checked: input(s) 'grad_output'" in text and "exhaustive=True" in text
+    # exhaustive=True in gradcheck's scope: every block swept, the same verdict
+    from gradtool.dropin.functions import _backward_of
+
+    grad_output = torch.ones(10, dtype=torch.float64, requires_grad=True)
+    backward = _backward_of(make("tiny", "double").apply, (x,), (grad_output,))
+    for exhaustive in (True, False):
+        report = gradtool.check(backward, (x, grad_output), mode="full", exhaustive=exhaustive,
+                                module_parameters=False, checks=["gradient"])
+        assert not report.ok()
+        blocks = [b for _, _, c in report.checks() for b in c.blocks]
+        assert all(b.exhaustive for b in blocks) == exhaustive
+        assert sum(b.mismatched > 0 for b in blocks) == (2 if exhaustive else 1)

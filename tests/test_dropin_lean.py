@@ -589,3 +589,44 @@ def test_forward_modes_kept_draws_are_forward_ads_own_and_copies():
         a[0].zero_()  # the user's jvp may write its tangent: the kept draw stays
     assert torch.equal(lean_forward._vectors(0, [x], [out])[0][0], drawn[0][0])
     assert len(lean_forward._DRAWN) == 1
+
+
+class _Registers(torch.nn.Module):
+    """Built inside the checked function from its arguments: registers those given as
+    nn.Parameters (xitorch's test modules), else keeps them as plain attributes."""
+
+    def __init__(self, a, b):
+        super().__init__()
+        self.a, self.b = a, b
+
+    def forward(self, x):
+        # a module reading its own parameters(): what torch's gradcheck shows it
+        scale = sum(p.sum() for p in self.parameters()) if len(list(self.parameters())) else 1.0
+        return self.a * x + self.b * scale
+
+
+@pytest.mark.parametrize("fast", MODES)
+def test_arguments_given_as_parameters_are_judged_lean_as_given(monkeypatch, pipeline, fast):
+    """An nn.Parameter argument reaches the function as one in every evaluation (given.py),
+    so the lean path judges the call (xitorch's suites pass their tensors so): the same
+    verdict as the pipeline's, a wrong one still fails."""
+    torch.manual_seed(0)
+    a = torch.nn.Parameter(torch.rand(3, dtype=torch.float64))
+    b = torch.nn.Parameter(torch.randn(3, dtype=torch.float64))
+    x = _x(3)
+
+    seen = set()
+
+    def fn(a, b, x):
+        seen.update((type(a), type(b)))
+        return _Registers(a, b)(x)
+
+    assert gradtool.gradcheck(fn, (a, b, x), fast_mode=fast) is True
+    assert pipeline == [] and seen == {torch.nn.Parameter}
+    assert gradtool.gradgradcheck(fn, (a, b, x), fast_mode=fast) is True
+    assert pipeline == []
+    call = functools.partial(gradtool.gradcheck, lambda a, b, x: _Applied(ScaledIdentity)(
+        fn(a, b, x)), (a, b, x), fast_mode=fast, raise_exception=False)
+    assert _outcome(call) is False and len(pipeline) == 1
+    assert _without_lean(monkeypatch, call) is False
+    assert torch.autograd.gradcheck(fn, (a, b, x), fast_mode=fast)

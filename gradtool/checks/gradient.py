@@ -218,6 +218,10 @@ def reverse_mode(problem: Problem, config: CheckConfig, leaves: list[torch.Tenso
         mode, reason = "full", f"{reason}; {known_wrong}"
     expect_evaluations(problem, config, mode, leaves, outs)  # the progress line's time left
     if mode == "full":
+        if stop is None and reference is None:
+            from ..numerics.stopping import dropin_slow
+
+            stop = dropin_slow(config)
         return check_full(problem, config, leaves, outs, reference, reason, stop, first)
     return check_probe(problem, config, leaves, outs, reference, reason, seed, stop, first)
 

@@ -67,6 +67,7 @@ def laid_out(func: Callable[..., Any], args: tuple[Any, ...]) -> Callable[..., A
             return func(*values)
 
     on_given_layout.gradtool_no_vmap = True  # as_strided of a batched value: plain calls
+    on_given_layout.gradtool_parameters = frozenset(params)  # lean.py's gate reads it
     return on_given_layout
 
 

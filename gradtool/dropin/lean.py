@@ -7,8 +7,9 @@ judges the call directly, on the graph the drop-in's forward already built, and 
 exactly the gradient check's pass. Anything else -- a failing test, a non-finite value, a
 forward that writes its inputs or differs from call to call, a module with buffers, any
 argument or output beyond plain float64 tensors and scalars (integer outputs beside, and ones
-autograd does not differentiate, are left out as the pipeline leaves them), an exception --
-answers None, and the pipeline judges and reports. The gate (`_gate`) is forward mode's too
+autograd does not differentiate, are left out as the pipeline leaves them; in reverse mode an
+argument given as an nn.Parameter, which given.py's wrapper hands the function as one, as the
+pipeline does), an exception -- answers None, and the pipeline judges and reports. The gate (`_gate`) is forward mode's too
 (lean_forward.py). A pass on one output hands the probe's backwards to the reentrancy and
 batched-gradient tests (Passed).
 """
@@ -88,7 +89,9 @@ def _gate(func: Callable[..., Any], args: tuple[Any, ...], out: Any, settings: d
     if settings["masked"] or not _alone(checks):
         return None  # the pipeline runs more than this path judges
     outs = _outputs(out)
-    if outs is None or not _plain_callable(func) or not _plain(args):
+    # an nn.Parameter given reaches func (given.py's laid_out) as one, in every evaluation
+    if outs is None or not _plain_callable(func) or not _plain(
+            args, parameters=checks == GRADCHECK_BACKWARD and _as_given(func)):
         return None
     diff = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
     leaves = [args[k] for k in diff]
@@ -182,11 +185,19 @@ def _mask(out: Any) -> tuple[bool, ...] | None:
     return None if all(mask) else mask
 
 
-def _plain(args: Sequence[Any]) -> bool:
-    """Arguments the pipeline takes as they are: float64 strided CPU tensors, integer or bool
-    ones beside them (labels, indices: never checked), and plain scalars or strings."""
-    return all(_plain_tensor(a) or _plain_index(a) if isinstance(a, torch.Tensor)
+def _plain(args: Sequence[Any], parameters: bool = False) -> bool:
+    """Arguments the pipeline takes as they are: float64 strided CPU tensors (nn.Parameters
+    too where `parameters`), integer or bool ones beside them (labels, indices: never
+    checked), and plain scalars or strings."""
+    return all(_plain_tensor(a, parameters) or _plain_index(a) if isinstance(a, torch.Tensor)
                else isinstance(a, SCALARS) for a in args)
+
+
+def _as_given(func: Callable[..., Any]) -> bool:
+    """Whether func is given.py's laid_out wrapper, which hands each value of an argument
+    given as an nn.Parameter to the function as one (an nn.Module built inside registers it,
+    as under torch's gradcheck), where this path evaluates at plain tensors."""
+    return bool(getattr(func, "gradtool_parameters", ()))
 
 
 def _plain_index(t: torch.Tensor) -> bool:
@@ -223,8 +234,10 @@ def _maybe_coarse(flat: np.ndarray, scale: float) -> bool:
     return bool(kept.size) and not bool((np.round(kept / SIMPLE) * SIMPLE == kept).all())
 
 
-def _plain_tensor(t: torch.Tensor) -> bool:
-    return (type(t) is torch.Tensor and t.dtype == torch.float64 and t.layout == torch.strided
+def _plain_tensor(t: torch.Tensor, parameters: bool = False) -> bool:
+    kind = type(t)
+    return ((kind is torch.Tensor or parameters and kind is torch.nn.Parameter)
+            and t.dtype == torch.float64 and t.layout == torch.strided
             and t.device.type == "cpu" and not t.is_conj() and not t.is_neg())
 
 
@@ -391,7 +404,9 @@ def _full(func: Callable[..., Any], args: tuple[Any, ...], diff: list[int],
     problem = _problem(func, args, diff, leaves, out)
     problem.cache.pass_only = True  # a failing comparison ends it: the pipeline reports it
     outs = select_outputs(out, problem.output_mask)
-    verdict = check_full(problem, config, leaves, outs, None, REASON)
+    # analytical rows output by output, as the comparison reaches them (numerics/stopping.py):
+    # a failing call's first failing comparison comes before the other outputs' backwards
+    verdict = check_full(problem, config, leaves, outs, None, REASON, stop=REASON)
     return Passed() if verdict.outcome is Outcome.PASSED else None
 
 

@@ -91,6 +91,10 @@ def confirmed(problem: Problem, config: CheckConfig, tallies: list[list[BlockTal
     more since, so what was remembered is forgotten first)."""
     if again:
         forget(evaluated, i)
+    if problem.cache.pass_only and any(t.mismatched for t in tallies[i]):
+        from .columns import NotAPass  # its caller takes a pass or nothing: nothing to confirm
+
+        raise NotAPass(f"input {i}: a failing comparison")
     offset = 0
     for o, tally in enumerate(tallies[i]):
         if tally.mismatched:

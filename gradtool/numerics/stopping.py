@@ -21,6 +21,25 @@ from .sparsity import SAVING, AnalyticalJacobian
 from .steps import analytical_rows, chunk_size
 
 
+# The drop-in's slow mode (gradcheck's fast_mode=False) stops as torch's failing slow mode
+# does: torch raises at its first output whose analytical rows disagree, so gradtool needs one
+# confirmed failing block, its elements, diagnosis and culprit; the others are offered with
+# exhaustive=True. A pass is swept whole either way: no verdict changes.
+DROPIN_SLOW = ("gradcheck's slow mode pays for a failure what torch's does (the analytical "
+               "rows up to its first failing output), so the sweep stopped at its first block "
+               "with a confirmed failure (gradtool.check(..., exhaustive=True), or --exhaustive "
+               "on the command line, sweeps every block)")
+
+
+def dropin_slow(config: Any) -> str | None:
+    """Why full mode stops at its first confirmed failing block in the drop-in's slow mode
+    (full mode asked for, in gradcheck's scope, not exhaustive): probe.py's dropin_cut's
+    twin; None elsewhere."""
+    if config.mode != "full" or config.exhaustive or config.module_parameters:
+        return None
+    return DROPIN_SLOW
+
+
 class ByOutput:
     """The analytical Jacobian (n_out, n_in), its rows computed one output at a time; rows of
     the outputs not computed yet read NaN."""
