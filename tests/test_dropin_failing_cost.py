@@ -247,3 +247,26 @@ def test_a_stopped_gradgradcheck_report_names_element_cause_and_the_rest_left():
         blocks = [b for _, _, c in report.checks() for b in c.blocks]
         assert all(b.exhaustive for b in blocks) == exhaustive
         assert sum(b.mismatched > 0 for b in blocks) == (2 if exhaustive else 1)
+
+
+def test_a_failing_gradgradcheck_of_a_composite_costs_no_more_than_torchs():
+    """A composite calling a Function whose double backward is wrong: gradgradcheck's failing
+    call evaluates no more than torch's and its report points at the function, not at 'code
+    between' the Functions inside (checked alone at first order, they pass)."""
+    inner = make("tiny", "double")
+
+    def composite(x):
+        return inner.apply(x * 1.5) + x
+
+    x = _input(6)
+    assert torch.autograd.gradcheck(composite, (x,)) and gradtool.gradcheck(composite, (x,))
+    theirs_pass, theirs = counted(torch.autograd.gradgradcheck, composite, (x,))
+    ours_pass, ours = counted(gradtool.gradgradcheck, composite, (x,))
+    assert not theirs_pass and not ours_pass
+    assert ours["forward"] + ours["backward"] <= theirs["forward"] + theirs["backward"], \
+        (ours, theirs)
+    with pytest.raises(GradcheckError) as failed:
+        gradtool.gradgradcheck(composite, (x,))
+    text = str(failed.value)
+    assert "code between them" not in text and "mismatched elements" in text
+    assert "look at:" in text
