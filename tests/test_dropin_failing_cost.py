@@ -270,3 +270,23 @@ def test_a_failing_gradgradcheck_of_a_composite_costs_no_more_than_torchs():
     text = str(failed.value)
     assert "code between them" not in text and "mismatched elements" in text
     assert "look at:" in text
+
+
+def test_gradgradchecks_backward_gets_no_first_order_culprit_search(monkeypatch):
+    """The culprit search checks each Function inside alone at first order: on gradgradcheck's
+    function (backward itself) it cannot show the wrong second derivative, so it is not paid;
+    gradcheck's failing call of the same composite still runs it."""
+    from gradtool.run import received
+
+    searched = []
+    real = received.annotate
+    monkeypatch.setattr(received, "annotate", lambda *a, **k: searched.append(1) or real(*a, **k))
+    inner, good = make("tiny", "double"), make("tiny", None)
+    x = _input(6)
+    with pytest.raises(GradcheckError):
+        gradtool.gradgradcheck(lambda t: inner.apply(t) + good.apply(t), (x,))
+    assert not searched
+    wrong = make("tiny", "scale")
+    with pytest.raises(GradcheckError):
+        gradtool.gradcheck(lambda t: wrong.apply(t) + good.apply(t), (x,))
+    assert searched

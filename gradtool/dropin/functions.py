@@ -322,6 +322,7 @@ def _named_after(backward: Any, func: Any, n_args: int, n_grads: int) -> Any:
     owner = getattr(func, "__self__", None)
     cls = owner if isinstance(owner, type) else None
     backward.gradtool_signature = lambda: _signature(func, n_args, n_grads)
+    backward.gradtool_second_order = True  # no first-order culprit search (run/runner.py)
     backward.__name__ = backward.__qualname__ = f"backward of {_name(func)}"
     backward.__module__ = getattr(cls or func, "__module__", None) or __name__
     backward.__wrapped__ = cls.backward if cls is not None else func  # look at: there

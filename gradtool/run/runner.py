@@ -402,13 +402,13 @@ def applicable(job: Job, case: Case) -> list[tuple[str, str | None]]:
 
 
 def _context(job: Job, config: CheckConfig) -> Context:
+    """The checks' context: a composite's culprit search (each Function alone, first order)
+    but gradgradcheck's backward's, whose wrong second derivative it cannot show."""
     from ..checks._common import Context
-
-    surrogate = job.surrogate
-    annotate = _annotate if job.target.kind.composite and surrogate is None else None
-    return Context(job.target, config,
-                   (lambda case: _reference(job, case)) if surrogate is not None else None,
-                   surrogate.describe() if surrogate is not None else None, annotate)
+    s, second = job.surrogate, getattr(job.target.obj, "gradtool_second_order", False)
+    annotate = _annotate if job.target.kind.composite and s is None and not second else None
+    reference = (lambda case: _reference(job, case)) if s is not None else None
+    return Context(job.target, config, reference, s and s.describe(), annotate)
 
 
 def _annotate(*args: Any, **kwargs: Any) -> CheckResult:
