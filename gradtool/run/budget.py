@@ -21,7 +21,7 @@ import torch
 from ..config.settings import CheckConfig
 from ..numerics.handed import served_graph, served_seconds
 from ..numerics.problem import Problem, function_nodes, select_outputs
-from .paths import _moved_from
+from .paths import moved_from
 
 # Cheap: few evaluations (each Function's columns and f(x), 2n + 1: Functions of 7 elements
 # in all at most), their predicted time (each at most one forward of the model: the drop-in
@@ -56,8 +56,9 @@ def over_on_graph(problem: Problem, config: CheckConfig) -> str | None:
         return None
     try:
         outs = [o for o in select_outputs(kept[1], problem.output_mask) if o.requires_grad]
-        nodes = [n for n in function_nodes(outs).values() if n._forward_cls.__module__.split(".")[0] != "torch"]
-        if not nodes or len(nodes) == 1 and all(_moved_from(o.grad_fn, nodes[0]) for o in outs):
+        nodes = [n for n in function_nodes(outs).values()
+                 if n._forward_cls.__module__.split(".")[0] != "torch"]
+        if not nodes or len(nodes) == 1 and all(moved_from(o.grad_fn, nodes[0]) for o in outs):
             return None
         least: dict[type, int] = {}
         for node in nodes:

@@ -28,10 +28,10 @@ def is_whole(app: Any, outs: Sequence[torch.Tensor], n_leaves: int) -> bool:
     if not outs or any(k not in app.anchors for k in diff) or \
             {app.anchors[k] for k in diff} != set(range(n_leaves)):
         return False
-    return all(_moved_from(o.grad_fn, app.node) for o in outs)
+    return all(moved_from(o.grad_fn, app.node) for o in outs)
 
 
-def _moved_from(node: Any, origin: Any) -> bool:
+def moved_from(node: Any, origin: Any) -> bool:
     """node is origin, or reaches it through a chain of _MOVES nodes, one input each."""
     while node is not None and node is not origin:
         name = type(node).__name__
