@@ -90,6 +90,13 @@ class CheckConfig:
             raise ConfigError(f"probes must be at least 1, got {self.probes}")
 
     @property
+    def gradcheck_cost(self) -> bool:
+        """A failure's evidence paid as torch's failing gradcheck pays it (the drop-in's:
+        gradcheck's scope, not exhaustive): the first confirmed failure, no culprit search
+        beyond a cheap one; the rest offered with exhaustive=True / --exhaustive."""
+        return not self.module_parameters and not self.exhaustive
+
+    @property
     def measured(self) -> bool:
         """Whether gradient verdicts use the measured finite-difference tolerance: float64, and
         no atol/rtol set by the user (a flag, a spec, [tool.gradtool]); either one set keeps

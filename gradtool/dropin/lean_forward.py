@@ -24,7 +24,7 @@ import torch
 
 from ..config.registry import GRADCHECK_FORWARD
 from ..config.settings import CheckConfig
-from ..numerics.draws import direction
+from ..numerics.draws import Kept, direction
 from ..numerics.problem import flat_cat, select_outputs
 from ..results import Outcome
 from ..tracebacks import calls_user_code
@@ -95,24 +95,19 @@ def _screened(call: _Call, config: CheckConfig, leaves: list[torch.Tensor],
 
 # A suite's many tiny calls draw the same few vectors (a generator and two draws: a sixth of a
 # tiny call's screen): kept per seed and shapes, handed out as copies (the user's jvp receives u)
-_DRAWN: dict[tuple[Any, ...], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-DRAWN_KEEP, DRAWN_MAX = 64, 4096  # entries kept; elements per draw worth keeping
+_DRAWN = Kept()
 
 
 def _vectors(seed: int, inputs: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]
              ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """forward_ad's direction u (one tensor an input) and cotangent v (one an output), drawn as
     numerics/forward.py:forward_mode draws them from its seed: fresh copies."""
-    key = (seed, *(x.shape for x in inputs), None, *(o.shape for o in outs))
-    kept = _DRAWN.get(key)
-    if kept is None:
+    def draw() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         gen = torch.Generator().manual_seed(seed + DIRECTION_SEED)
-        kept = [direction(x, gen) for x in inputs], [direction(o.detach(), gen) for o in outs]
-        if _numel(inputs) + _numel(outs) > DRAWN_MAX:
-            return kept
-        if len(_DRAWN) >= DRAWN_KEEP:
-            _DRAWN.pop(next(iter(_DRAWN)))
-        _DRAWN[key] = kept
+        return [direction(x, gen) for x in inputs], [direction(o.detach(), gen) for o in outs]
+
+    key = (seed, *(x.shape for x in inputs), None, *(o.shape for o in outs))
+    kept = _DRAWN.drawn(key, _numel(inputs) + _numel(outs), draw)
     return [t.clone() for t in kept[0]], [t.clone() for t in kept[1]]
 
 

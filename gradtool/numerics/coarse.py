@@ -107,13 +107,12 @@ def _detected(problem: Problem, outs: Sequence[torch.Tensor] | None, each: bool 
     f0 = flat_cat([o.detach() for o in outs])
     floor = RESIDUE * max([1.0] + [float(v.detach().abs().max()) for v in problem.inputs
                                    if v.is_floating_point() and v.numel()])
-    parts = [p for p in f0.split(sizes) if coarse_dtype([p[p.abs() > floor]], given)]
-    if not parts:
+    dtypes = {coarse_dtype([p[p.abs() > floor]], given) for p in f0.split(sizes)} - {None}
+    if not dtypes:
         return None
     moved = [v + 1e-3 * (v.abs() + 1) if v.is_floating_point() else v for v in problem.inputs]
     floating = [v.reshape(-1).double() for v in moved if v.is_floating_point()]
-    if all(_holds(v[torch.isfinite(v)], dtype) for v in floating
-           for dtype in {coarse_dtype([p[p.abs() > floor]], given) for p in parts}):
+    if all(_holds(v[torch.isfinite(v)], dtype) for v in floating for dtype in dtypes):
         return None  # the moved inputs are numbers of that dtype too: they prove nothing
     try:
         f1 = flat_cat(problem.outputs(moved))

@@ -5,7 +5,7 @@ same vectors without importing the full and probe engines on a passing call."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,31 +31,44 @@ def probe_vectors(problem: Problem, outs: Sequence[torch.Tensor], config: CheckC
     return u, v
 
 
-# A suite's many tiny calls draw the same few vectors over and over (the generator's setup and
-# the draw cost ~10 small-tensor operations, a tenth of a tiny probe check): kept, and handed
-# out as copies (user code receives v as grad_output, and may write it).
-_DRAWN: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 DRAWN_KEEP, DRAWN_MAX = 64, 4096  # entries kept; elements per draw worth keeping
+
+
+class Kept(dict):
+    """Draws kept by key, DRAWN_KEEP at most (the oldest dropped), those of DRAWN_MAX
+    elements or fewer: a suite's many tiny calls draw the same few vectors over and over (the
+    generator's setup and the draw cost ~10 small-tensor operations, a tenth of a tiny probe
+    check). Callers hand out copies (user code receives v as grad_output, and may write it)."""
+
+    def drawn(self, key: Any, size: int, draw: Callable[[], Any]) -> Any:
+        kept = self.get(key)
+        if kept is None:
+            kept = draw()
+            if size <= DRAWN_MAX:
+                if len(self) >= DRAWN_KEEP:
+                    self.pop(next(iter(self)))
+                self[key] = kept
+        return kept
+
+
+_DRAWN = Kept()
 
 
 def _drawn(seed: int, n_u: int, n_out: int, n_cots: int, dtype: torch.dtype,
            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The draw the directions are read from, and the (n_cots, n_out) cotangents: fresh copies."""
-    key = (seed, n_u, n_out, n_cots, dtype, device)
-    kept = _DRAWN.get(key)
-    if kept is None:
+    size = max(n_u, n_out + 1)
+
+    def draw() -> tuple[torch.Tensor, torch.Tensor]:
         gen = torch.Generator().manual_seed(seed + 7919)
         # The generator costs more than a forward at 1e5 elements, so one draw serves u and v:
         # v is the draw read from an offset (rotated), so each output weight comes from another
         # position than the input weights it meets in an elementwise op, and stays independent.
-        drawn = _uniform(max(n_u, n_out + 1), gen, torch.empty((), dtype=dtype, device=device))
+        drawn = _uniform(size, gen, torch.empty((), dtype=dtype, device=device))
         shift = max(1, n_out // 2)
-        kept = drawn, torch.stack([drawn.roll(shift + k)[:n_out] for k in range(n_cots)])
-        if drawn.numel() > DRAWN_MAX:
-            return kept
-        if len(_DRAWN) >= DRAWN_KEEP:
-            _DRAWN.pop(next(iter(_DRAWN)))
-        _DRAWN[key] = kept
+        return drawn, torch.stack([drawn.roll(shift + k)[:n_out] for k in range(n_cots)])
+
+    kept = _DRAWN.drawn((seed, n_u, n_out, n_cots, dtype, device), size, draw)
     return kept[0].clone(), kept[1].clone()
 
 
@@ -67,7 +80,5 @@ def _uniform(size: int, gen: torch.Generator, like: torch.Tensor) -> torch.Tenso
 
 
 def direction(v: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """±[1, 2) per element: no element hidden by a tiny weight."""
-    # half float64's cost; drawn on the CPU: the same directions on every device
-    r = torch.rand(v.shape, generator=gen, dtype=torch.float32, device="cpu") * 2
-    return torch.where(r < 1, r - 2, r).to(dtype=v.dtype, device=v.device)
+    """±[1, 2) per element in v's shape, dtype and device: no element hidden by a tiny weight."""
+    return _uniform(v.numel(), gen, v).view(v.shape)

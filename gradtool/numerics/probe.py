@@ -86,7 +86,7 @@ def dropin_cut(config: CheckConfig) -> bool:
     """The drop-in's fast_mode (probe mode asked for, in gradcheck's scope), not exhaustive: a
     failure's evidence is paid as torch's failing fast mode pays it (one pair's columns), the
     rest offered with exhaustive=True / --exhaustive."""
-    return config.mode == "probe" and not config.exhaustive and not config.module_parameters
+    return config.mode == "probe" and config.gradcheck_cost
 
 
 def cut_after_failure(problem: Problem, config: CheckConfig, leaves: Sequence[torch.Tensor],

@@ -35,7 +35,7 @@ def dropin_slow(config: Any) -> str | None:
     """Why full mode stops at its first confirmed failing block in the drop-in's slow mode
     (full mode asked for, in gradcheck's scope, not exhaustive): probe.py's dropin_cut's
     twin; None elsewhere."""
-    if config.mode != "full" or config.exhaustive or config.module_parameters:
+    if config.mode != "full" or not config.gradcheck_cost:
         return None
     return DROPIN_SLOW
 

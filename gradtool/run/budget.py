@@ -33,7 +33,7 @@ def over_budget(problem: Problem, config: CheckConfig, apps: Sequence[Any]) -> s
     """For the drop-in (gradcheck's scope, not exhaustive), the report's line where checking
     each of the Function applications `apps` (the recording forward's, one per class and call
     site) alone is not cheap, saying how to get it; else None (the search runs)."""
-    if config.module_parameters or config.exhaustive or not apps:
+    if not config.gradcheck_cost or not apps:
         return None
     columns = sum(2 * v.numel() + 1 for app in apps for v in app.args
                   if isinstance(v, torch.Tensor) and v.requires_grad)
@@ -49,7 +49,7 @@ def over_on_graph(problem: Problem, config: CheckConfig) -> str | None:
     recording forward: where the model may be its one Function (the shortcut that names it
     free), or the graph does not tell the sizes, None (over_budget decides). Each class's
     cheapest node counts: the search checks each class and call site once."""
-    if config.module_parameters or config.exhaustive:
+    if not config.gradcheck_cost:
         return None
     kept = served_graph(problem.fn, problem.diff, problem.inputs)
     if kept is None:

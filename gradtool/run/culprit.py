@@ -379,7 +379,7 @@ def annotate(result: CheckResult, problem: Problem, config: CheckConfig,
 
 def _over_budget(problem: Problem, config: CheckConfig) -> str | None:
     """budget.over_budget of the recording forward's applications, where there are any."""
-    if config.module_parameters or config.exhaustive or not problem.has_functions:
+    if not config.gradcheck_cost or not problem.has_functions:
         return None  # (nothing recorded for the command line's run)
     try:
         applications, _ = record(problem)
