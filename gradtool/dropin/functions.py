@@ -95,12 +95,12 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
         check_inputs(args)  # torch's refusals, in its words (ValueError, RuntimeError)
         start = time.perf_counter()
         out = call(func, *args)
-        settings = _settings(args, eps, atol, rtol, nondet_tol, fast_mode, masked)
-        settings["seconds"] = time.perf_counter() - start  # what a forward costs (not passed on)
+        seconds = time.perf_counter() - start  # what a forward costs: the culprit's budget
         outputs = differentiable_outputs(out)
         check_outputs(outputs)
         with owned((GradcheckError,)):
-            _tests(func, args, out, outputs, settings,
+            _tests(func, args, out, outputs, _settings(args, eps, atol, rtol, nondet_tol,
+                                                       fast_mode, masked), seconds,
                    check_undefined_grad=check_undefined_grad,
                    check_grad_dtypes=check_grad_dtypes, check_batched_grad=check_batched_grad,
                    check_batched_forward_grad=check_batched_forward_grad,
@@ -119,13 +119,12 @@ def gradcheck(func: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol:
 
 
 def _tests(func: Callable[..., Any], args: tuple[Any, ...], out: Any,
-           outputs: tuple[torch.Tensor, ...], settings: dict[str, Any], *,
+           outputs: tuple[torch.Tensor, ...], settings: dict[str, Any], seconds: float, *,
            check_undefined_grad: bool, check_grad_dtypes: bool, check_batched_grad: bool,
            check_batched_forward_grad: bool, check_forward_ad: bool, check_backward_ad: bool,
            extra_checks: bool) -> None:
     """gradcheck's tests in torch's order, so that the first failure is the one torch's
     gradcheck would raise: GradcheckError (a GradcheckFailure with gradtool's report)."""
-    seconds = settings.pop("seconds", 0.0)  # the drop-in's own: gradtool.check takes none
     eps, nondet_tol = settings.get("eps", TORCH_DEFAULTS["eps"]), settings["nondet_tol"]
     fast_mode = settings["mode"] == "probe"
     if not outputs:  # torch's test: finite differences find every output constant
